@@ -1,0 +1,3 @@
+"""comlrl: cooperative multi-LLM reinforcement learning."""
+
+__version__ = "0.1.0"

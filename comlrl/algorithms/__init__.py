@@ -1,0 +1,19 @@
+"""Pure tensor functions of the MAGRPO objective: no models, no trainers, no config objects."""
+
+from comlrl.algorithms.advantages import BASELINES, group_advantages
+from comlrl.algorithms.joint import JOINT_MODES, joint_action_indices, per_agent_returns
+from comlrl.algorithms.losses import LOSS_AGGREGATIONS, policy_gradient_loss
+from comlrl.algorithms.masks import completion_mask
+from comlrl.algorithms.logprobs import selective_log_softmax
+
+__all__ = [
+    "BASELINES",
+    "JOINT_MODES",
+    "LOSS_AGGREGATIONS",
+    "completion_mask",
+    "group_advantages",
+    "joint_action_indices",
+    "per_agent_returns",
+    "policy_gradient_loss",
+    "selective_log_softmax",
+]

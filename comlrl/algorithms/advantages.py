@@ -1,0 +1,72 @@
+"""Group-relative advantages.
+
+Every baseline takes the same argument, the returns of a batch of groups with shape
+``(num_groups, G)``, and gives a tensor of the same shape, so callers never special-case one.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def mean_baseline(returns: Tensor) -> Tensor:
+    """The group mean (GRPO)."""
+    return returns.mean(dim=-1, keepdim=True).expand_as(returns)
+
+
+def rloo_baseline(returns: Tensor) -> Tensor:
+    """Leave-one-out: for each sample, the mean of the other G-1 samples of its group (RLOO)."""
+    group_size = returns.shape[-1]
+    total = returns.sum(dim=-1, keepdim=True)
+    return (total - returns) / (group_size - 1)
+
+
+def max_baseline(returns: Tensor) -> Tensor:
+    """The group maximum (ReMax-style): the best sample gets advantage 0, the others less."""
+    return returns.max(dim=-1, keepdim=True).values.expand_as(returns)
+
+
+def zero_baseline(returns: Tensor) -> Tensor:
+    """No baseline: the advantage is the return itself (plain REINFORCE)."""
+    return torch.zeros_like(returns)
+
+
+BASELINES = {
+    "mean": mean_baseline,
+    "rloo": rloo_baseline,
+    "max": max_baseline,
+    "raw": zero_baseline,
+}
+
+
+def group_advantages(
+    returns: Tensor, mode: str = "mean", normalize: bool = True, eps: float = 1e-6
+) -> Tensor:
+    """Advantages of each sample relative to its group.
+
+    Args:
+        returns: ``(num_groups, G)``; row g holds the returns of the G samples that share a
+            history (same prompt, same agent).
+        mode: which baseline to subtract, a key of ``BASELINES``.
+        normalize: divide by the group's standard deviation (unbiased, as ``torch.std``) plus
+            ``eps``. This only rescales: it never re-centres, because re-centring after a
+            baseline would turn every mode into ``mean``.
+        eps: keeps groups whose returns are all equal finite (their advantages are then 0
+            for ``mean``/``rloo``/``max``).
+
+    Returns:
+        ``(num_groups, G)`` advantages.
+    """
+    if mode not in BASELINES:
+        raise ValueError(f"advantage_mode={mode!r}; expected one of {sorted(BASELINES)}")
+    if returns.dim() != 2:
+        raise ValueError(f"returns must have shape (num_groups, G), got {tuple(returns.shape)}")
+    # Shifting by the group's first return changes neither the std nor the advantages of a
+    # baseline that moves with the returns (all but "raw"), and keeps a constant group at
+    # exactly 0: otherwise the float rounding of its mean, divided by std + eps, reaches ~1.
+    shifted = returns - returns[:, :1]
+    advantages = returns if mode == "raw" else shifted - BASELINES[mode](shifted)
+    if normalize:
+        advantages = advantages / (shifted.std(dim=-1, keepdim=True) + eps)
+    return advantages

@@ -1,0 +1,47 @@
+"""The policy's log-probabilities of its own completions: one batched forward."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+
+import torch
+from torch import Tensor
+
+from comlrl.algorithms import selective_log_softmax
+
+
+@functools.cache
+def _accepts(model_class: type, argument: str) -> bool:
+    return argument in inspect.signature(model_class.forward).parameters
+
+
+def completion_logprobs(
+    model: torch.nn.Module,
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    completion_ids: Tensor,
+    completion_mask: Tensor,
+    temperature: float = 1.0,
+) -> Tensor:
+    """``(S, T)`` log-probability of each completion token under ``model``.
+
+    Prompts are left-padded, so positions are computed from the attention mask (as
+    ``generate`` does); otherwise a padded prompt would see shifted positions and the
+    log-probs would not be those of the sampling distribution. Logits are divided by the
+    sampling ``temperature`` for the same reason. Logits are only computed for the
+    completion positions when the model supports ``logits_to_keep``.
+    """
+    input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
+    attention_mask = torch.cat([prompt_mask, completion_mask.to(prompt_mask.dtype)], dim=1)
+    kwargs = {}
+    model_class = type(model)
+    if _accepts(model_class, "position_ids"):
+        kwargs["position_ids"] = (attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)
+    num_completion = completion_ids.shape[1]
+    if _accepts(model_class, "logits_to_keep"):
+        # +1: the logit that predicts the first completion token sits on the last prompt token.
+        kwargs["logits_to_keep"] = num_completion + 1
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **kwargs).logits
+    logits = logits[:, -num_completion - 1 : -1, :]  # (S, T, V): position t predicts token t+1
+    return selective_log_softmax(logits / temperature, completion_ids)

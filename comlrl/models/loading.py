@@ -1,0 +1,71 @@
+"""Building the agents and their tokenizers from what the user passed."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+
+def load_agents(agent_model: str, num_agents: int, model_config: dict[str, Any] | None) -> list[torch.nn.Module]:
+    """``num_agents`` independent copies of the model ``agent_model`` (a folder or hub id)."""
+    if isinstance(num_agents, bool) or not isinstance(num_agents, int) or num_agents < 1:
+        raise ValueError(f"num_agents must be an integer >= 1, got {num_agents!r}")
+    return [AutoModelForCausalLM.from_pretrained(agent_model, **(model_config or {})) for _ in range(num_agents)]
+
+
+def check_agents(agents: Sequence[torch.nn.Module]) -> list[torch.nn.Module]:
+    """Each agent must be its own generating model: two agents sharing one object would
+    share parameters while two optimizers update them."""
+    agents = list(agents)
+    if not agents:
+        raise ValueError("agents is empty: pass at least one model (or agent_model=<name> and num_agents)")
+    seen: dict[int, int] = {}
+    for i, agent in enumerate(agents):
+        if not isinstance(agent, torch.nn.Module) or not hasattr(agent, "generate"):
+            raise TypeError(f"agents[{i}] must be a causal LM with .generate(), got {type(agent).__name__}")
+        if id(agent) in seen:
+            raise ValueError(
+                f"agents[{i}] is the same object as agents[{seen[id(agent)]}]; "
+                "each agent needs its own model instance"
+            )
+        seen[id(agent)] = i
+    return agents
+
+
+def resolve_tokenizers(tokenizer: Any, agents: Sequence[torch.nn.Module]) -> list[Any]:
+    """One tokenizer per agent, each able to pad.
+
+    ``tokenizer`` may be one tokenizer for all agents, a list with one per agent, or None
+    (each agent's tokenizer is then loaded from the folder or id it was loaded from).
+    A tokenizer without a pad token pads with its EOS token; this is said once per tokenizer.
+    """
+    if tokenizer is None:
+        tokenizers = []
+        for i, agent in enumerate(agents):
+            source = getattr(agent, "name_or_path", "") or ""
+            if not source:
+                raise ValueError(f"tokenizer is None and agents[{i}] does not say where it was loaded from; pass tokenizer=")
+            tokenizers.append(AutoTokenizer.from_pretrained(source))
+    elif isinstance(tokenizer, list | tuple):
+        if len(tokenizer) != len(agents):
+            raise ValueError(f"got {len(tokenizer)} tokenizers for {len(agents)} agents; pass one, or one per agent")
+        tokenizers = list(tokenizer)
+    else:
+        tokenizers = [tokenizer] * len(agents)
+    fixed: set[int] = set()
+    for i, tok in enumerate(tokenizers):
+        if tok.pad_token_id is not None or id(tok) in fixed:
+            continue
+        if tok.eos_token is None:
+            raise ValueError(f"the tokenizer of agent {i} has neither a pad token nor an EOS token")
+        warnings.warn(
+            f"the tokenizer of agent {i} has no pad token; padding with its EOS token {tok.eos_token!r}",
+            stacklevel=3,
+        )
+        tok.pad_token = tok.eos_token
+        fixed.add(id(tok))
+    return tokenizers

@@ -1,0 +1,84 @@
+"""Batched sampling with Hugging Face ``generate``: one call per agent per step."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from comlrl.algorithms import completion_mask
+
+
+@dataclass
+class AgentRollout:
+    """G completions for each of B prompts of one agent; rows ordered prompt-major
+    (row ``b * G + k`` is sample k of prompt b)."""
+
+    prompt_ids: Tensor
+    """``(B*G, P)`` left-padded prompt token ids."""
+    prompt_mask: Tensor
+    """``(B*G, P)`` 1 on real prompt tokens, 0 on left padding."""
+    completion_ids: Tensor
+    """``(B*G, T)`` generated ids, padded after EOS."""
+    completion_mask: Tensor
+    """``(B*G, T)`` bool, True on every generated token up to and including EOS."""
+    texts: list[str]
+    """``B*G`` decoded completions, special tokens removed."""
+
+    @property
+    def lengths(self) -> Tensor:
+        """``(B*G,)`` number of generated tokens of each completion (EOS included)."""
+        return self.completion_mask.sum(dim=1)
+
+    @property
+    def truncated(self) -> Tensor:
+        """``(B*G,)`` bool: the completion hit ``max_new_tokens`` without an EOS."""
+        return self.completion_mask.all(dim=1)
+
+
+def eos_token_ids(model: torch.nn.Module, tokenizer: Any) -> list[int]:
+    """Every id that ends a completion: the model's generation EOS ids and the tokenizer's."""
+    ids = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids = [] if ids is None else [ids] if isinstance(ids, int) else list(ids)
+    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
+        ids.append(tokenizer.eos_token_id)
+    return ids
+
+
+def generate_group(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    prompts: Sequence[str],
+    num_generations: int,
+    sampling_kwargs: dict[str, Any],
+) -> AgentRollout:
+    """Sample ``num_generations`` completions for every prompt in ONE ``generate`` call."""
+    device = next(model.parameters()).device
+    encoded = tokenizer(list(prompts), return_tensors="pt", padding=True, padding_side="left")
+    prompt_ids = encoded["input_ids"].repeat_interleave(num_generations, dim=0).to(device)
+    prompt_mask = encoded["attention_mask"].repeat_interleave(num_generations, dim=0).to(device)
+    eos_ids = eos_token_ids(model, tokenizer)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode():
+            sequences = model.generate(
+                input_ids=prompt_ids,
+                attention_mask=prompt_mask,
+                pad_token_id=tokenizer.pad_token_id,
+                eos_token_id=eos_ids,
+                **sampling_kwargs,
+            )
+    finally:
+        model.train(was_training)
+    # Inference tensors cannot enter autograd; the ids are small, a copy is cheap.
+    completion_ids = sequences[:, prompt_ids.shape[1]:].clone()
+    mask = completion_mask(completion_ids, eos_ids)
+    # Decode only the owned tokens: generate pads after EOS with pad_token_id, which need
+    # not be a special token that skip_special_tokens would drop.
+    owned = [ids[:n] for ids, n in zip(completion_ids.tolist(), mask.sum(dim=1).tolist())]
+    texts = tokenizer.batch_decode(owned, skip_special_tokens=True)
+    return AgentRollout(prompt_ids, prompt_mask, completion_ids, mask, texts)

@@ -1,0 +1,78 @@
+"""From dataset rows to one prompt per agent, formatted and checked once before training."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from comlrl.rewards.joint_reward import describe
+
+Formatter = Callable[[dict[str, Any]], str]
+
+
+def prompt_column(row: dict[str, Any]) -> str:
+    """The default formatter: the row's ``prompt`` column."""
+    return row["prompt"]
+
+
+class PromptTable:
+    """Every agent's prompt for every row of a dataset.
+
+    All rows are formatted up front, so a formatter that fails, or a row it cannot handle,
+    is reported before any training, naming the agent and the row.
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        formatters: Formatter | Sequence[Formatter] | None,
+        num_agents: int,
+        name: str = "dataset",
+    ):
+        rows = [dict(row) for row in dataset]
+        if not rows:
+            raise ValueError(f"{name} is empty: it needs at least one row")
+        if formatters is None:
+            missing = next((r for r, row in enumerate(rows) if "prompt" not in row), None)
+            if missing is not None:
+                raise ValueError(
+                    f"{name} row {missing} has no 'prompt' column (columns: {sorted(rows[missing])}) "
+                    "and no formatters were given: add a 'prompt' column or pass formatters="
+                )
+            formatters = [prompt_column] * num_agents
+        elif callable(formatters):
+            formatters = [formatters] * num_agents
+        else:
+            formatters = list(formatters)
+            if len(formatters) != num_agents:
+                raise ValueError(f"got {len(formatters)} formatters for {num_agents} agents; pass one, or one per agent")
+        self.prompts = [[self._format(f, row, agent, r, name) for r, row in enumerate(rows)] for agent, f in enumerate(formatters)]
+        has_prompt = all(isinstance(row.get("prompt"), str) for row in rows)
+        self._reward_prompts = [row["prompt"] for row in rows] if has_prompt else self.prompts[0]
+
+    @staticmethod
+    def _format(formatter: Formatter, row: dict[str, Any], agent: int, r: int, name: str) -> str:
+        try:
+            prompt = formatter(row)
+        except Exception as error:
+            raise RuntimeError(
+                f"formatter {describe(formatter)} of agent {agent} raised {type(error).__name__}: {error} on {name} row {r}"
+            ) from error
+        if not isinstance(prompt, str):
+            raise TypeError(
+                f"formatter {describe(formatter)} of agent {agent} returned {type(prompt).__name__} for {name} row {r}; "
+                "expected a string"
+            )
+        return prompt
+
+    def __len__(self) -> int:
+        return len(self._reward_prompts)
+
+    def agent_prompts(self, agent: int, row_ids: Sequence[int]) -> list[str]:
+        """Agent ``agent``'s prompts for ``row_ids``."""
+        return [self.prompts[agent][r] for r in row_ids]
+
+    def reward_prompts(self, row_ids: Sequence[int]) -> list[str]:
+        """The prompts handed to a reward function that asks for them: the rows' ``prompt``
+        column, or agent 0's formatted prompts when the rows have no such column."""
+        return [self._reward_prompts[r] for r in row_ids]

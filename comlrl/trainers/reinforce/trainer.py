@@ -1,0 +1,317 @@
+"""MAGRPO: several LLM agents trained together with group-relative policy gradients on a
+shared (joint) reward.
+
+One training step, as the code below reads:
+
+    rows ─formatters─▶ prompts per agent ─generate─▶ G completions per prompt and agent
+    ─joint actions─▶ reward_func ─reward_processor─▶ joint rewards (B, J)
+    ─credit─▶ returns per agent (N, B, G) ─group baseline─▶ advantages
+    ─masked batched forward─▶ policy-gradient loss ─▶ one optimizer step per agent
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from comlrl.algorithms import (
+    group_advantages,
+    joint_action_indices,
+    per_agent_returns,
+    policy_gradient_loss,
+)
+from comlrl.metrics import JsonlSink, MetricsLogger, WandbSink
+from comlrl.models.forward import completion_logprobs
+from comlrl.models.loading import check_agents, load_agents, resolve_tokenizers
+from comlrl.rewards import JointReward
+from comlrl.rollout import AgentRollout, generate_group
+from comlrl.trainers.reinforce.config import MAGRPOConfig
+from comlrl.rollout.prompts import PromptTable
+
+Formatter = Callable[[dict[str, Any]], str]
+
+
+@dataclass
+class TrainResult:
+    """What ``train()`` returns."""
+
+    global_step: int
+    """Optimizer steps taken (each agent takes one per step)."""
+    epoch_reward_means: list[float] = field(default_factory=list)
+    """Mean processed joint reward of each epoch (what the advantages were computed from)."""
+    epoch_raw_reward_means: list[float] = field(default_factory=list)
+    """Mean joint reward of each epoch as ``reward_func`` returned it, before the processor."""
+    train_seconds: float = 0.0
+    """Wall time of ``train()``."""
+
+
+@dataclass
+class StepRollout:
+    """Everything sampled and scored in one step."""
+
+    agents: list[AgentRollout]
+    """One rollout per agent, ``B*G`` completions each."""
+    rewards: torch.Tensor
+    """``(B, J)`` processed joint rewards."""
+    raw_rewards: torch.Tensor
+    """``(B, J)`` joint rewards before the processor."""
+
+
+class MAGRPOTrainer:
+    """Multi-Agent Group Relative Policy Optimization.
+
+    Args:
+        agents: the agents, one causal LM instance each (any N >= 1; they may be different
+            architectures with different tokenizers).
+        agent_model: instead of ``agents``, a model folder or hub id to load ``num_agents``
+            copies of (with ``model_config`` as ``from_pretrained`` keyword arguments).
+        num_agents: how many copies of ``agent_model`` to load.
+        tokenizer: one tokenizer for all agents, a list with one per agent, or None to load
+            each agent's tokenizer from where the agent was loaded.
+        train_dataset: rows (a ``datasets.Dataset`` or a list of dicts).
+        eval_dataset: rows scored by ``evaluate()``.
+        reward_func: scores joint actions: called with one list of completions per agent
+            (N positional arguments), or with the prompts first when it takes N+1; returns
+            one number per joint action. The prompts are the rows' ``prompt`` column, or
+            agent 0's formatted prompts when there is no such column.
+        reward_processor: ``float -> float`` applied to each reward (see ``RewardProcessors``).
+        formatters: maps a row to an agent's prompt; one callable for all agents or a list
+            with one per agent. Default: the row's ``prompt`` column.
+        args: the ``MAGRPOConfig``; defaults to ``MAGRPOConfig()``.
+        model_config: ``from_pretrained`` keyword arguments used with ``agent_model``.
+        wandb_config: turns on W&B logging: ``wandb.init`` arguments (``project``,
+            ``entity``, ``name``, ...). Needs ``pip install 'comlrl[wandb]'``.
+    """
+
+    def __init__(
+        self,
+        agents: Sequence[torch.nn.Module] | None = None,
+        agent_model: str | None = None,
+        num_agents: int = 2,
+        tokenizer: Any = None,
+        train_dataset: Any = None,
+        eval_dataset: Any = None,
+        reward_func: Callable[..., Sequence[float]] | None = None,
+        reward_processor: Callable[[float], float] | None = None,
+        formatters: Formatter | Sequence[Formatter] | None = None,
+        args: MAGRPOConfig | None = None,
+        model_config: dict[str, Any] | None = None,
+        wandb_config: dict[str, Any] | None = None,
+    ):
+        self.args = args if args is not None else MAGRPOConfig()
+        if not isinstance(self.args, MAGRPOConfig):
+            raise TypeError(f"args must be a MAGRPOConfig, got {type(self.args).__name__}")
+        if agents is not None and agent_model is not None:
+            raise ValueError("pass either agents or agent_model, not both")
+        if agents is None and agent_model is None:
+            raise ValueError("no agents: pass agents=[model, ...] or agent_model=<folder or hub id>")
+        if reward_func is None:
+            raise ValueError("reward_func is required")
+        if train_dataset is None:
+            raise ValueError("train_dataset is required")
+        if agents is None:
+            agents = load_agents(agent_model, num_agents, model_config)
+        self.agents = check_agents(agents)
+        self.num_agents = len(self.agents)
+        self.tokenizers = resolve_tokenizers(tokenizer, self.agents)
+        self.reward = JointReward(reward_func, self.num_agents, reward_processor)
+        self.train_prompts = PromptTable(train_dataset, formatters, self.num_agents, "train_dataset")
+        self.eval_prompts = None if eval_dataset is None else PromptTable(eval_dataset, formatters, self.num_agents, "eval_dataset")
+        self.wandb_config = wandb_config
+        self.joint_indices = joint_action_indices(self.num_agents, self.args.num_generations, self.args.joint_mode)
+        self.optimizers = [
+            torch.optim.AdamW(
+                agent.parameters(), lr=self.args.agent_learning_rate, weight_decay=self.args.weight_decay
+            )
+            for agent in self.agents
+        ]
+        self.global_step = 0
+
+    # ----------------------------------------------------------------------------------------
+    # the training loop
+    # ----------------------------------------------------------------------------------------
+    def train(self) -> TrainResult:
+        """Train every agent for ``num_train_epochs`` epochs; returns a ``TrainResult``."""
+        args = self.args
+        seed_everything(args.seed)
+        data_order = torch.Generator().manual_seed(args.seed)
+        num_rows = len(self.train_prompts)
+        batch = args.per_device_train_batch_size
+        steps_per_epoch = math.ceil(num_rows / batch)
+        logger = MetricsLogger(self._sinks())
+        result = TrainResult(global_step=self.global_step)
+        start = time.perf_counter()
+        bar = tqdm(total=args.num_train_epochs * steps_per_epoch, desc="MAGRPO", unit="step", dynamic_ncols=True)
+        try:
+            for epoch in range(args.num_train_epochs):
+                if args.shuffle:
+                    order = torch.randperm(num_rows, generator=data_order).tolist()
+                else:
+                    order = list(range(num_rows))
+                epoch_rewards, epoch_raw = [], []
+                for first in range(0, num_rows, batch):
+                    metrics = self.training_step(order[first : first + batch])
+                    self.global_step += 1
+                    epoch_rewards.append(metrics["reward/mean"])
+                    epoch_raw.append(metrics["reward/raw_mean"])
+                    logger.add(metrics)
+                    bar.update(1)
+                    bar.set_postfix(epoch=epoch + 1, reward=f"{metrics['reward/mean']:.3g}")
+                    if self.global_step % args.logging_steps == 0:
+                        bar.write(format_metrics(self.global_step, logger.flush(self.global_step)))
+                result.epoch_reward_means.append(sum(epoch_rewards) / len(epoch_rewards))
+                result.epoch_raw_reward_means.append(sum(epoch_raw) / len(epoch_raw))
+            logger.flush(self.global_step)
+        finally:
+            bar.close()
+            logger.close()
+        result.global_step = self.global_step
+        result.train_seconds = time.perf_counter() - start
+        return result
+
+    def training_step(self, row_ids: list[int]) -> dict[str, float]:
+        """Sample, score and update every agent on the dataset rows ``row_ids``."""
+        started = time.perf_counter()
+        rollout = self.rollout(self.train_prompts, row_ids)
+        generated = time.perf_counter()
+
+        returns = per_agent_returns(rollout.rewards, self.joint_indices, self.args.num_generations)  # (N, B, G)
+        advantages = [
+            group_advantages(returns[i], self.args.advantage_mode, self.args.advantage_normalization).reshape(-1)
+            for i in range(self.num_agents)
+        ]  # N x (B*G,)
+        losses = [self._backward(i, rollout.agents[i], advantages[i]) for i in range(self.num_agents)]
+        grad_norms = self._optimizer_steps(losses)
+
+        metrics = {
+            "reward/mean": rollout.rewards.mean().item(),
+            "reward/std": rollout.rewards.std().item() if rollout.rewards.numel() > 1 else 0.0,
+            "reward/raw_mean": rollout.raw_rewards.mean().item(),
+            "time/generate_s": generated - started,
+            "time/update_s": time.perf_counter() - generated,
+        }
+        for i, agent_rollout in enumerate(rollout.agents):
+            lengths = agent_rollout.lengths.float()
+            metrics[f"agent{i}/loss"] = losses[i].item()
+            metrics[f"agent{i}/grad_norm"] = grad_norms[i]
+            metrics[f"agent{i}/advantage_std"] = advantages[i].std().item()
+            metrics[f"agent{i}/completion_length"] = lengths.mean().item()
+            metrics[f"agent{i}/truncated_frac"] = agent_rollout.truncated.float().mean().item()
+        return metrics
+
+    def rollout(self, prompts: PromptTable, row_ids: list[int]) -> StepRollout:
+        """Generate every agent's completions for ``row_ids`` and score the joint actions."""
+        group = self.args.num_generations
+        sampling = self.args.sampling_kwargs()
+        agent_rollouts = [
+            generate_group(agent, tok, prompts.agent_prompts(i, row_ids), group, sampling)
+            for i, (agent, tok) in enumerate(zip(self.agents, self.tokenizers))
+        ]
+        # Joint action j of row b takes sample joint_indices[j, i] of agent i: flat index b*G + that.
+        num_joint = self.joint_indices.shape[0]
+        flat = (torch.arange(len(row_ids)).unsqueeze(1) * group).unsqueeze(2) + self.joint_indices  # (B, J, N)
+        flat = flat.reshape(-1, self.num_agents)
+        completions = [[r.texts[k] for k in flat[:, i].tolist()] for i, r in enumerate(agent_rollouts)]
+        joint_rows = [row for row in row_ids for _ in range(num_joint)]
+        raw, processed = self.reward(prompts.reward_prompts(joint_rows), completions, joint_rows)
+        shape = (len(row_ids), num_joint)
+        return StepRollout(agent_rollouts, processed.reshape(shape), raw.reshape(shape))
+
+    def _backward(self, agent_index: int, rollout: AgentRollout, advantages: torch.Tensor) -> torch.Tensor:
+        """One batched masked forward and backward of agent ``agent_index``'s loss."""
+        model = self.agents[agent_index]
+        model.train()
+        token_logps = completion_logprobs(
+            model, rollout.prompt_ids, rollout.prompt_mask, rollout.completion_ids, rollout.completion_mask,
+            temperature=self.args.temperature,
+        )
+        loss = policy_gradient_loss(
+            token_logps, advantages.to(token_logps.device), rollout.completion_mask,
+            loss_type=self.args.loss_type, max_new_tokens=self.args.max_new_tokens,
+        )
+        self.optimizers[agent_index].zero_grad(set_to_none=True)
+        loss.backward()
+        return loss.detach()
+
+    def _optimizer_steps(self, losses: list[torch.Tensor]) -> list[float]:
+        """Clip and apply every agent's gradient, or none: a non-finite loss or gradient stops
+        training with an error before any weight changes in this step."""
+        max_norm = self.args.max_grad_norm if self.args.max_grad_norm is not None else math.inf
+        grad_norms = []
+        for i, (agent, loss) in enumerate(zip(self.agents, losses)):
+            norm = torch.nn.utils.clip_grad_norm_(agent.parameters(), max_norm).item()
+            if not (math.isfinite(loss.item()) and math.isfinite(norm)):
+                for optimizer in self.optimizers:
+                    optimizer.zero_grad(set_to_none=True)
+                raise FloatingPointError(
+                    f"agent {i} has a non-finite loss ({loss.item()}) or gradient norm ({norm}) at step "
+                    f"{self.global_step + 1}; no weights were changed in this step"
+                )
+            grad_norms.append(norm)
+        for optimizer in self.optimizers:
+            optimizer.step()
+        return grad_norms
+
+    # ----------------------------------------------------------------------------------------
+    # evaluation and saving
+    # ----------------------------------------------------------------------------------------
+    def evaluate(self) -> dict[str, float]:
+        """Mean joint reward on ``eval_dataset`` with the training sampling settings."""
+        if self.eval_prompts is None:
+            raise ValueError("evaluate() needs an eval_dataset: pass eval_dataset= to the trainer")
+        batch = self.args.per_device_train_batch_size
+        rows = list(range(len(self.eval_prompts)))
+        rewards, raw = [], []
+        for first in range(0, len(rows), batch):
+            rollout = self.rollout(self.eval_prompts, rows[first : first + batch])
+            rewards.append(rollout.rewards.reshape(-1))
+            raw.append(rollout.raw_rewards.reshape(-1))
+        return {"eval/reward_mean": torch.cat(rewards).mean().item(), "eval/raw_reward_mean": torch.cat(raw).mean().item()}
+
+    def save_model(self, output_dir: str) -> list[str]:
+        """Write each agent (weights + tokenizer, Hugging Face format) to ``output_dir/agent_{i}``.
+
+        Each folder is written under a temporary name and renamed, so an interrupted save
+        never leaves a folder that looks complete. Returns the folders.
+        """
+        os.makedirs(output_dir, exist_ok=True)
+        folders = []
+        for i, (agent, tok) in enumerate(zip(self.agents, self.tokenizers)):
+            final = os.path.join(output_dir, f"agent_{i}")
+            partial = os.path.join(output_dir, f".agent_{i}.partial")
+            shutil.rmtree(partial, ignore_errors=True)
+            agent.save_pretrained(partial)
+            tok.save_pretrained(partial)
+            shutil.rmtree(final, ignore_errors=True)
+            os.replace(partial, final)
+            folders.append(final)
+        return folders
+
+    def _sinks(self) -> list:
+        sinks: list = [JsonlSink(os.path.join(self.args.output_dir, "metrics.jsonl"))]
+        if self.wandb_config is not None:
+            sinks.append(WandbSink(self.wandb_config, asdict(self.args)))
+        return sinks
+
+
+def seed_everything(seed: int) -> None:
+    """Seed every generator sampling can draw from."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def format_metrics(step: int, metrics: dict[str, float]) -> str:
+    """A compact one-line view of the logged metrics for the console."""
+    shown = ", ".join(f"{key}={value:.4g}" for key, value in metrics.items() if not key.startswith("time/"))
+    return f"step {step}: {shown}"

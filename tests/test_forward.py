@@ -1,0 +1,52 @@
+"""The batched, left-padded log-prob forward against a slow per-sequence reference."""
+
+import pytest
+import torch
+
+from comlrl.models.forward import completion_logprobs
+from comlrl.rollout import generate_group
+
+from .conftest import MIXED, char_tokenizer, tiny_gpt2, tiny_llama
+
+
+def reference_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask, temperature):
+    """One unpadded forward per sequence, a loop over tokens: obviously right, slow."""
+    out = torch.zeros(completion_ids.shape)
+    for s in range(len(prompt_ids)):
+        prompt = prompt_ids[s][prompt_mask[s].bool()]
+        n = int(completion_mask[s].sum())
+        ids = torch.cat([prompt, completion_ids[s, :n]]).unsqueeze(0)
+        logits = model(input_ids=ids).logits[0] / temperature
+        for t in range(n):
+            out[s, t] = torch.log_softmax(logits[len(prompt) + t - 1], dim=-1)[completion_ids[s, t]]
+    return out
+
+
+@pytest.mark.parametrize("build", [tiny_llama, tiny_gpt2])
+def test_batched_logprobs_match_per_sequence_reference(build):
+    tok = char_tokenizer(MIXED)
+    model = build(tok).eval()
+    rollout = generate_group(
+        model, tok, ["Hi", "a much longer prompt:"], 3, {"do_sample": True, "max_new_tokens": 10}
+    )
+    assert (rollout.prompt_mask == 0).any(), "the test needs left padding"
+    with torch.no_grad():
+        fast = completion_logprobs(
+            model, rollout.prompt_ids, rollout.prompt_mask, rollout.completion_ids, rollout.completion_mask, 0.7
+        )
+        slow = reference_logprobs(
+            model, rollout.prompt_ids, rollout.prompt_mask, rollout.completion_ids, rollout.completion_mask, 0.7
+        )
+    mask = rollout.completion_mask
+    torch.testing.assert_close(fast[mask], slow[mask], atol=1e-5, rtol=1e-5)
+
+
+def test_rollout_texts_are_the_owned_tokens_and_rows_are_prompt_major():
+    tok = char_tokenizer()
+    model = tiny_llama(tok)
+    rollout = generate_group(model, tok, ["ab", "c"], 4, {"do_sample": True, "max_new_tokens": 6})
+    assert rollout.completion_ids.shape[0] == 8
+    assert rollout.prompt_ids[:4].eq(rollout.prompt_ids[0]).all()  # rows 0-3 share prompt 0
+    for ids, n, text in zip(rollout.completion_ids, rollout.lengths, rollout.texts):
+        assert text == tok.decode(ids[:n], skip_special_tokens=True)
+    assert rollout.truncated.tolist() == [not (ids == tok.eos_token_id).any() for ids in rollout.completion_ids]

@@ -1,0 +1,221 @@
+"""MAGRPOTrainer on tiny random models: wiring, heterogeneous agents, saving, bad input."""
+
+import json
+import math
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+import comlrl.trainers.reinforce.trainer as trainer_module
+from comlrl.trainers.reinforce import MAGRPOConfig, MAGRPOTrainer
+
+from .conftest import MIXED, char_tokenizer, tiny_gpt2, tiny_llama
+
+DATA = [{"prompt": "hello there:"}, {"prompt": "a cat"}, {"prompt": "tell me, why?"}]
+
+
+def small_config(tmp_path, **overrides):
+    values = dict(
+        num_train_epochs=1, num_generations=2, max_new_tokens=6, logging_steps=1,
+        agent_learning_rate=1e-3, output_dir=str(tmp_path / "run"),
+    )
+    values.update(overrides)
+    return MAGRPOConfig(**values)
+
+
+def length_sum(*completions):
+    return [float(sum(len(c) for c in joint)) for joint in zip(*completions)]
+
+
+def content_score(*completions):
+    """Depends on every agent's text, so each agent's samples get different credit."""
+    return [float(sum(ord(ch) for c in joint for ch in c) % 13) for joint in zip(*completions)]
+
+
+def make_trainer(tmp_path, agents=None, tokenizer=None, **kwargs):
+    tok = tokenizer or char_tokenizer()
+    if agents is None:
+        agents = [tiny_llama(tok, seed=i) for i in range(2)]
+    kwargs.setdefault("train_dataset", DATA)
+    kwargs.setdefault("reward_func", length_sum)
+    kwargs.setdefault("args", small_config(tmp_path))
+    return MAGRPOTrainer(agents=agents, tokenizer=tok, **kwargs)
+
+
+def snapshot(agents):
+    return [[p.detach().clone() for p in a.parameters()] for a in agents]
+
+
+def unchanged(before, agents):
+    return all(torch.equal(b, p) for bs, a in zip(before, agents) for b, p in zip(bs, a.parameters()))
+
+
+@pytest.mark.parametrize("joint_mode", ["aligned", "cross"])
+def test_three_heterogeneous_agents_train_and_save(tmp_path, joint_mode):
+    tok_a, tok_b = char_tokenizer(), char_tokenizer(MIXED)
+    assert len(tok_a) != len(tok_b)
+    agents = [tiny_llama(tok_a, 0), tiny_gpt2(tok_b, 1), tiny_llama(tok_a, 2)]
+    before = snapshot(agents)
+    trainer = make_trainer(
+        tmp_path, agents=agents, tokenizer=[tok_a, tok_b, tok_a], reward_func=content_score,
+        args=small_config(tmp_path, joint_mode=joint_mode, per_device_train_batch_size=3),
+    )
+    result = trainer.train()
+    assert result.global_step == 1 and len(result.epoch_reward_means) == 1
+    for b, agent in zip(before, agents):  # every agent took a step
+        assert any(not torch.equal(x, p) for x, p in zip(b, agent.parameters()))
+
+    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    logged = json.loads(lines[0])
+    for key in ["step", "reward/mean", "reward/raw_mean", "agent2/loss", "agent1/grad_norm", "agent0/completion_length"]:
+        assert key in logged
+
+    folders = trainer.save_model(str(tmp_path / "models"))
+    assert [f.rsplit("/", 1)[1] for f in folders] == ["agent_0", "agent_1", "agent_2"]
+    for folder, original in zip(folders, agents):
+        model = AutoModelForCausalLM.from_pretrained(folder)
+        tok = AutoTokenizer.from_pretrained(folder)
+        assert type(model) is type(original) and len(tok) == original.config.vocab_size
+        torch.testing.assert_close(model.state_dict(), original.state_dict())
+
+
+def recording_reward(calls):
+    def reward(a, b):
+        calls.append((list(a), list(b)))
+        return [0.0] * len(a)
+    return reward
+
+
+@pytest.mark.parametrize("joint_mode,num_joint", [("aligned", 3), ("cross", 9)])
+def test_joint_actions_pair_the_right_completions(tmp_path, joint_mode, num_joint):
+    calls = []
+    trainer = make_trainer(
+        tmp_path, reward_func=recording_reward(calls),
+        args=small_config(tmp_path, joint_mode=joint_mode, num_generations=3),
+    )
+    rollout = trainer.rollout(trainer.train_prompts, [2, 0])
+    first, second = calls[0]
+    assert len(first) == len(second) == 2 * num_joint and rollout.rewards.shape == (2, num_joint)
+    texts0, texts1 = rollout.agents[0].texts, rollout.agents[1].texts
+    for b in range(2):
+        for j in range(num_joint):
+            k0, k1 = (j, j) if joint_mode == "aligned" else divmod(j, 3)
+            assert first[b * num_joint + j] == texts0[b * 3 + k0]
+            assert second[b * num_joint + j] == texts1[b * 3 + k1]
+
+
+def test_reward_with_prompts_first_gets_the_rows_prompts(tmp_path):
+    seen = []
+
+    def reward(prompts, a, b):
+        seen.extend(prompts)
+        return [1.0] * len(a)
+
+    trainer = make_trainer(tmp_path, reward_func=reward, formatters=lambda row: "Q: " + row["prompt"])
+    trainer.rollout(trainer.train_prompts, [1, 2])
+    assert seen == ["a cat"] * 2 + ["tell me, why?"] * 2
+
+
+def test_formatters_give_each_agent_its_prompt(tmp_path):
+    trainer = make_trainer(tmp_path, formatters=[lambda r: "x" + r["prompt"], lambda r: "y" + r["prompt"]])
+    assert trainer.train_prompts.agent_prompts(0, [1]) == ["xa cat"]
+    assert trainer.train_prompts.agent_prompts(1, [1]) == ["ya cat"]
+
+
+def test_same_seed_same_run(tmp_path):
+    results = []
+    for run in range(2):
+        tok = char_tokenizer()
+        trainer = make_trainer(tmp_path / str(run), agents=[tiny_llama(tok, 0), tiny_llama(tok, 1)], tokenizer=tok,
+                               args=small_config(tmp_path / str(run), num_train_epochs=2))
+        results.append(trainer.train().epoch_reward_means)
+    assert results[0] == results[1]
+
+
+def test_tokenizer_without_pad_token_pads_with_eos_and_says_so_once(tmp_path):
+    tok = char_tokenizer(pad=False)
+    agents = [tiny_llama(tok, 0), tiny_llama(tok, 1)]
+    with pytest.warns(UserWarning, match="no pad token; padding with its EOS token '<eos>'") as record:
+        trainer = make_trainer(tmp_path, agents=agents, tokenizer=tok)
+    assert len([w for w in record if "pad token" in str(w.message)]) == 1
+    assert tok.pad_token == "<eos>"
+    trainer.train()
+
+
+def test_evaluate_scores_the_eval_dataset(tmp_path):
+    trainer = make_trainer(tmp_path, eval_dataset=DATA[:2])
+    metrics = trainer.evaluate()
+    assert set(metrics) == {"eval/reward_mean", "eval/raw_reward_mean"} and metrics["eval/reward_mean"] >= 0
+
+
+# ------------------------------------------------------------------------------------------
+# bad input: a clear error naming the culprit, before any weight changes or file is written
+# ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "kwargs,error,match",
+    [
+        (dict(agents=[]), ValueError, "agents is empty"),
+        (dict(formatters=[str]), ValueError, "got 1 formatters for 2 agents"),
+        (dict(train_dataset=[]), ValueError, "train_dataset is empty"),
+        (dict(train_dataset=[{"prompt": "a"}, {"text": "b"}]), ValueError, "train_dataset row 1 has no 'prompt' column"),
+        (dict(formatters=lambda row: 3), TypeError, "agent 0 returned int for train_dataset row 0"),
+        (dict(formatters=[str, lambda row: row["x"]]), RuntimeError, "of agent 1 raised KeyError: 'x' on train_dataset row 0"),
+        (dict(reward_func=lambda a, b, c, d: [0.0]), TypeError, "cannot be called with 2 completion lists"),
+        (dict(reward_func=None), ValueError, "reward_func is required"),
+        (dict(args={"num_generations": 2}), TypeError, "args must be a MAGRPOConfig"),
+    ],
+)
+def test_bad_trainer_arguments(tmp_path, kwargs, error, match):
+    with pytest.raises(error, match=match):
+        make_trainer(tmp_path, **kwargs)
+
+
+def test_tokenizer_count_must_match_agents(tmp_path):
+    tok = char_tokenizer()
+    with pytest.raises(ValueError, match="got 3 tokenizers for 2 agents"):
+        make_trainer(tmp_path, tokenizer=[tok] * 3, agents=[tiny_llama(tok), tiny_llama(tok)])
+
+
+def test_the_same_model_twice_is_refused(tmp_path):
+    tok = char_tokenizer()
+    model = tiny_llama(tok)
+    with pytest.raises(ValueError, match=r"agents\[1\] is the same object as agents\[0\]"):
+        make_trainer(tmp_path, agents=[model, model], tokenizer=tok)
+
+
+def test_no_agents_at_all():
+    with pytest.raises(ValueError, match="no agents"):
+        MAGRPOTrainer(reward_func=length_sum, train_dataset=DATA)
+
+
+def raises(a, b):
+    raise ZeroDivisionError("boom")
+
+
+@pytest.mark.parametrize(
+    "reward,error,match",
+    [
+        (raises, RuntimeError, r"reward_func raises raised ZeroDivisionError: boom \(called with 2 lists of sizes \[4, 4\]"),
+        (lambda a, b: [1.0], ValueError, "returned 1 values for 4 joint actions"),
+        (lambda a, b: [1.0, math.nan, 1.0, 1.0], ValueError, r"returned nan for joint action 1 \(dataset row \d\)"),
+        (lambda a, b: [1.0, 1.0, 1.0, "high"], TypeError, r"returned 'high' \(str\) for joint action 3"),
+    ],
+)
+def test_bad_reward_stops_before_any_update_or_output(tmp_path, reward, error, match):
+    trainer = make_trainer(tmp_path, reward_func=reward)
+    before = snapshot(trainer.agents)
+    with pytest.raises(error, match=match):
+        trainer.train()
+    assert unchanged(before, trainer.agents)
+    assert not (tmp_path / "run").exists()
+
+
+def test_non_finite_loss_stops_without_touching_weights(tmp_path, monkeypatch):
+    real = trainer_module.policy_gradient_loss
+    monkeypatch.setattr(trainer_module, "policy_gradient_loss", lambda *a, **k: real(*a, **k) * math.nan)
+    trainer = make_trainer(tmp_path)
+    before = snapshot(trainer.agents)
+    with pytest.raises(FloatingPointError, match="agent 0 has a non-finite loss"):
+        trainer.train()
+    assert unchanged(before, trainer.agents)
