@@ -52,8 +52,8 @@ def group_advantages(
         normalize: divide by the group's standard deviation (unbiased, as ``torch.std``) plus
             ``eps``. This only rescales: it never re-centres, because re-centring after a
             baseline would turn every mode into ``mean``.
-        eps: keeps groups whose returns are all equal finite (their advantages are then 0
-            for ``mean``/``rloo``/``max``).
+        eps: added to the std; a group whose returns are all equal is left unscaled (its
+            advantages are then exactly 0 for ``mean``/``rloo``/``max``).
 
     Returns:
         ``(num_groups, G)`` advantages.
@@ -62,11 +62,19 @@ def group_advantages(
         raise ValueError(f"advantage_mode={mode!r}; expected one of {sorted(BASELINES)}")
     if returns.dim() != 2:
         raise ValueError(f"returns must have shape (num_groups, G), got {tuple(returns.shape)}")
+    if returns.shape[1] < 2 and (mode != "raw" or normalize):
+        raise ValueError(
+            f"advantage_mode={mode!r} with normalize={normalize} needs groups of at least 2 samples, "
+            f"got {returns.shape[1]}"
+        )
     # Shifting by the group's first return changes neither the std nor the advantages of a
     # baseline that moves with the returns (all but "raw"), and keeps a constant group at
     # exactly 0: otherwise the float rounding of its mean, divided by std + eps, reaches ~1.
     shifted = returns - returns[:, :1]
     advantages = returns if mode == "raw" else shifted - BASELINES[mode](shifted)
     if normalize:
-        advantages = advantages / (shifted.std(dim=-1, keepdim=True) + eps)
+        std = shifted.std(dim=-1, keepdim=True)
+        # A group whose returns are all equal has no spread to normalise by; dividing by eps
+        # alone would blow its raw-mode advantages up by 1/eps, so it stays unscaled.
+        advantages = advantages / torch.where(std > 0, std + eps, torch.ones_like(std))
     return advantages

@@ -116,8 +116,17 @@ class JointReward:
         raw = self._check(values, expected, row_ids, f"reward_func {self.name}")
         if self.processor is None:
             return raw, raw.clone()
-        processed = [self.processor(v) for v in raw.tolist()]
-        return raw, self._check(processed, expected, row_ids, f"reward_processor {describe(self.processor)}")
+        source = f"reward_processor {describe(self.processor)}"
+        processed = []
+        for k, value in enumerate(raw.tolist()):
+            try:
+                processed.append(self.processor(value))
+            except Exception as error:
+                raise RuntimeError(
+                    f"{source} raised {type(error).__name__}: {error} on reward {value} of joint action {k} "
+                    f"(dataset row {row_ids[k]})"
+                ) from error
+        return raw, self._check(processed, expected, row_ids, source)
 
     def _check(self, values: object, expected: int, row_ids: Sequence[int], source: str) -> Tensor:
         if isinstance(values, Tensor):

@@ -1,0 +1,176 @@
+"""group_advantages against hand computations and a slow loop reference."""
+
+import itertools
+import math
+
+import pytest
+import torch
+
+from comlrl.algorithms.advantages import BASELINES, group_advantages
+
+MODES = ["mean", "rloo", "max", "raw"]
+
+# Two groups of G = 3.
+#   group 0: [1, 2, 6]   sum 9, mean 3, max 6, deviations [-2, -1, 3],
+#            unbiased var (4 + 1 + 9) / 2 = 7, std sqrt(7) = 2.6457513
+#   group 1: [-3, 1, -1] sum -3, mean -1, max 1, deviations [-2, 2, 0],
+#            unbiased var (4 + 4 + 0) / 2 = 4, std 2
+RETURNS = torch.tensor([[1.0, 2.0, 6.0], [-3.0, 1.0, -1.0]])
+S7 = math.sqrt(7.0)
+
+UNNORMALIZED = {
+    # r - mean: [1-3, 2-3, 6-3]; [-3+1, 1+1, -1+1]
+    "mean": [[-2.0, -1.0, 3.0], [-2.0, 2.0, 0.0]],
+    # rloo baseline (sum - r) / 2: [(9-1)/2, (9-2)/2, (9-6)/2] = [4, 3.5, 1.5]
+    #                              [(-3+3)/2, (-3-1)/2, (-3+1)/2] = [0, -2, -1]
+    "rloo": [[1 - 4.0, 2 - 3.5, 6 - 1.5], [-3 - 0.0, 1 + 2.0, -1 + 1.0]],
+    # r - max: [1-6, 2-6, 6-6]; [-3-1, 1-1, -1-1]
+    "max": [[-5.0, -4.0, 0.0], [-4.0, 0.0, -2.0]],
+    # no baseline
+    "raw": [[1.0, 2.0, 6.0], [-3.0, 1.0, -1.0]],
+}
+NORMALIZED = {
+    # divide group 0 by sqrt(7), group 1 by 2 (eps = 0 here)
+    "mean": [[-2 / S7, -1 / S7, 3 / S7], [-1.0, 1.0, 0.0]],
+    "rloo": [[-3 / S7, -1.5 / S7, 4.5 / S7], [-1.5, 1.5, 0.0]],
+    "max": [[-5 / S7, -4 / S7, 0.0], [-2.0, 0.0, -1.0]],
+    "raw": [[1 / S7, 2 / S7, 6 / S7], [-1.5, 0.5, -0.5]],
+}
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("normalize", [False, True])
+def test_hand_two_groups(mode, normalize):
+    expected = torch.tensor((NORMALIZED if normalize else UNNORMALIZED)[mode])
+    got = group_advantages(RETURNS, mode=mode, normalize=normalize, eps=0.0)
+    torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_eps_is_added_to_the_std(mode):
+    # [0, 2]: std = sqrt(((−1)² + 1²) / 1) = sqrt(2); divisor sqrt(2) + 1 = 2.4142136
+    returns = torch.tensor([[0.0, 2.0]])
+    unnormalized = {"mean": [-1.0, 1.0], "rloo": [-2.0, 2.0], "max": [-2.0, 0.0], "raw": [0.0, 2.0]}
+    expected = torch.tensor([unnormalized[mode]]) / (math.sqrt(2.0) + 1.0)
+    got = group_advantages(returns, mode=mode, normalize=True, eps=1.0)
+    torch.testing.assert_close(got, expected)
+
+
+def test_default_is_mean_normalized():
+    torch.testing.assert_close(
+        group_advantages(RETURNS), torch.tensor(NORMALIZED["mean"]), rtol=1e-5, atol=1e-5
+    )
+
+
+def test_normalization_only_rescales():
+    """No re-centring: max stays <= 0 with its best sample at 0, raw keeps its sign."""
+    returns = torch.randn(6, 5, generator=torch.Generator().manual_seed(0)) * 3 + 1
+    std = returns.std(dim=-1, keepdim=True)
+    for mode in MODES:
+        plain = group_advantages(returns, mode=mode, normalize=False)
+        scaled = group_advantages(returns, mode=mode, normalize=True, eps=0.0)
+        torch.testing.assert_close(scaled, plain / std)
+    max_adv = group_advantages(returns, mode="max", normalize=True)
+    assert (max_adv <= 0).all()
+    assert (max_adv.max(dim=-1).values == 0).all()
+    raw_adv = group_advantages(returns, mode="raw", normalize=True)
+    assert torch.equal(raw_adv.sign(), returns.sign())
+
+
+@pytest.mark.parametrize("normalize", [False, True])
+def test_modes_are_pairwise_different(normalize):
+    # Re-centring after the baseline would make all four identical to "mean".
+    results = {m: group_advantages(RETURNS, mode=m, normalize=normalize) for m in MODES}
+    for a, b in itertools.combinations(MODES, 2):
+        assert not torch.allclose(results[a], results[b], atol=1e-3), (a, b)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("normalize", [False, True])
+def test_constant_group(mode, normalize):
+    # Values whose float32 mean is not exact (100.3 * 8 / 8 rounds); the last group is
+    # not constant and must be unaffected by its neighbours.
+    returns = torch.tensor([[0.1] * 8, [100.3] * 8, [0.0] * 8, [0.0] * 7 + [8.0]])
+    got = group_advantages(returns, mode=mode, normalize=normalize)
+    assert torch.isfinite(got).all()
+    if mode != "raw":
+        assert torch.equal(got[:3], torch.zeros(3, 8))
+    # last group: mean 1, max 8, rloo baseline 8/7 for the zeros and 0 for the 8,
+    # unbiased std sqrt((7 * 1 + 49) / 7) = sqrt(8)
+    last = {
+        "mean": [-1.0] * 7 + [7.0],
+        "rloo": [-8 / 7] * 7 + [8.0],
+        "max": [-8.0] * 7 + [0.0],
+        "raw": [0.0] * 7 + [8.0],
+    }[mode]
+    expected = torch.tensor(last) / (math.sqrt(8.0) + 1e-6 if normalize else 1.0)
+    torch.testing.assert_close(got[3], expected)
+
+
+def test_bad_mode():
+    with pytest.raises(ValueError, match=r"'median'.*\['max', 'mean', 'raw', 'rloo'\]"):
+        group_advantages(RETURNS, mode="median")
+
+
+@pytest.mark.parametrize("shape", [(6,), (2, 3, 1)])
+def test_bad_shape(shape):
+    with pytest.raises(ValueError, match=r"\(num_groups, G\)"):
+        group_advantages(torch.zeros(shape))
+
+
+def test_modes_table():
+    assert sorted(BASELINES) == sorted(MODES)
+
+
+def loop_reference(returns, mode, normalize, eps):
+    out = []
+    for group in returns.tolist():
+        g = len(group)
+        total = sum(group)
+        mean = total / g
+        std = math.sqrt(sum((r - mean) ** 2 for r in group) / (g - 1))
+        row = []
+        for r in group:
+            baseline = {
+                "mean": mean,
+                "rloo": (total - r) / (g - 1),
+                "max": max(group),
+                "raw": 0.0,
+            }[mode]
+            a = r - baseline
+            row.append(a / (std + eps) if normalize else a)
+        out.append(row)
+    return torch.tensor(out)
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("normalize", [False, True])
+def test_against_loop_reference(seed, mode, normalize):
+    gen = torch.Generator().manual_seed(seed)
+    num_groups = int(torch.randint(1, 6, (1,), generator=gen))
+    group_size = int(torch.randint(2, 9, (1,), generator=gen))
+    returns = torch.randn(num_groups, group_size, generator=gen) * 5 - 1
+    got = group_advantages(returns, mode=mode, normalize=normalize, eps=1e-3)
+    expected = loop_reference(returns, mode, normalize, eps=1e-3)
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_constant_group_in_raw_mode_is_left_unscaled():
+    # std = 0: normalising would divide by eps alone (1e6 x); the group keeps its returns.
+    got = group_advantages(torch.tensor([[100.3, 100.3, 100.3], [1.0, 2.0, 3.0]]), mode="raw", normalize=True)
+    torch.testing.assert_close(got[0], torch.tensor([100.3, 100.3, 100.3]))
+    # the other group is divided by its std, 1 (+1e-6)
+    torch.testing.assert_close(got[1], torch.tensor([1.0, 2.0, 3.0]) / (1 + 1e-6))
+
+
+@pytest.mark.parametrize("mode,normalize", [("mean", False), ("rloo", False), ("max", True), ("raw", True)])
+def test_groups_of_one_are_refused_where_a_group_is_needed(mode, normalize):
+    with pytest.raises(ValueError, match="needs groups of at least 2 samples, got 1"):
+        group_advantages(torch.tensor([[1.0], [2.0]]), mode=mode, normalize=normalize)
+
+
+def test_groups_of_one_in_raw_mode_without_normalisation_are_the_returns():
+    torch.testing.assert_close(
+        group_advantages(torch.tensor([[1.0], [2.0]]), mode="raw", normalize=False), torch.tensor([[1.0], [2.0]])
+    )
