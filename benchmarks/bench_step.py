@@ -50,15 +50,22 @@ def build_trainer(model_name: str, args: argparse.Namespace) -> MAGRPOTrainer:
     tokenizer = AutoTokenizer.from_pretrained(model_name)
     agents = [AutoModelForCausalLM.from_pretrained(model_name) for _ in range(2)]
     config = MAGRPOConfig(
-        num_train_epochs=1, per_device_train_batch_size=1, agent_learning_rate=5e-5,
-        num_generations=args.num_generations, max_new_tokens=args.max_new_tokens,
-        generation_kwargs={"min_new_tokens": args.max_new_tokens}, seed=0,
+        num_train_epochs=1,
+        per_device_train_batch_size=1,
+        agent_learning_rate=5e-5,
+        num_generations=args.num_generations,
+        max_new_tokens=args.max_new_tokens,
+        generation_kwargs={"min_new_tokens": args.max_new_tokens},
+        seed=0,
         output_dir=os.path.join("benchmarks", "results", "run"),
     )
     return MAGRPOTrainer(
-        agents=agents, tokenizer=tokenizer, train_dataset=[{"prompt": p} for p in example.PROMPTS],
+        agents=agents,
+        tokenizer=tokenizer,
+        train_dataset=[{"prompt": p} for p in example.PROMPTS],
         reward_func=partial(example.proper_length_ratio_reward, target_min=2, target_max=3),
-        reward_processor=RewardProcessors.scale(100.0), args=config,
+        reward_processor=RewardProcessors.scale(100.0),
+        args=config,
     )
 
 
@@ -79,10 +86,16 @@ def baseline_step(trainer: MAGRPOTrainer, row: int) -> tuple[float, float, int]:
         per_agent = []
         for _ in range(group):
             with torch.inference_mode():
-                out = agent.generate(**prompt, pad_token_id=tok.pad_token_id, eos_token_id=eos_token_ids(agent, tok),
-                                     **args.sampling_kwargs())
-            completion = out[0, prompt["input_ids"].shape[1]:].clone()
-            per_agent.append((prompt["input_ids"].clone(), completion, tok.decode(completion, skip_special_tokens=True)))
+                out = agent.generate(
+                    **prompt,
+                    pad_token_id=tok.pad_token_id,
+                    eos_token_id=eos_token_ids(agent, tok),
+                    **args.sampling_kwargs(),
+                )
+            completion = out[0, prompt["input_ids"].shape[1] :].clone()
+            per_agent.append(
+                (prompt["input_ids"].clone(), completion, tok.decode(completion, skip_special_tokens=True))
+            )
         samples.append(per_agent)
     generated = time.perf_counter()
     _, rewards = trainer.reward([example.PROMPTS[row]] * group, [[s[2] for s in a] for a in samples], [row] * group)
@@ -91,8 +104,14 @@ def baseline_step(trainer: MAGRPOTrainer, row: int) -> tuple[float, float, int]:
         agent.train()
         optimizer.zero_grad()
         for (prompt_ids, completion, _), advantage in zip(per_agent, advantages):
-            logps = completion_logprobs(agent, prompt_ids, torch.ones_like(prompt_ids), completion.unsqueeze(0),
-                                        torch.ones_like(completion.unsqueeze(0), dtype=torch.bool), args.temperature)
+            logps = completion_logprobs(
+                agent,
+                prompt_ids,
+                torch.ones_like(prompt_ids),
+                completion.unsqueeze(0),
+                torch.ones_like(completion.unsqueeze(0), dtype=torch.bool),
+                args.temperature,
+            )
             (-advantage * logps.mean() / group).backward()
         torch.nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
         optimizer.step()
@@ -107,11 +126,18 @@ def run(name: str, step_fn, trainer: MAGRPOTrainer, steps: int) -> dict[str, flo
         g, u, t = step_fn(trainer, row)
         generate_s, update_s, tokens = generate_s + g, update_s + u, tokens + t
     result = {
-        "generate_s": generate_s, "update_s": update_s, "step_s": (generate_s + update_s) / steps,
-        "generated_tokens": tokens, "tokens_per_s": tokens / generate_s, "peak_rss_mib": peak_rss_mib(),
+        "generate_s": generate_s,
+        "update_s": update_s,
+        "step_s": (generate_s + update_s) / steps,
+        "generated_tokens": tokens,
+        "tokens_per_s": tokens / generate_s,
+        "peak_rss_mib": peak_rss_mib(),
     }
-    print(f"{name:>8}: generate {generate_s:7.1f} s | update {update_s:7.1f} s | {result['step_s']:6.1f} s/step | "
-          f"{result['tokens_per_s']:6.1f} generated tok/s | peak RSS {result['peak_rss_mib']:.0f} MiB", flush=True)
+    print(
+        f"{name:>8}: generate {generate_s:7.1f} s | update {update_s:7.1f} s | {result['step_s']:6.1f} s/step | "
+        f"{result['tokens_per_s']:6.1f} generated tok/s | peak RSS {result['peak_rss_mib']:.0f} MiB",
+        flush=True,
+    )
     return result
 
 
@@ -132,8 +158,11 @@ def main(argv=None) -> None:
         from comlrl.models import default_model_path
 
         model_name = default_model_path()
-    print(f"model {model_name}; 2 agents, G={args.num_generations}, {args.max_new_tokens} tokens per completion, "
-          f"{args.steps} steps per side, torch {torch.__version__}, {torch.get_num_threads()} threads", flush=True)
+    print(
+        f"model {model_name}; 2 agents, G={args.num_generations}, {args.max_new_tokens} tokens per completion, "
+        f"{args.steps} steps per side, torch {torch.__version__}, {torch.get_num_threads()} threads",
+        flush=True,
+    )
     trainer = build_trainer(model_name, args)
     comlrl_step(trainer, 0)  # warm-up: first calls pay one-off allocation and dispatch costs
     results = {"comlrl": run("comlrl", comlrl_step, trainer, args.steps)}
@@ -141,8 +170,10 @@ def main(argv=None) -> None:
         results["baseline"] = run("baseline", baseline_step, trainer, args.steps)
         for phase in ("generate_s", "update_s", "step_s"):
             results[f"speedup_{phase}"] = results["baseline"][phase] / results["comlrl"][phase]
-        print(f"baseline / comlrl time: generate x{results['speedup_generate_s']:.2f}, "
-              f"update x{results['speedup_update_s']:.2f}, whole step x{results['speedup_step_s']:.2f}")
+        print(
+            f"baseline / comlrl time: generate x{results['speedup_generate_s']:.2f}, "
+            f"update x{results['speedup_update_s']:.2f}, whole step x{results['speedup_step_s']:.2f}"
+        )
     if args.json:
         os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
         with open(args.json, "w") as f:

@@ -57,15 +57,23 @@ def proper_length_ratio_reward(completions1, completions2, target_min=2.0, targe
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default=None,
-                        help="model folder or hub id for both agents (default: the embedded SmolLM2-135M-Instruct)")
-    parser.add_argument("--output-dir", default="./magrpo_multi_reward_output",
-                        help="metrics log here, trained agents in OUTPUT_DIR/models (default: %(default)s)")
+    parser.add_argument(
+        "--model",
+        default=None,
+        help="model folder or hub id for both agents (default: the embedded SmolLM2-135M-Instruct)",
+    )
+    parser.add_argument(
+        "--output-dir",
+        default="./magrpo_multi_reward_output",
+        help="metrics log here, trained agents in OUTPUT_DIR/models (default: %(default)s)",
+    )
     parser.add_argument("--epochs", type=int, default=3, help="passes over the 10 prompts (default: %(default)s)")
-    parser.add_argument("--num-generations", type=int, default=8,
-                        help="completions per prompt and agent (default: %(default)s)")
-    parser.add_argument("--max-new-tokens", type=int, default=128,
-                        help="most tokens per completion (default: %(default)s)")
+    parser.add_argument(
+        "--num-generations", type=int, default=8, help="completions per prompt and agent (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--max-new-tokens", type=int, default=128, help="most tokens per completion (default: %(default)s)"
+    )
     parser.add_argument("--seed", type=int, default=42, help="random seed (default: %(default)s)")
     parser.add_argument("--wandb", action="store_true", help="log to Weights & Biases (off by default)")
     parser.add_argument("--wandb-project", default="comlrl", help="W&B project (with --wandb; default: %(default)s)")

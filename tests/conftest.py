@@ -28,9 +28,16 @@ def char_tokenizer(alphabet: str = LOWER, pad: bool = True) -> PreTrainedTokeniz
 def tiny_llama(tokenizer, seed: int = 0) -> LlamaForCausalLM:
     torch.manual_seed(seed)
     config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=None,
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=None,
     )
     return LlamaForCausalLM(config)
 
@@ -38,9 +45,17 @@ def tiny_llama(tokenizer, seed: int = 0) -> LlamaForCausalLM:
 def tiny_gpt2(tokenizer, seed: int = 0) -> GPT2LMHeadModel:
     torch.manual_seed(seed)
     config = GPT2Config(
-        vocab_size=len(tokenizer), n_embd=32, n_layer=2, n_head=2, n_positions=256,
-        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.eos_token_id,
+        vocab_size=len(tokenizer),
+        n_embd=32,
+        n_layer=2,
+        n_head=2,
+        n_positions=256,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.eos_token_id,
     )
     return GPT2LMHeadModel(config)
 

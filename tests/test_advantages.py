@@ -57,9 +57,7 @@ def test_eps_is_added_to_the_std(mode):
 
 
 def test_default_is_mean_normalized():
-    torch.testing.assert_close(
-        group_advantages(RETURNS), torch.tensor(NORMALIZED["mean"]), rtol=1e-5, atol=1e-5
-    )
+    torch.testing.assert_close(group_advantages(RETURNS), torch.tensor(NORMALIZED["mean"]), rtol=1e-5, atol=1e-5)
 
 
 def test_normalization_only_rescales():

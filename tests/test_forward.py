@@ -26,9 +26,7 @@ def reference_logprobs(model, prompt_ids, prompt_mask, completion_ids, completio
 def test_batched_logprobs_match_per_sequence_reference(build):
     tok = char_tokenizer(MIXED)
     model = build(tok).eval()
-    rollout = generate_group(
-        model, tok, ["Hi", "a much longer prompt:"], 3, {"do_sample": True, "max_new_tokens": 10}
-    )
+    rollout = generate_group(model, tok, ["Hi", "a much longer prompt:"], 3, {"do_sample": True, "max_new_tokens": 10})
     assert (rollout.prompt_mask == 0).any(), "the test needs left padding"
     with torch.no_grad():
         fast = completion_logprobs(

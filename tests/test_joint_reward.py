@@ -245,7 +245,10 @@ def test_processor_that_raises_names_itself_the_value_and_the_row():
     def reciprocal(r):
         return 1 / r
 
-    with pytest.raises(RuntimeError, match=r"reward_processor .*reciprocal raised ZeroDivisionError: .* on reward 0.0 "
-                                           r"of joint action 1 \(dataset row 7\)") as info:
+    with pytest.raises(
+        RuntimeError,
+        match=r"reward_processor .*reciprocal raised ZeroDivisionError: .* on reward 0.0 "
+        r"of joint action 1 \(dataset row 7\)",
+    ) as info:
         score(lambda c1, c2: [1.0, 0.0], processor=reciprocal)
     assert isinstance(info.value.__cause__, ZeroDivisionError)

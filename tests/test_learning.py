@@ -18,13 +18,25 @@ def test_mean_reward_rises_on_a_length_reward(tmp_path, joint_mode):
     tok = char_tokenizer("ab")  # 5 tokens: EOS is likely enough that lengths vary at first
     agents = [tiny_llama(tok, seed=0), tiny_llama(tok, seed=1)]
     config = MAGRPOConfig(
-        num_train_epochs=20, per_device_train_batch_size=2, num_generations=6, max_new_tokens=12,
-        temperature=1.0, top_p=1.0, top_k=0, agent_learning_rate=3e-3, joint_mode=joint_mode,
-        logging_steps=1000, seed=0, output_dir=str(tmp_path),
+        num_train_epochs=20,
+        per_device_train_batch_size=2,
+        num_generations=6,
+        max_new_tokens=12,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        agent_learning_rate=3e-3,
+        joint_mode=joint_mode,
+        logging_steps=1000,
+        seed=0,
+        output_dir=str(tmp_path),
     )
     trainer = MAGRPOTrainer(
-        agents=agents, tokenizer=tok, train_dataset=[{"prompt": "a"}, {"prompt": "b"}],
-        reward_func=length_reward, args=config,
+        agents=agents,
+        tokenizer=tok,
+        train_dataset=[{"prompt": "a"}, {"prompt": "b"}],
+        reward_func=length_reward,
+        args=config,
     )
     result = trainer.train()
     first, last = result.epoch_reward_means[:3], result.epoch_reward_means[-3:]

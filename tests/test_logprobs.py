@@ -13,9 +13,7 @@ def reference(logits, token_ids):
     return log_probs.gather(-1, token_ids.unsqueeze(-1)).squeeze(-1)
 
 
-@pytest.mark.parametrize(
-    "token, expected", [(0, -math.log(4)), (1, -math.log(4)), (2, -math.log(2))]
-)
+@pytest.mark.parametrize("token, expected", [(0, -math.log(4)), (1, -math.log(4)), (2, -math.log(2))])
 def test_hand_example(token, expected):
     # logits [0, 0, ln 2] -> exp: [1, 1, 2], sum 4 -> p = [1/4, 1/4, 1/2]
     logits = torch.tensor([[[0.0, 0.0, math.log(2)]]])

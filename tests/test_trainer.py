@@ -17,8 +17,12 @@ DATA = [{"prompt": "hello there:"}, {"prompt": "a cat"}, {"prompt": "tell me, wh
 
 def small_config(tmp_path, **overrides):
     values = dict(
-        num_train_epochs=1, num_generations=2, max_new_tokens=6, logging_steps=1,
-        agent_learning_rate=1e-3, output_dir=str(tmp_path / "run"),
+        num_train_epochs=1,
+        num_generations=2,
+        max_new_tokens=6,
+        logging_steps=1,
+        agent_learning_rate=1e-3,
+        output_dir=str(tmp_path / "run"),
     )
     values.update(overrides)
     return MAGRPOConfig(**values)
@@ -58,7 +62,10 @@ def test_three_heterogeneous_agents_train_and_save(tmp_path, joint_mode):
     agents = [tiny_llama(tok_a, 0), tiny_gpt2(tok_b, 1), tiny_llama(tok_a, 2)]
     before = snapshot(agents)
     trainer = make_trainer(
-        tmp_path, agents=agents, tokenizer=[tok_a, tok_b, tok_a], reward_func=content_score,
+        tmp_path,
+        agents=agents,
+        tokenizer=[tok_a, tok_b, tok_a],
+        reward_func=content_score,
         args=small_config(tmp_path, joint_mode=joint_mode, per_device_train_batch_size=3),
     )
     result = trainer.train()
@@ -68,7 +75,14 @@ def test_three_heterogeneous_agents_train_and_save(tmp_path, joint_mode):
 
     lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     logged = json.loads(lines[0])
-    for key in ["step", "reward/mean", "reward/raw_mean", "agent2/loss", "agent1/grad_norm", "agent0/completion_length"]:
+    for key in [
+        "step",
+        "reward/mean",
+        "reward/raw_mean",
+        "agent2/loss",
+        "agent1/grad_norm",
+        "agent0/completion_length",
+    ]:
         assert key in logged
 
     folders = trainer.save_model(str(tmp_path / "models"))
@@ -84,6 +98,7 @@ def recording_reward(calls):
     def reward(a, b):
         calls.append((list(a), list(b)))
         return [0.0] * len(a)
+
     return reward
 
 
@@ -91,7 +106,8 @@ def recording_reward(calls):
 def test_joint_actions_pair_the_right_completions(tmp_path, joint_mode, num_joint):
     calls = []
     trainer = make_trainer(
-        tmp_path, reward_func=recording_reward(calls),
+        tmp_path,
+        reward_func=recording_reward(calls),
         args=small_config(tmp_path, joint_mode=joint_mode, num_generations=3),
     )
     rollout = trainer.rollout(trainer.train_prompts, [2, 0])
@@ -127,8 +143,12 @@ def test_same_seed_same_run(tmp_path):
     results = []
     for run in range(2):
         tok = char_tokenizer()
-        trainer = make_trainer(tmp_path / str(run), agents=[tiny_llama(tok, 0), tiny_llama(tok, 1)], tokenizer=tok,
-                               args=small_config(tmp_path / str(run), num_train_epochs=2))
+        trainer = make_trainer(
+            tmp_path / str(run),
+            agents=[tiny_llama(tok, 0), tiny_llama(tok, 1)],
+            tokenizer=tok,
+            args=small_config(tmp_path / str(run), num_train_epochs=2),
+        )
         results.append(trainer.train().epoch_reward_means)
     assert results[0] == results[1]
 
@@ -158,9 +178,17 @@ def test_evaluate_scores_the_eval_dataset(tmp_path):
         (dict(agents=[]), ValueError, "agents is empty"),
         (dict(formatters=[str]), ValueError, "got 1 formatters for 2 agents"),
         (dict(train_dataset=[]), ValueError, "train_dataset is empty"),
-        (dict(train_dataset=[{"prompt": "a"}, {"text": "b"}]), ValueError, "train_dataset row 1 has no 'prompt' column"),
+        (
+            dict(train_dataset=[{"prompt": "a"}, {"text": "b"}]),
+            ValueError,
+            "train_dataset row 1 has no 'prompt' column",
+        ),
         (dict(formatters=lambda row: 3), TypeError, "agent 0 returned int for train_dataset row 0"),
-        (dict(formatters=[str, lambda row: row["x"]]), RuntimeError, "of agent 1 raised KeyError: 'x' on train_dataset row 0"),
+        (
+            dict(formatters=[str, lambda row: row["x"]]),
+            RuntimeError,
+            "of agent 1 raised KeyError: 'x' on train_dataset row 0",
+        ),
         (dict(reward_func=lambda a, b, c, d: [0.0]), TypeError, "cannot be called with 2 completion lists"),
         (dict(reward_func=None), ValueError, "reward_func is required"),
         (dict(args={"num_generations": 2}), TypeError, "args must be a MAGRPOConfig"),
@@ -196,7 +224,11 @@ def raises(a, b):
 @pytest.mark.parametrize(
     "reward,error,match",
     [
-        (raises, RuntimeError, r"reward_func raises raised ZeroDivisionError: boom \(called with 2 lists of sizes \[4, 4\]"),
+        (
+            raises,
+            RuntimeError,
+            r"reward_func raises raised ZeroDivisionError: boom \(called with 2 lists of sizes \[4, 4\]",
+        ),
         (lambda a, b: [1.0], ValueError, "returned 1 values for 4 joint actions"),
         (lambda a, b: [1.0, math.nan, 1.0, 1.0], ValueError, r"returned nan for joint action 1 \(dataset row \d\)"),
         (lambda a, b: [1.0, 1.0, 1.0, "high"], TypeError, r"returned 'high' \(str\) for joint action 3"),

@@ -2,9 +2,9 @@
 
 from comlrl.algorithms.advantages import BASELINES, group_advantages
 from comlrl.algorithms.joint import JOINT_MODES, joint_action_indices, per_agent_returns
+from comlrl.algorithms.logprobs import selective_log_softmax
 from comlrl.algorithms.losses import LOSS_AGGREGATIONS, policy_gradient_loss
 from comlrl.algorithms.masks import completion_mask
-from comlrl.algorithms.logprobs import selective_log_softmax
 
 __all__ = [
     "BASELINES",

@@ -40,9 +40,7 @@ BASELINES = {
 }
 
 
-def group_advantages(
-    returns: Tensor, mode: str = "mean", normalize: bool = True, eps: float = 1e-6
-) -> Tensor:
+def group_advantages(returns: Tensor, mode: str = "mean", normalize: bool = True, eps: float = 1e-6) -> Tensor:
     """Advantages of each sample relative to its group.
 
     Args:

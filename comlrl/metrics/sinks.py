@@ -45,7 +45,9 @@ class WandbSink:
         try:
             import wandb
         except ImportError:
-            raise ImportError("W&B logging was requested but wandb is not installed: pip install 'comlrl[wandb]'") from None
+            raise ImportError(
+                "W&B logging was requested but wandb is not installed: pip install 'comlrl[wandb]'"
+            ) from None
         init_kwargs = dict(wandb_config)
         init_kwargs["config"] = {**run_config, **init_kwargs.get("config", {})}
         self._run = wandb.init(**init_kwargs)

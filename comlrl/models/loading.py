@@ -29,8 +29,7 @@ def check_agents(agents: Sequence[torch.nn.Module]) -> list[torch.nn.Module]:
             raise TypeError(f"agents[{i}] must be a causal LM with .generate(), got {type(agent).__name__}")
         if id(agent) in seen:
             raise ValueError(
-                f"agents[{i}] is the same object as agents[{seen[id(agent)]}]; "
-                "each agent needs its own model instance"
+                f"agents[{i}] is the same object as agents[{seen[id(agent)]}]; each agent needs its own model instance"
             )
         seen[id(agent)] = i
     return agents
@@ -48,7 +47,9 @@ def resolve_tokenizers(tokenizer: Any, agents: Sequence[torch.nn.Module]) -> lis
         for i, agent in enumerate(agents):
             source = getattr(agent, "name_or_path", "") or ""
             if not source:
-                raise ValueError(f"tokenizer is None and agents[{i}] does not say where it was loaded from; pass tokenizer=")
+                raise ValueError(
+                    f"tokenizer is None and agents[{i}] does not say where it was loaded from; pass tokenizer="
+                )
             tokenizers.append(AutoTokenizer.from_pretrained(source))
     elif isinstance(tokenizer, list | tuple):
         if len(tokenizer) != len(agents):

@@ -148,7 +148,9 @@ class JointReward:
             number = _as_float(value)
             where = f"joint action {k} (dataset row {row_ids[k]})"
             if number is None:
-                raise TypeError(f"{source} returned {value!r} ({type(value).__name__}) for {where}; expected a real number")
+                raise TypeError(
+                    f"{source} returned {value!r} ({type(value).__name__}) for {where}; expected a real number"
+                )
             if not math.isfinite(number):
                 raise ValueError(f"{source} returned {number} for {where}; rewards must be finite")
             out.append(number)

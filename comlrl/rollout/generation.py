@@ -75,7 +75,7 @@ def generate_group(
     finally:
         model.train(was_training)
     # Inference tensors cannot enter autograd; the ids are small, a copy is cheap.
-    completion_ids = sequences[:, prompt_ids.shape[1]:].clone()
+    completion_ids = sequences[:, prompt_ids.shape[1] :].clone()
     mask = completion_mask(completion_ids, eos_ids)
     # Decode only the owned tokens: generate pads after EOS with pad_token_id, which need
     # not be a special token that skip_special_tokens would drop.

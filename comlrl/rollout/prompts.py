@@ -45,8 +45,12 @@ class PromptTable:
         else:
             formatters = list(formatters)
             if len(formatters) != num_agents:
-                raise ValueError(f"got {len(formatters)} formatters for {num_agents} agents; pass one, or one per agent")
-        self.prompts = [[self._format(f, row, agent, r, name) for r, row in enumerate(rows)] for agent, f in enumerate(formatters)]
+                raise ValueError(
+                    f"got {len(formatters)} formatters for {num_agents} agents; pass one, or one per agent"
+                )
+        self.prompts = [
+            [self._format(f, row, agent, r, name) for r, row in enumerate(rows)] for agent, f in enumerate(formatters)
+        ]
         has_prompt = all(isinstance(row.get("prompt"), str) for row in rows)
         self._reward_prompts = [row["prompt"] for row in rows] if has_prompt else self.prompts[0]
 
@@ -56,12 +60,13 @@ class PromptTable:
             prompt = formatter(row)
         except Exception as error:
             raise RuntimeError(
-                f"formatter {describe(formatter)} of agent {agent} raised {type(error).__name__}: {error} on {name} row {r}"
+                f"formatter {describe(formatter)} of agent {agent} raised {type(error).__name__}: {error} "
+                f"on {name} row {r}"
             ) from error
         if not isinstance(prompt, str):
             raise TypeError(
-                f"formatter {describe(formatter)} of agent {agent} returned {type(prompt).__name__} for {name} row {r}; "
-                "expected a string"
+                f"formatter {describe(formatter)} of agent {agent} returned {type(prompt).__name__} "
+                f"for {name} row {r}; expected a string"
             )
         return prompt
 

@@ -69,8 +69,14 @@ class MAGRPOConfig:
     """Write averaged metrics every this many optimizer steps."""
 
     def __post_init__(self):
-        positive_ints = ("num_train_epochs", "per_device_train_batch_size", "num_generations",
-                         "max_new_tokens", "num_turns", "logging_steps")
+        positive_ints = (
+            "num_train_epochs",
+            "per_device_train_batch_size",
+            "num_generations",
+            "max_new_tokens",
+            "num_turns",
+            "logging_steps",
+        )
         for name in positive_ints:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -90,7 +96,9 @@ class MAGRPOConfig:
             raise ValueError(f"temperature must be > 0 (sampling is required), got {self.temperature!r}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if self.top_k is not None and (isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0):
+        if self.top_k is not None and (
+            isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0
+        ):
             raise ValueError(f"top_k must be an integer >= 0 or None, got {self.top_k!r}")
         if not isinstance(self.generation_kwargs, dict):
             raise ValueError(f"generation_kwargs must be a dict, got {type(self.generation_kwargs).__name__}")

@@ -35,8 +35,8 @@ from comlrl.models.forward import completion_logprobs
 from comlrl.models.loading import check_agents, load_agents, resolve_tokenizers
 from comlrl.rewards import JointReward
 from comlrl.rollout import AgentRollout, generate_group
-from comlrl.trainers.reinforce.config import MAGRPOConfig
 from comlrl.rollout.prompts import PromptTable
+from comlrl.trainers.reinforce.config import MAGRPOConfig
 
 Formatter = Callable[[dict[str, Any]], str]
 
@@ -126,13 +126,13 @@ class MAGRPOTrainer:
         self.tokenizers = resolve_tokenizers(tokenizer, self.agents)
         self.reward = JointReward(reward_func, self.num_agents, reward_processor)
         self.train_prompts = PromptTable(train_dataset, formatters, self.num_agents, "train_dataset")
-        self.eval_prompts = None if eval_dataset is None else PromptTable(eval_dataset, formatters, self.num_agents, "eval_dataset")
+        self.eval_prompts = (
+            None if eval_dataset is None else PromptTable(eval_dataset, formatters, self.num_agents, "eval_dataset")
+        )
         self.wandb_config = wandb_config
         self.joint_indices = joint_action_indices(self.num_agents, self.args.num_generations, self.args.joint_mode)
         self.optimizers = [
-            torch.optim.AdamW(
-                agent.parameters(), lr=self.args.agent_learning_rate, weight_decay=self.args.weight_decay
-            )
+            torch.optim.AdamW(agent.parameters(), lr=self.args.agent_learning_rate, weight_decay=self.args.weight_decay)
             for agent in self.agents
         ]
         self.global_step = 0
@@ -232,12 +232,19 @@ class MAGRPOTrainer:
         model = self.agents[agent_index]
         model.train()
         token_logps = completion_logprobs(
-            model, rollout.prompt_ids, rollout.prompt_mask, rollout.completion_ids, rollout.completion_mask,
+            model,
+            rollout.prompt_ids,
+            rollout.prompt_mask,
+            rollout.completion_ids,
+            rollout.completion_mask,
             temperature=self.args.temperature,
         )
         loss = policy_gradient_loss(
-            token_logps, advantages.to(token_logps.device), rollout.completion_mask,
-            loss_type=self.args.loss_type, max_new_tokens=self.args.max_new_tokens,
+            token_logps,
+            advantages.to(token_logps.device),
+            rollout.completion_mask,
+            loss_type=self.args.loss_type,
+            max_new_tokens=self.args.max_new_tokens,
         )
         self.optimizers[agent_index].zero_grad(set_to_none=True)
         loss.backward()
@@ -276,7 +283,10 @@ class MAGRPOTrainer:
             rollout = self.rollout(self.eval_prompts, rows[first : first + batch])
             rewards.append(rollout.rewards.reshape(-1))
             raw.append(rollout.raw_rewards.reshape(-1))
-        return {"eval/reward_mean": torch.cat(rewards).mean().item(), "eval/raw_reward_mean": torch.cat(raw).mean().item()}
+        return {
+            "eval/reward_mean": torch.cat(rewards).mean().item(),
+            "eval/raw_reward_mean": torch.cat(raw).mean().item(),
+        }
 
     def save_model(self, output_dir: str) -> list[str]:
         """Write each agent (weights + tokenizer, Hugging Face format) to ``output_dir/agent_{i}``.

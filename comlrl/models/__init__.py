@@ -1,0 +1,21 @@
+"""Models: the offline default model and helpers to load agents."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from comlrl.models.embedded import default_model_path
+
+__all__ = ["default_model_path"]
+
+
+def __getattr__(name: str) -> Any:
+    # Imported lazily so that `python -m comlrl.models.embedded` does not find the module
+    # already imported by its package (runpy warns about that) and `import comlrl.models`
+    # stays cheap.
+    if name == "default_model_path":
+        from comlrl.models.embedded import default_model_path
+
+        return default_model_path
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
