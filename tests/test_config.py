@@ -1,0 +1,80 @@
+"""MAGRPOConfig: defaults that make the tutorial work, and one clear error per bad field."""
+
+import dataclasses
+import inspect
+
+import pytest
+
+from comlrl.trainers.reinforce import MAGRPOConfig
+
+
+def test_every_field_is_documented():
+    source = inspect.getsource(MAGRPOConfig)
+    for field in dataclasses.fields(MAGRPOConfig):
+        declaration = source.index(f"    {field.name}: ")
+        following = source[declaration:].split("\n", 2)[1].strip()
+        assert following.startswith('"""'), f"{field.name} has no docstring line"
+
+
+def test_tutorial_fields_and_defaults():
+    config = MAGRPOConfig(
+        num_train_epochs=3,
+        agent_learning_rate=5e-5,
+        logging_steps=10,
+        num_generations=8,
+        num_turns=1,
+        max_new_tokens=128,
+    )
+    assert config.num_turns == 1 and MAGRPOConfig().num_turns == 1
+    assert MAGRPOConfig().advantage_normalization is True
+
+
+def test_sampling_kwargs_forward_generation_kwargs():
+    config = MAGRPOConfig(top_k=None, generation_kwargs={"min_new_tokens": 64, "repetition_penalty": 1.1})
+    kwargs = config.sampling_kwargs()
+    assert kwargs["top_k"] == 0 and kwargs["min_new_tokens"] == 64 and kwargs["repetition_penalty"] == 1.1
+    assert kwargs["do_sample"] is True and kwargs["max_new_tokens"] == config.max_new_tokens
+
+
+@pytest.mark.parametrize(
+    "field,value,match",
+    [
+        ("num_train_epochs", 0, "num_train_epochs must be an integer >= 1, got 0"),
+        ("per_device_train_batch_size", 1.5, "per_device_train_batch_size must be an integer >= 1"),
+        ("num_generations", True, "num_generations must be an integer >= 1, got True"),
+        ("max_new_tokens", -3, "max_new_tokens must be an integer >= 1"),
+        ("logging_steps", 0, "logging_steps must be an integer >= 1"),
+        ("num_turns", 2, "only single-turn training"),
+        ("shuffle", "yes", "shuffle must be True or False"),
+        ("seed", 1.0, "seed must be an integer"),
+        ("agent_learning_rate", 0.0, "agent_learning_rate must be > 0"),
+        ("agent_learning_rate", float("nan"), "agent_learning_rate must be > 0"),
+        ("weight_decay", -0.1, "weight_decay must be >= 0"),
+        ("max_grad_norm", 0.0, "max_grad_norm must be > 0 or None"),
+        ("temperature", 0.0, r"temperature must be > 0 \(sampling is required\)"),
+        ("top_p", 1.5, r"top_p must be in \(0, 1\]"),
+        ("top_p", 0.0, r"top_p must be in \(0, 1\]"),
+        ("top_k", -1, "top_k must be an integer >= 0 or None"),
+        ("generation_kwargs", [("min_new_tokens", 4)], "generation_kwargs must be a dict"),
+        ("generation_kwargs", {"num_return_sequences": 4}, r"may not set \['num_return_sequences'\]"),
+        ("joint_mode", "crossed", r"joint_mode='crossed'; expected one of \['aligned', 'cross'\]"),
+        ("advantage_mode", "std", r"advantage_mode='std'; expected one of \['max', 'mean', 'raw', 'rloo'\]"),
+        ("loss_type", "bnpo", r"loss_type='bnpo'; expected one of \['dapo', 'dr_grpo', 'grpo'\]"),
+        ("output_dir", "", "output_dir must be a non-empty path string"),
+    ],
+)
+def test_bad_field_is_named_with_what_is_allowed(field, value, match):
+    with pytest.raises(ValueError, match=match):
+        MAGRPOConfig(**{field: value})
+
+
+@pytest.mark.parametrize("mode", ["mean", "rloo", "max"])
+def test_a_group_baseline_needs_two_generations(mode):
+    with pytest.raises(ValueError, match=f"num_generations must be >= 2 with advantage_mode='{mode}'"):
+        MAGRPOConfig(num_generations=1, advantage_mode=mode)
+
+
+def test_one_generation_is_allowed_for_plain_reinforce():
+    assert MAGRPOConfig(num_generations=1, advantage_mode="raw", advantage_normalization=False).num_generations == 1
+    with pytest.raises(ValueError, match="advantage_normalization=True"):
+        MAGRPOConfig(num_generations=1, advantage_mode="raw")

@@ -1,0 +1,57 @@
+"""examples/story-len-ratio.py: its flags, and a short run on a tiny model folder."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+from transformers import AutoModelForCausalLM
+
+from .conftest import char_tokenizer, tiny_llama
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "story-len-ratio.py"
+
+
+@pytest.fixture(scope="module")
+def example():
+    spec = importlib.util.spec_from_file_location("story_len_ratio", EXAMPLE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_help_lists_every_flag(example, capsys):
+    with pytest.raises(SystemExit):
+        example.parse_args(["--help"])
+    text = capsys.readouterr().out
+    for flag in ["--wandb", "--wandb-project", "--wandb-entity", "--model", "--output-dir", "--epochs",
+                 "--num-generations", "--max-new-tokens", "--seed"]:  # fmt: skip
+        assert flag in text
+
+
+def test_defaults_are_the_tutorials(example):
+    args = example.parse_args([])
+    assert (args.epochs, args.num_generations, args.max_new_tokens, args.wandb) == (3, 8, 128, False)
+
+
+def test_reward_by_hand(example):
+    # ratios 2.5 (inside), 1 (1 below the range), 4 (1 above), empty first completion
+    assert example.proper_length_ratio_reward(["ab", "ab", "ab", ""], ["abcde", "ab", "abcdefgh", "x"]) == [
+        1.0, pytest.approx(0.36787944), pytest.approx(0.36787944), 0.0,
+    ]  # fmt: skip
+
+
+def test_short_run_on_a_tiny_model_saves_both_agents(example, tmp_path, capsys):
+    tok = char_tokenizer("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ :")
+    tiny_llama(tok).save_pretrained(tmp_path / "tiny")
+    tok.save_pretrained(tmp_path / "tiny")
+    out = tmp_path / "out"
+    argv = ["--model", str(tmp_path / "tiny"), "--output-dir", str(out), "--epochs", "1",
+            "--num-generations", "2", "--max-new-tokens", "4"]  # fmt: skip
+    example.main(argv)
+    summary = capsys.readouterr().out
+    assert "first epoch" in summary and "last epoch" in summary and str(out / "models") in summary
+    assert "wandb" not in sys.modules
+    for i in range(2):
+        AutoModelForCausalLM.from_pretrained(out / "models" / f"agent_{i}")
+    assert (out / "metrics.jsonl").exists()
