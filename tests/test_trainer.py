@@ -251,3 +251,23 @@ def test_non_finite_loss_stops_without_touching_weights(tmp_path, monkeypatch):
     with pytest.raises(FloatingPointError, match="agent 0 has a non-finite loss"):
         trainer.train()
     assert unchanged(before, trainer.agents)
+
+
+def test_agent_model_loads_independent_copies_and_their_tokenizer(tmp_path):
+    tok = char_tokenizer()
+    tiny_llama(tok).save_pretrained(tmp_path / "tiny")
+    tok.save_pretrained(tmp_path / "tiny")
+    trainer = MAGRPOTrainer(
+        agent_model=str(tmp_path / "tiny"), num_agents=3, reward_func=lambda a, b, c: [0.0] * len(a),
+        train_dataset=DATA, args=small_config(tmp_path),
+    )  # fmt: skip
+    assert trainer.num_agents == 3 and len({id(a) for a in trainer.agents}) == 3
+    assert (
+        trainer.agents[0].model.embed_tokens.weight.data_ptr() != trainer.agents[1].model.embed_tokens.weight.data_ptr()
+    )
+    assert [len(t) for t in trainer.tokenizers] == [len(tok)] * 3
+
+
+def test_agents_and_agent_model_together_are_refused(tmp_path):
+    with pytest.raises(ValueError, match="either agents or agent_model"):
+        make_trainer(tmp_path, agent_model="somewhere")

@@ -17,7 +17,7 @@ import random
 import shutil
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -35,10 +35,8 @@ from comlrl.models.forward import completion_logprobs
 from comlrl.models.loading import check_agents, load_agents, resolve_tokenizers
 from comlrl.rewards import JointReward
 from comlrl.rollout import AgentRollout, generate_group
-from comlrl.rollout.prompts import PromptTable
+from comlrl.rollout.prompts import Formatter, PromptTable
 from comlrl.trainers.reinforce.config import MAGRPOConfig
-
-Formatter = Callable[[dict[str, Any]], str]
 
 
 @dataclass
@@ -47,11 +45,11 @@ class TrainResult:
 
     global_step: int
     """Optimizer steps taken (each agent takes one per step)."""
-    epoch_reward_means: list[float] = field(default_factory=list)
+    epoch_reward_means: list[float]
     """Mean processed joint reward of each epoch (what the advantages were computed from)."""
-    epoch_raw_reward_means: list[float] = field(default_factory=list)
+    epoch_raw_reward_means: list[float]
     """Mean joint reward of each epoch as ``reward_func`` returned it, before the processor."""
-    train_seconds: float = 0.0
+    train_seconds: float
     """Wall time of ``train()``."""
 
 
@@ -149,7 +147,7 @@ class MAGRPOTrainer:
         batch = args.per_device_train_batch_size
         steps_per_epoch = math.ceil(num_rows / batch)
         logger = MetricsLogger(self._sinks())
-        result = TrainResult(global_step=self.global_step)
+        epoch_rewards, epoch_raw_rewards = [], []
         start = time.perf_counter()
         bar = tqdm(total=args.num_train_epochs * steps_per_epoch, desc="MAGRPO", unit="step", dynamic_ncols=True)
         try:
@@ -158,26 +156,24 @@ class MAGRPOTrainer:
                     order = torch.randperm(num_rows, generator=data_order).tolist()
                 else:
                     order = list(range(num_rows))
-                epoch_rewards, epoch_raw = [], []
+                step_rewards, step_raw_rewards = [], []
                 for first in range(0, num_rows, batch):
                     metrics = self.training_step(order[first : first + batch])
                     self.global_step += 1
-                    epoch_rewards.append(metrics["reward/mean"])
-                    epoch_raw.append(metrics["reward/raw_mean"])
+                    step_rewards.append(metrics["reward/mean"])
+                    step_raw_rewards.append(metrics["reward/raw_mean"])
                     logger.add(metrics)
                     bar.update(1)
                     bar.set_postfix(epoch=epoch + 1, reward=f"{metrics['reward/mean']:.3g}")
                     if self.global_step % args.logging_steps == 0:
                         bar.write(format_metrics(self.global_step, logger.flush(self.global_step)))
-                result.epoch_reward_means.append(sum(epoch_rewards) / len(epoch_rewards))
-                result.epoch_raw_reward_means.append(sum(epoch_raw) / len(epoch_raw))
+                epoch_rewards.append(sum(step_rewards) / len(step_rewards))
+                epoch_raw_rewards.append(sum(step_raw_rewards) / len(step_raw_rewards))
             logger.flush(self.global_step)
         finally:
             bar.close()
             logger.close()
-        result.global_step = self.global_step
-        result.train_seconds = time.perf_counter() - start
-        return result
+        return TrainResult(self.global_step, epoch_rewards, epoch_raw_rewards, time.perf_counter() - start)
 
     def training_step(self, row_ids: list[int]) -> dict[str, float]:
         """Sample, score and update every agent on the dataset rows ``row_ids``."""
