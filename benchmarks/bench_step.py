@@ -98,7 +98,8 @@ def baseline_step(trainer: MAGRPOTrainer, row: int) -> tuple[float, float, int]:
             )
         samples.append(per_agent)
     generated = time.perf_counter()
-    _, rewards = trainer.reward([example.PROMPTS[row]] * group, [[s[2] for s in a] for a in samples], [row] * group)
+    scored = trainer.reward([example.PROMPTS[row]] * group, [[s[2] for s in a] for a in samples], [row] * group)
+    rewards = scored.processed[:, 0]  # the length-ratio reward is shared by both agents
     advantages = group_advantages(rewards.unsqueeze(0), args.advantage_mode, args.advantage_normalization)[0]
     for agent, optimizer, per_agent in zip(trainer.agents, trainer.optimizers, samples):
         agent.train()

@@ -1,4 +1,5 @@
-"""JointReward: how the user's function is called, what it may return, how failures read."""
+"""JointReward: how the user's functions are called, what they may return, how they are weighted and
+processed, how failures read."""
 
 import functools
 import math
@@ -7,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from comlrl.rewards import RewardBatch
 from comlrl.rewards.joint_reward import JointReward
 from comlrl.utils.reward_processor import RewardProcessors
 
@@ -15,8 +17,13 @@ COMPLETIONS = [["a0", "a1"], ["b0", "b1"]]  # N = 2 agents, K = 2 joint actions
 ROWS = [5, 7]
 
 
-def score(func, processor=None, num_agents=2):
-    return JointReward(func, num_agents, processor)(PROMPTS, COMPLETIONS, ROWS)
+def score(func, processor=None, num_agents=2, weights=None):
+    return JointReward(func, num_agents, processor, weights)(PROMPTS, COMPLETIONS, ROWS)
+
+
+def shared(values):
+    """The (K, N) rewards of one value per joint action shared by both agents."""
+    return [[v, v] for v in values]
 
 
 # ---------------------------------------------------------------- calling conventions
@@ -81,12 +88,16 @@ BASE = [3.0, 2.0]
 )
 def test_calling_conventions(func, pass_prompts, expected):
     reward = JointReward(func, num_agents=2)
-    assert reward.pass_prompts is pass_prompts
-    raw, processed = reward(PROMPTS, COMPLETIONS, ROWS)
-    assert raw.dtype == torch.float32
-    assert raw.tolist() == expected
-    assert processed.tolist() == expected
-    assert processed is not raw
+    assert len(reward.pass_prompts) == 1 and reward.pass_prompts[0] is pass_prompts
+    batch = reward(PROMPTS, COMPLETIONS, ROWS)
+    assert isinstance(batch, RewardBatch)
+    assert batch.raw.dtype == torch.float32 and batch.processed.dtype == torch.float32
+    assert batch.per_function.dtype == torch.float32
+    assert batch.raw[:, 0].tolist() == expected
+    assert batch.raw.tolist() == shared(expected)  # one number per joint action: both agents get it
+    assert batch.processed.tolist() == shared(expected)
+    assert batch.per_function.tolist() == [shared(expected)]
+    assert batch.processed is not batch.raw
 
 
 def test_arguments_are_plain_lists():
@@ -119,7 +130,7 @@ def test_signature_fitting_neither_raises(func):
 
 
 def test_non_callables_rejected():
-    with pytest.raises(TypeError, match="reward_func must be callable, got int"):
+    with pytest.raises(TypeError, match="reward_func must be callable or a list of callables, got int"):
         JointReward(3, 2)
     with pytest.raises(TypeError, match="reward_processor must be callable, got str"):
         JointReward(completions_only, 2, processor="scale")
@@ -176,7 +187,13 @@ def test_non_finite_in_a_tensor():
 
 @pytest.mark.parametrize(
     "bad, shown",
-    [("1.0", "'1.0' (str)"), (None, "None (NoneType)"), (True, "True (bool)"), ([1.0], r"[1.0]")],
+    [
+        ("1.0", "'1.0' (str)"),
+        (None, "None (NoneType)"),
+        (True, "True (bool)"),
+        (torch.tensor(True), "tensor(True) (Tensor)"),
+        ({"r": 1.0}, "{'r': 1.0} (dict)"),
+    ],
 )
 def test_non_number_values(bad, shown):
     with pytest.raises(TypeError) as info:
@@ -184,6 +201,12 @@ def test_non_number_values(bad, shown):
     message = str(info.value)
     assert f"returned {shown}" in message
     assert "joint action 0 (dataset row 5)" in message
+
+
+def test_non_number_inside_a_per_agent_reward():
+    with pytest.raises(TypeError) as info:
+        score(lambda c1, c2: [1.0, [0.5, "x"]])
+    assert "returned 'x' (str) for joint action 1 (dataset row 7), agent 1; expected a real number" in str(info.value)
 
 
 @pytest.mark.parametrize("returned, type_name", [(3.0, "float"), (None, "NoneType"), (7, "int")])
@@ -198,17 +221,20 @@ def test_non_sequence_return(returned, type_name):
         [np.float32(2.0), np.float64(-2.0)],
         [2, -2],  # python ints are read as floats
         [torch.tensor(2.0), torch.tensor(-2)],  # 0-d tensors, float and int
+        [np.array(2.0), np.array(-2)],  # 0-d arrays
         torch.tensor([2.0, -2.0]),
         torch.tensor([[2.0], [-2.0]]),  # any shape with K elements
+        torch.tensor([[2.0, -2.0]]),
         np.array([2.0, -2.0]),
+        np.array([[2.0], [-2.0]]),
         (2.0, -2.0),
     ],
 )
 def test_accepted_numbers(returned):
-    raw, processed = score(lambda c1, c2: returned)
-    assert raw.dtype == torch.float32
-    assert raw.tolist() == [2.0, -2.0]
-    assert processed.tolist() == [2.0, -2.0]
+    batch = score(lambda c1, c2: returned)
+    assert batch.raw.dtype == torch.float32
+    assert batch.raw.tolist() == [[2.0, 2.0], [-2.0, -2.0]]
+    assert batch.processed.tolist() == [[2.0, 2.0], [-2.0, -2.0]]
 
 
 def test_processor_applied_to_each_value():
@@ -218,10 +244,10 @@ def test_processor_applied_to_each_value():
         calls.append(r)
         return r * 10 + 1
 
-    raw, processed = score(lambda c1, c2: [1.5, -2.0], processor=shift_and_record)
-    assert calls == [1.5, -2.0]
-    assert raw.tolist() == [1.5, -2.0]  # what the function returned
-    assert processed.tolist() == [16.0, -19.0]  # 1.5 * 10 + 1, -2 * 10 + 1
+    batch = score(lambda c1, c2: [1.5, -2.0], processor=shift_and_record)
+    assert calls == [1.5, 1.5, -2.0, -2.0]  # once per agent's value, joint action by joint action
+    assert batch.raw.tolist() == [[1.5, 1.5], [-2.0, -2.0]]  # what the function returned
+    assert batch.processed.tolist() == [[16.0, 16.0], [-19.0, -19.0]]  # 1.5 * 10 + 1, -2 * 10 + 1
 
 
 def test_processor_producing_nan_is_named():
@@ -232,7 +258,7 @@ def test_processor_producing_nan_is_named():
         score(lambda c1, c2: [1.5, -2.0], processor=to_nan)
     message = str(info.value)
     assert "reward_processor" in message and "to_nan" in message
-    assert "returned nan for joint action 1 (dataset row 7)" in message
+    assert "returned nan for joint action 1 (dataset row 7), agent 0" in message
 
 
 def test_named_processor_producing_inf_is_named():
@@ -248,7 +274,284 @@ def test_processor_that_raises_names_itself_the_value_and_the_row():
     with pytest.raises(
         RuntimeError,
         match=r"reward_processor .*reciprocal raised ZeroDivisionError: .* on reward 0.0 "
-        r"of joint action 1 \(dataset row 7\)",
+        r"of joint action 1 \(dataset row 7\), agent 0",
     ) as info:
         score(lambda c1, c2: [1.0, 0.0], processor=reciprocal)
     assert isinstance(info.value.__cause__, ZeroDivisionError)
+
+
+# ---------------------------------------------------------------- several functions, weights
+
+
+def first_reward(c1, c2):
+    return [1.0, -2.0]
+
+
+def second_reward(c1, c2):
+    return [3.0, 0.25]
+
+
+def test_two_functions_weighted():
+    reward = JointReward([first_reward, second_reward], 2, weights=[0.5, 2.0])
+    batch = reward(PROMPTS, COMPLETIONS, ROWS)
+    # joint action 0: 0.5 * 1 + 2 * 3 = 6.5; joint action 1: 0.5 * -2 + 2 * 0.25 = -0.5
+    assert batch.raw.tolist() == [[6.5, 6.5], [-0.5, -0.5]]
+    assert batch.processed.tolist() == [[6.5, 6.5], [-0.5, -0.5]]
+    assert batch.names == ["first_reward", "second_reward"]
+    assert batch.per_function.shape == (2, 2, 2)
+
+
+def test_per_function_keeps_unweighted_values():
+    batch = score((first_reward, second_reward), weights=[0.0, -3.0])
+    assert batch.per_function.tolist() == [
+        [[1.0, 1.0], [-2.0, -2.0]],  # first_reward as returned, although its weight is 0
+        [[3.0, 3.0], [0.25, 0.25]],  # second_reward as returned, not times -3
+    ]
+    # 0 * 1 - 3 * 3 = -9; 0 * -2 - 3 * 0.25 = -0.75
+    assert batch.raw.tolist() == [[-9.0, -9.0], [-0.75, -0.75]]
+
+
+def test_default_weights_are_one():
+    batch = score([first_reward, second_reward])
+    assert batch.raw.tolist() == [[4.0, 4.0], [-1.75, -1.75]]  # 1 + 3, -2 + 0.25
+
+
+@pytest.mark.parametrize("weights", [[2.0], np.array([2.0]), torch.tensor([2.0]), (2,)])
+def test_weights_accepted_forms(weights):
+    batch = score(first_reward, weights=weights)
+    assert batch.raw.tolist() == [[2.0, 2.0], [-4.0, -4.0]]
+    assert batch.per_function.tolist() == [[[1.0, 1.0], [-2.0, -2.0]]]
+
+
+def test_each_function_has_its_own_calling_convention_and_fresh_lists():
+    seen = []
+
+    def takes_prompts_and_edits(prompts, c1, c2):
+        assert prompts == PROMPTS
+        c1.append("edited")
+        return [1.0, 2.0]
+
+    def completions_only_records(c1, c2):
+        seen.append(c1)
+        return [10.0, 20.0]
+
+    reward = JointReward([takes_prompts_and_edits, completions_only_records], 2)
+    assert reward.pass_prompts == (True, False)
+    batch = reward(PROMPTS, COMPLETIONS, ROWS)
+    assert seen == [["a0", "a1"]]  # the first function's edit did not reach the second
+    assert batch.raw.tolist() == [[11.0, 11.0], [22.0, 22.0]]
+
+
+def test_weights_count_mismatch():
+    with pytest.raises(ValueError, match=r"^reward_weights has 3 values for 2 reward functions$"):
+        JointReward([first_reward, second_reward], 2, weights=[1.0, 2.0, 3.0])
+    with pytest.raises(ValueError, match=r"^reward_weights has 1 value for 2 reward functions$"):
+        JointReward([first_reward, second_reward], 2, weights=[1.0])
+    with pytest.raises(ValueError, match=r"^reward_weights has 2 values for 1 reward function$"):
+        JointReward(first_reward, 2, weights=[1.0, 2.0])
+
+
+@pytest.mark.parametrize(
+    "weights, error, message",
+    [
+        ([1.0, math.nan], ValueError, r"reward_weights\[1\] is nan; weights must be finite"),
+        ([math.inf, 1.0], ValueError, r"reward_weights\[0\] is inf; weights must be finite"),
+        ([1.0, "2"], TypeError, r"reward_weights\[1\] is '2' \(str\); expected a real number"),
+        ([True, 1.0], TypeError, r"reward_weights\[0\] is True \(bool\); expected a real number"),
+        (2.0, TypeError, r"reward_weights must be a sequence of numbers .*got float"),
+        ("12", TypeError, r"reward_weights must be a sequence of numbers .*got str"),
+    ],
+)
+def test_bad_weights(weights, error, message):
+    with pytest.raises(error, match=message):
+        JointReward([first_reward, second_reward], 2, weights=weights)
+
+
+def test_bad_function_lists():
+    with pytest.raises(TypeError, match=r"reward_func at position 1 must be callable, got str"):
+        JointReward([first_reward, "second_reward"], 2)
+    with pytest.raises(ValueError, match="reward_func is an empty list"):
+        JointReward([], 2)
+    with pytest.raises(TypeError, match=r"reward_func must be callable or a list of callables, got set"):
+        JointReward({first_reward}, 2)
+
+
+def test_errors_name_the_position_among_several_functions():
+    def broken_reward(c1, c2):
+        raise KeyError("missing")
+
+    with pytest.raises(RuntimeError, match=r"reward_func .*broken_reward \(position 1\) raised KeyError"):
+        score([first_reward, broken_reward])
+    with pytest.raises(
+        ValueError, match=r"reward_func first_reward \(position 1\) returned nan for joint action 0 \(dataset row 5\)"
+    ):
+        score([first_reward, nan_first])
+
+
+def nan_first(c1, c2):
+    return [math.nan, 1.0]
+
+
+nan_first.__name__ = "first_reward"  # a name clash, told apart by position
+
+
+def test_single_function_in_a_list_reads_as_one_function():
+    with pytest.raises(ValueError) as info:
+        score([nan_first])
+    assert str(info.value).startswith("reward_func first_reward returned nan for joint action 0 (dataset row 5);")
+
+
+def test_duplicate_names_get_suffixes_by_position():
+    reward = JointReward([first_reward, second_reward, first_reward, lambda a, b: [0, 0], lambda a, b: [0, 0]], 2)
+    lam = "<lambda>"
+    assert reward.names == ["first_reward_1", "second_reward", "first_reward_2", lam + "_1", lam + "_2"]
+    assert score([first_reward, second_reward, first_reward]).names == [
+        "first_reward_1",
+        "second_reward",
+        "first_reward_2",
+    ]
+
+
+def test_suffixes_skip_names_already_taken():
+    def taken(c1, c2):
+        return [0.0, 0.0]
+
+    taken.__name__ = "first_reward_1"
+    names = JointReward([first_reward, first_reward, taken], 2).names
+    assert names == ["first_reward_2", "first_reward_3", "first_reward_1"]
+    assert len(set(names)) == 3
+
+
+def test_processor_applied_after_the_weighted_sum():
+    calls = []
+
+    def shift_and_record(r):
+        calls.append(r)
+        return r * 10 + 1
+
+    batch = score(
+        [lambda c1, c2: [1.0, 2.0], lambda c1, c2: [[0.5, -1.0], 3.0]],
+        processor=shift_and_record,
+        weights=[2.0, 4.0],
+    )
+    # joint action 0: 2 * 1 + 4 * [0.5, -1] = [4, -2]; joint action 1: 2 * 2 + 4 * 3 = 16 for both agents
+    assert batch.raw.tolist() == [[4.0, -2.0], [16.0, 16.0]]
+    assert calls == [4.0, -2.0, 16.0, 16.0]  # the processor sees the weighted sums, not each function's value
+    assert batch.processed.tolist() == [[41.0, -19.0], [161.0, 161.0]]
+    assert batch.per_function.tolist() == [[[1.0, 1.0], [2.0, 2.0]], [[0.5, -1.0], [3.0, 3.0]]]
+
+
+def test_clamp_processor_on_a_weighted_sum():
+    # 0.5 * 1 + 2 * 3 = 6.5 clamped to 5; 0.5 * -2 + 2 * 0.25 = -0.5 kept
+    batch = score([first_reward, second_reward], processor=RewardProcessors.clamp(-1.0, 5.0), weights=[0.5, 2.0])
+    assert batch.processed.tolist() == [[5.0, 5.0], [-0.5, -0.5]]
+    assert batch.raw.tolist() == [[6.5, 6.5], [-0.5, -0.5]]
+
+
+# ---------------------------------------------------------------- per-agent rewards
+
+
+@pytest.mark.parametrize(
+    "returned",
+    [
+        [[1.0, 2.0], [3.0, -4.0]],
+        [(1.0, 2.0), (3, -4)],
+        [torch.tensor([1.0, 2.0]), np.array([3.0, -4.0])],
+        [[np.float32(1.0), torch.tensor(2.0)], [3.0, -4.0]],
+        torch.tensor([[1.0, 2.0], [3.0, -4.0]]),  # (K, N): row k is joint action k
+        np.array([[1.0, 2.0], [3.0, -4.0]]),
+    ],
+)
+def test_per_agent_rewards(returned):
+    batch = score(lambda c1, c2: returned)
+    assert batch.raw.tolist() == [[1.0, 2.0], [3.0, -4.0]]
+    assert batch.processed.tolist() == [[1.0, 2.0], [3.0, -4.0]]
+    assert batch.per_function.tolist() == [[[1.0, 2.0], [3.0, -4.0]]]
+
+
+def test_shared_and_per_agent_mixed_in_one_call():
+    batch = score(lambda c1, c2: [5.0, [1.0, 2.0]])
+    assert batch.raw.tolist() == [[5.0, 5.0], [1.0, 2.0]]
+
+
+def test_two_dimensional_tensor_rows_are_joint_actions():
+    # 3 agents and 2 joint actions: (K, N) = (2, 3), row k is joint action k
+    completions = [["a0", "a1"], ["b0", "b1"], ["c0", "c1"]]
+    returned = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+    batch = JointReward(lambda a, b, c: returned, 3)(PROMPTS, completions, ROWS)
+    assert batch.raw.tolist() == [[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]
+    assert batch.per_function.shape == (1, 2, 3)
+    # a 1-D tensor of K values is one shared value per joint action
+    batch = JointReward(lambda a, b, c: torch.tensor([1.0, 2.0]), 3)(PROMPTS, completions, ROWS)
+    assert batch.raw.tolist() == [[1.0, 1.0, 1.0], [2.0, 2.0, 2.0]]
+
+
+def per_agent(c1, c2):
+    return [1.0, [1.0, 2.0, 3.0]]
+
+
+per_agent.__name__ = "f"
+
+
+def test_wrong_per_agent_width():
+    with pytest.raises(ValueError) as info:
+        score(per_agent)
+    assert str(info.value) == (
+        "reward_func f returned 3 values for joint action 1 (dataset row 7); "
+        "a per-agent reward needs 2 values (one per agent)"
+    )
+
+
+@pytest.mark.parametrize(
+    "returned, width, k",
+    [
+        ([[1.0], 2.0], 1, 0),  # one value in a list is not a number: the width is checked
+        ([1.0, torch.tensor([2.0])], 1, 1),
+        ([1.0, []], 0, 1),
+        (torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]), 3, 0),
+        (np.zeros((2, 4)), 4, 0),
+    ],
+)
+def test_wrong_per_agent_width_forms(returned, width, k):
+    with pytest.raises(
+        ValueError,
+        match=rf"returned {width} values for joint action {k} \(dataset row {ROWS[k]}\); "
+        r"a per-agent reward needs 2 values \(one per agent\)",
+    ):
+        score(lambda c1, c2: returned)
+
+
+def test_per_agent_entry_of_two_dimensions_rejected():
+    with pytest.raises(TypeError, match=r"returned a Tensor of shape \(1, 2\) for joint action 1 \(dataset row 7\)"):
+        score(lambda c1, c2: [1.0, torch.tensor([[1.0, 2.0]])])
+
+
+def test_non_finite_per_agent_value_names_the_agent():
+    def nan_reward(c1, c2):
+        return torch.tensor([[1.0, 2.0], [3.0, math.nan]])
+
+    with pytest.raises(
+        ValueError,
+        match=r"nan_reward returned nan for joint action 1 \(dataset row 7\), agent 1; rewards must be finite",
+    ):
+        score(nan_reward)
+
+
+def test_values_too_large_for_float32():
+    with pytest.raises(
+        ValueError, match=r"returned 1e\+300 for joint action 1 \(dataset row 7\), agent 0; rewards must fit in float32"
+    ):
+        score(lambda c1, c2: [1.0, 1e300])
+
+
+def test_weighted_sum_overflow_is_named():
+    with pytest.raises(ValueError) as info:
+        score([first_reward, lambda c1, c2: [3e38, 0.0]], weights=[1.0, 10.0])
+    message = str(info.value)
+    assert "weighted sum of the reward functions is inf for joint action 0 (dataset row 5), agent 0" in message
+    assert "reward_weights [1.0, 10.0]" in message
+
+
+def test_empty_batch():
+    batch = JointReward([lambda c1, c2: [], lambda c1, c2: torch.zeros(0, 2)], 2)([], [[], []], [])
+    assert batch.per_function.shape == (2, 0, 2) and batch.raw.shape == (0, 2) and batch.processed.shape == (0, 2)

@@ -1,21 +1,25 @@
-"""policy_gradient_loss for each loss_type against hand numbers."""
+"""policy_gradient_loss for each loss_type, clipping and the KL term against hand numbers."""
+
+import math
 
 import pytest
 import torch
 
-from comlrl.algorithms.losses import LOSS_AGGREGATIONS, policy_gradient_loss
+from comlrl.algorithms.losses import LOSS_AGGREGATIONS, k3_kl, policy_gradient_loss
 
 # S = 2 sequences, T = 3 tokens; the third token of sequence 0 is padding.
 LOGPS = [[-1.0, -2.0, -3.0], [-4.0, -5.0, -6.0]]
 ADVANTAGES = [2.0, -1.0]
 MASK = [[True, True, False], [True, True, True]]
 MAX_NEW_TOKENS = 4  # > T, so dr_grpo's constant differs from the padded width
-# per-token loss -A * logp:  seq 0: [2, 4, (6)]  -> masked sum 6,   2 tokens
-#                            seq 1: [-4, -5, -6] -> masked sum -15, 3 tokens
+# Without old log-probs the ratio is 1 (against the detached current log-probs), so the
+# per-token loss value is -A and its gradient is that of -A * logp:
+#   seq 0: [-2, -2, (pad)] -> masked sum -4, 2 tokens
+#   seq 1: [1, 1, 1]       -> masked sum 3,  3 tokens
 EXPECTED = {
-    "grpo": (6 / 2 + -15 / 3) / 2,  # (3 + -5) / 2 = -1
-    "dapo": (6 - 15) / (2 + 3),  # -9 / 5 = -1.8
-    "dr_grpo": (6 - 15) / (2 * MAX_NEW_TOKENS),  # -9 / 8 = -1.125
+    "grpo": (-4 / 2 + 3 / 3) / 2,  # (-2 + 1) / 2 = -0.5
+    "dapo": (-4 + 3) / (2 + 3),  # -1 / 5 = -0.2
+    "dr_grpo": (-4 + 3) / (2 * MAX_NEW_TOKENS),  # -1 / 8 = -0.125
 }
 # d loss / d logp[s, t] = -A_s * mask[s, t] * weight
 EXPECTED_GRAD = {
@@ -35,7 +39,7 @@ def loss(loss_type, logps=LOGPS, mask=MASK):
         torch.tensor(mask),
         loss_type=loss_type,
         max_new_tokens=MAX_NEW_TOKENS,
-    )
+    ).loss
 
 
 @pytest.mark.parametrize("loss_type", list(EXPECTED))
@@ -76,3 +80,81 @@ def test_bad_loss_type():
 
 def test_loss_types_table():
     assert sorted(LOSS_AGGREGATIONS) == sorted(EXPECTED)
+
+
+# ------------------------------------------------------------------------------ clipping
+# old log-probs 0 and log-probs log(r) give the ratios r directly. epsilon 0.2, epsilon_high
+# 0.3: the clip range is [0.8, 1.3].
+#   seq 0, A = +1, r = [1.5, 0.7]: min(1.5, 1.3) = 1.3 (clipped, no gradient);
+#                                  min(0.7, 0.8) = 0.7 (unclipped: the pessimistic side)
+#   seq 1, A = -1, r = [1.5, 0.7]: min(-1.5, -1.3) = -1.5 (unclipped);
+#                                  min(-0.7, -0.8) = -0.8 (clipped, no gradient)
+# per-token loss [-1.3, -0.7], [1.5, 0.8]; dapo: 0.3 / 4 = 0.075; clip fraction 2 / 4
+# gradient of -A * r wrt logp = -A * r / 4 where unclipped: [0, -0.175], [0.375, 0]
+RATIOS = [[1.5, 0.7], [1.5, 0.7]]
+
+
+def clipped(logps, **kwargs):
+    return policy_gradient_loss(
+        logps,
+        torch.tensor([1.0, -1.0]),
+        torch.ones(2, 2, dtype=torch.bool),
+        loss_type="dapo",
+        old_logps=torch.zeros(2, 2),
+        epsilon=0.2,
+        **kwargs,
+    )
+
+
+def test_clipping_on_both_sides_by_hand():
+    logps = torch.tensor(RATIOS).log().requires_grad_()
+    out = clipped(logps, epsilon_high=0.3)
+    torch.testing.assert_close(out.loss, torch.tensor(0.075))
+    torch.testing.assert_close(out.clip_fraction, torch.tensor(0.5))
+    out.loss.backward()
+    torch.testing.assert_close(logps.grad, torch.tensor([[0.0, -0.175], [0.375, 0.0]]))
+
+
+def test_epsilon_high_defaults_to_epsilon():
+    # clip range [0.8, 1.2]: token (0, 0) becomes 1.2 instead of 1.3 -> loss (0.3 + 0.1) / 4
+    out = clipped(torch.tensor(RATIOS).log())
+    torch.testing.assert_close(out.loss, torch.tensor(0.1))
+
+
+def test_first_pass_of_several_has_the_plain_policy_gradient():
+    # old log-probs equal to the current ones (the first of num_iterations passes): ratio 1,
+    # nothing clipped, the gradient of -A * logp, as without old log-probs.
+    grads = []
+    for old in (None, torch.tensor(LOGPS)):
+        logps = torch.tensor(LOGPS, requires_grad=True)
+        out = policy_gradient_loss(
+            logps, torch.tensor(ADVANTAGES), torch.tensor(MASK), "grpo", MAX_NEW_TOKENS, old_logps=old
+        )
+        out.loss.backward()
+        assert out.clip_fraction.item() == 0.0
+        grads.append(logps.grad)
+    torch.testing.assert_close(grads[0], grads[1])
+    torch.testing.assert_close(grads[0], torch.tensor(EXPECTED_GRAD["grpo"]))
+
+
+# ------------------------------------------------------------------------------ KL (k3)
+def test_k3_kl_by_hand():
+    # k3 = exp(ref - logp) - (ref - logp) - 1
+    #   pi 0.5, ref 0.25: 0.5 - ln 0.5 - 1 = ln 2 - 0.5 = 0.19315
+    #   pi = ref: 0;  pi 0.25, ref 0.5: 2 - ln 2 - 1 = 0.30685
+    logps = torch.tensor([[0.5, 0.3, 0.25]]).log()
+    ref = torch.tensor([[0.25, 0.3, 0.5]]).log()
+    torch.testing.assert_close(k3_kl(logps, ref), torch.tensor([[math.log(2) - 0.5, 0.0, 1 - math.log(2)]]))
+
+
+def test_kl_term_is_weighted_by_beta_and_masked():
+    # zero advantages: the loss is beta * token-mean KL over the 2 unmasked tokens;
+    # the padded third token's huge KL never counts
+    logps = torch.tensor([[0.5, 0.3, 0.9]]).log()
+    ref = torch.tensor([[0.25, 0.3, 1e-9]]).log()
+    out = policy_gradient_loss(
+        logps, torch.zeros(1), torch.tensor([[True, True, False]]), "dapo", 3, ref_logps=ref, beta=0.1
+    )
+    kl_mean = (math.log(2) - 0.5) / 2
+    torch.testing.assert_close(out.kl, torch.tensor(kl_mean))
+    torch.testing.assert_close(out.loss, torch.tensor(0.1 * kl_mean))

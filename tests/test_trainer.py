@@ -112,7 +112,7 @@ def test_joint_actions_pair_the_right_completions(tmp_path, joint_mode, num_join
     )
     rollout = trainer.rollout(trainer.train_prompts, [2, 0])
     first, second = calls[0]
-    assert len(first) == len(second) == 2 * num_joint and rollout.rewards.shape == (2, num_joint)
+    assert len(first) == len(second) == 2 * num_joint and rollout.rewards.shape == (2, num_joint, 2)
     texts0, texts1 = rollout.agents[0].texts, rollout.agents[1].texts
     for b in range(2):
         for j in range(num_joint):
@@ -245,7 +245,12 @@ def test_bad_reward_stops_before_any_update_or_output(tmp_path, reward, error, m
 
 def test_non_finite_loss_stops_without_touching_weights(tmp_path, monkeypatch):
     real = trainer_module.policy_gradient_loss
-    monkeypatch.setattr(trainer_module, "policy_gradient_loss", lambda *a, **k: real(*a, **k) * math.nan)
+
+    def nan_loss(*args, **kwargs):
+        out = real(*args, **kwargs)
+        return out._replace(loss=out.loss * math.nan)
+
+    monkeypatch.setattr(trainer_module, "policy_gradient_loss", nan_loss)
     trainer = make_trainer(tmp_path)
     before = snapshot(trainer.agents)
     with pytest.raises(FloatingPointError, match="agent 0 has a non-finite loss"):

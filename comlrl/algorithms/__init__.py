@@ -3,16 +3,18 @@
 from comlrl.algorithms.advantages import BASELINES, group_advantages
 from comlrl.algorithms.joint import JOINT_MODES, joint_action_indices, per_agent_returns
 from comlrl.algorithms.logprobs import selective_log_softmax
-from comlrl.algorithms.losses import LOSS_AGGREGATIONS, policy_gradient_loss
+from comlrl.algorithms.losses import LOSS_AGGREGATIONS, PolicyLoss, k3_kl, policy_gradient_loss
 from comlrl.algorithms.masks import completion_mask
 
 __all__ = [
     "BASELINES",
     "JOINT_MODES",
     "LOSS_AGGREGATIONS",
+    "PolicyLoss",
     "completion_mask",
     "group_advantages",
     "joint_action_indices",
+    "k3_kl",
     "per_agent_returns",
     "policy_gradient_loss",
     "selective_log_softmax",

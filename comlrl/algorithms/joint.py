@@ -34,21 +34,24 @@ def per_agent_returns(joint_rewards: Tensor, indices: Tensor, num_generations: i
     """Credit each agent's samples with the MEAN reward of the joint actions that contain them.
 
     Args:
-        joint_rewards: ``(B, J)`` reward of joint action j for row b.
+        joint_rewards: ``(B, J)`` reward of joint action j for row b, shared by all agents, or
+            ``(B, J, N)`` with one reward per agent (mixed cooperative settings).
         indices: ``(J, N)`` from :func:`joint_action_indices`.
         num_generations: G.
 
     Returns:
-        ``(N, B, G)``: entry ``[i, b, k]`` is the mean reward over the joint actions of row b
-        in which agent i played its sample k. In aligned mode that is the joint reward itself;
-        in cross mode it averages over the other agents' G**(N-1) samples.
+        ``(N, B, G)``: entry ``[i, b, k]`` is the mean of agent i's reward over the joint
+        actions of row b in which agent i played its sample k. In aligned mode that is the
+        joint reward itself; in cross mode it averages over the other agents' G**(N-1) samples.
     """
-    num_rows = joint_rewards.shape[0]
+    num_rows, num_joint = joint_rewards.shape[:2]
     num_agents = indices.shape[1]
+    if joint_rewards.dim() == 2:
+        joint_rewards = joint_rewards.unsqueeze(-1).expand(num_rows, num_joint, num_agents)
     returns = joint_rewards.new_zeros(num_agents, num_rows, num_generations)
     counts = joint_rewards.new_zeros(num_agents, num_generations)
-    ones = joint_rewards.new_ones(indices.shape[0])
+    ones = joint_rewards.new_ones(num_joint)
     for agent in range(num_agents):
-        returns[agent].index_add_(1, indices[:, agent], joint_rewards)
+        returns[agent].index_add_(1, indices[:, agent], joint_rewards[..., agent])
         counts[agent].index_add_(0, indices[:, agent], ones)
     return returns / counts.unsqueeze(1)

@@ -1,4 +1,5 @@
-"""Policy-gradient loss and the ways to normalise it over tokens.
+"""Policy-gradient loss (clipped, with an optional KL term) and the ways to normalise it
+over tokens.
 
 Every aggregation takes ``(per_token_loss, mask, max_new_tokens)`` with ``(S, T)`` tensors
 and returns a scalar, so ``loss_type`` is chosen through one table.
@@ -6,6 +7,9 @@ and returns a scalar, so ``loss_type`` is chosen through one table.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
+import torch
 from torch import Tensor
 
 
@@ -38,14 +42,42 @@ LOSS_AGGREGATIONS = {
 }
 
 
+class PolicyLoss(NamedTuple):
+    """The loss of one agent's batch and what to log about it."""
+
+    loss: Tensor
+    """Scalar to minimise."""
+    clip_fraction: Tensor
+    """Fraction of completion tokens whose ratio was clipped (the clipped term was active)."""
+    kl: Tensor
+    """Mean k3 KL to the reference over completion tokens (0 without a reference)."""
+
+
+def k3_kl(token_logps: Tensor, ref_logps: Tensor) -> Tensor:
+    """Per-token KL(pi || ref) estimate ``exp(ref - logp) - (ref - logp) - 1`` (Schulman's
+    k3, http://joschu.net/blog/kl-approx.html): unbiased, and never negative."""
+    log_ratio = ref_logps - token_logps
+    return torch.exp(log_ratio) - log_ratio - 1
+
+
 def policy_gradient_loss(
     token_logps: Tensor,
     advantages: Tensor,
     mask: Tensor,
     loss_type: str = "dapo",
     max_new_tokens: int = 1,
-) -> Tensor:
-    """REINFORCE-style loss ``-A * log pi(token)`` over the completion tokens.
+    old_logps: Tensor | None = None,
+    epsilon: float = 0.2,
+    epsilon_high: float | None = None,
+    ref_logps: Tensor | None = None,
+    beta: float = 0.0,
+) -> PolicyLoss:
+    """Clipped policy-gradient loss over the completion tokens (PPO / GRPO surrogate).
+
+    Per token: ``-min(r * A, clip(r, 1 - epsilon, 1 + epsilon_high) * A) + beta * KL`` with
+    ``r = exp(logp - old_logp)``. Without ``old_logps`` the ratio is taken against the
+    detached current log-probs: r = 1, nothing is clipped, and the gradient is exactly that of
+    REINFORCE, ``-A * grad log pi``.
 
     Args:
         token_logps: ``(S, T)`` log-probabilities of the generated tokens under the policy
@@ -54,8 +86,26 @@ def policy_gradient_loss(
         mask: ``(S, T)`` bool, True on tokens the policy generated (see ``completion_mask``).
         loss_type: key of ``LOSS_AGGREGATIONS``.
         max_new_tokens: the constant of ``dr_grpo``.
+        old_logps: ``(S, T)`` log-probs recorded when the completions were sampled.
+        epsilon: lower clip range (and upper one unless ``epsilon_high`` is given).
+        epsilon_high: upper clip range (DAPO's "clip-higher"); defaults to ``epsilon``.
+        ref_logps: ``(S, T)`` log-probs under the frozen reference model, for the KL term.
+        beta: weight of the KL term.
     """
     if loss_type not in LOSS_AGGREGATIONS:
         raise ValueError(f"loss_type={loss_type!r}; expected one of {sorted(LOSS_AGGREGATIONS)}")
-    per_token_loss = -advantages.unsqueeze(1) * token_logps
-    return LOSS_AGGREGATIONS[loss_type](per_token_loss, mask.to(token_logps.dtype), max_new_tokens)
+    weights = mask.to(token_logps.dtype)
+    old_logps = token_logps.detach() if old_logps is None else old_logps
+    ratio = torch.exp(token_logps - old_logps)
+    adv = advantages.unsqueeze(1)
+    upper = epsilon if epsilon_high is None else epsilon_high
+    unclipped = ratio * adv
+    clipped = torch.clamp(ratio, 1 - epsilon, 1 + upper) * adv
+    per_token_loss = -torch.minimum(unclipped, clipped)
+    kl = torch.zeros_like(token_logps) if ref_logps is None else k3_kl(token_logps, ref_logps)
+    if beta:
+        per_token_loss = per_token_loss + beta * kl
+    loss = LOSS_AGGREGATIONS[loss_type](per_token_loss, weights, max_new_tokens)
+    tokens = weights.sum().clamp(min=1)
+    clip_fraction = ((clipped < unclipped).to(weights.dtype) * weights).sum() / tokens
+    return PolicyLoss(loss, clip_fraction.detach(), ((kl * weights).sum() / tokens).detach())

@@ -1,5 +1,5 @@
-"""Calling the user's joint reward function and checking what it returns."""
+"""Calling the user's joint reward functions and checking what they return."""
 
-from comlrl.rewards.joint_reward import JointReward
+from comlrl.rewards.joint_reward import JointReward, RewardBatch
 
-__all__ = ["JointReward"]
+__all__ = ["JointReward", "RewardBatch"]

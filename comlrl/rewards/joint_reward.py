@@ -1,9 +1,13 @@
-"""The contract between the trainer and a user's reward function.
+"""The contract between the trainer and the user's reward functions.
 
 A reward function receives one list of completion strings per agent (N positional
-arguments), or the prompts first when it takes N+1 positional arguments, and returns one
-number per joint action. ``functools.partial`` objects and callables with extra
+arguments), or the prompts first when it takes N+1 positional arguments, and returns, for
+each joint action, either one number shared by all agents or N numbers, one per agent
+(mixed cooperative settings). ``functools.partial`` objects and callables with extra
 keyword arguments that have defaults work.
+
+Several reward functions can be given with weights; the joint reward is their weighted
+sum, then the optional processor is applied to each value.
 """
 
 from __future__ import annotations
@@ -12,8 +16,11 @@ import functools
 import inspect
 import math
 import numbers
+from collections import Counter
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -22,7 +29,7 @@ def describe(func: Callable) -> str:
     """A readable name for a callable, ``partial`` objects included."""
     if isinstance(func, functools.partial):
         return f"partial({describe(func.func)})"
-    return getattr(func, "__qualname__", None) or repr(func)
+    return getattr(func, "__name__", None) or repr(func)
 
 
 def takes_prompts(func: Callable, num_agents: int) -> bool:
@@ -49,45 +56,135 @@ def takes_prompts(func: Callable, num_agents: int) -> bool:
     )
 
 
-def _as_float(value: object) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real | Tensor):
-        return None
-    if isinstance(value, Tensor):
-        if value.numel() != 1:
+def unique_names(names: Sequence[str]) -> list[str]:
+    """``names`` made unique: every name that occurs more than once gets ``_1``, ``_2``... by position."""
+    counts = Counter(names)
+    taken = {name for name in names if counts[name] == 1}
+    suffix: Counter[str] = Counter()
+    out = []
+    for name in names:
+        if counts[name] > 1:
+            while True:  # skip a suffixed name another function already has, e.g. [f, f, f_1]
+                suffix[name] += 1
+                candidate = f"{name}_{suffix[name]}"
+                if candidate not in taken:
+                    break
+            name = candidate
+            taken.add(name)
+        out.append(name)
+    return out
+
+
+@dataclass
+class RewardBatch:
+    """The rewards of K joint actions of N agents scored by F reward functions.
+
+    Attributes:
+        per_function: ``(F, K, N)`` float32, what each function returned (a value shared by
+            all agents repeated N times), before the weights and the processor.
+        raw: ``(K, N)`` float32, the weighted sum over functions, before the processor.
+        processed: ``(K, N)`` float32, the processor applied to each value of ``raw`` (the
+            same values as ``raw`` without a processor).
+        names: F unique readable names of the functions, for logging ``reward/{name}/mean``.
+    """
+
+    per_function: Tensor
+    raw: Tensor
+    processed: Tensor
+    names: list[str]
+
+
+def _number(value: object) -> float | None:
+    """``value`` as a float when it is one real number (0-d tensors and arrays included), else None."""
+    if isinstance(value, Tensor | np.ndarray):
+        if value.ndim != 0:
             return None
-        return float(value.item())
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return None
     return float(value)
 
 
-class JointReward:
-    """Scores a batch of joint actions with the user's function and an optional processor.
+def _is_vector(value: object) -> bool:
+    if isinstance(value, Tensor | np.ndarray):
+        return value.ndim >= 1
+    return isinstance(value, list | tuple)
 
-    Every failure names the function, the dataset row and the joint action, so a user can
-    find the culprit; nothing is silently replaced.
+
+def _plural(count: int, word: str) -> str:
+    return f"{count} {word}{'' if count == 1 else 's'}"
+
+
+class JointReward:
+    """Scores a batch of joint actions with the user's functions, weights and an optional processor.
+
+    Every failure names the function, the joint action, the dataset row and the value, so a
+    user can find the culprit; nothing is silently replaced.
     """
 
     def __init__(
         self,
-        func: Callable,
+        funcs: Callable | Sequence[Callable],
         num_agents: int,
         processor: Callable[[float], float] | None = None,
+        weights: Sequence[float] | None = None,
     ):
-        if not callable(func):
-            raise TypeError(f"reward_func must be callable, got {type(func).__name__}")
+        if isinstance(funcs, list | tuple):
+            if not funcs:
+                raise ValueError("reward_func is an empty list; give at least one reward function")
+            for position, func in enumerate(funcs):
+                if not callable(func):
+                    raise TypeError(f"reward_func at position {position} must be callable, got {type(func).__name__}")
+            funcs = tuple(funcs)
+        elif callable(funcs):
+            funcs = (funcs,)
+        else:
+            raise TypeError(f"reward_func must be callable or a list of callables, got {type(funcs).__name__}")
         if processor is not None and not callable(processor):
             raise TypeError(f"reward_processor must be callable, got {type(processor).__name__}")
-        self.func = func
-        self.name = describe(func)
+        self.funcs: tuple[Callable, ...] = funcs
         self.num_agents = num_agents
         self.processor = processor
-        self.pass_prompts = takes_prompts(func, num_agents)
+        self.weights = self._check_weights(weights, len(funcs))
+        self.names = unique_names([describe(func) for func in funcs])
+        self.pass_prompts = tuple(takes_prompts(func, num_agents) for func in funcs)
+        # How errors name each function; the position tells apart functions with the same name.
+        self._sources = [
+            f"reward_func {describe(func)}" + (f" (position {j})" if len(funcs) > 1 else "")
+            for j, func in enumerate(funcs)
+        ]
+
+    @staticmethod
+    def _check_weights(weights: Sequence[float] | None, count: int) -> tuple[float, ...]:
+        if weights is None:
+            return (1.0,) * count
+        if isinstance(weights, str | bytes) or not isinstance(weights, Sequence | Tensor | np.ndarray):
+            raise TypeError(
+                f"reward_weights must be a sequence of numbers (one per reward function), got {type(weights).__name__}"
+            )
+        weights = list(weights)
+        if len(weights) != count:
+            raise ValueError(
+                f"reward_weights has {_plural(len(weights), 'value')} for {_plural(count, 'reward function')}"
+            )
+        out = []
+        for position, weight in enumerate(weights):
+            number = _number(weight)
+            if number is None:
+                raise TypeError(
+                    f"reward_weights[{position}] is {weight!r} ({type(weight).__name__}); expected a real number"
+                )
+            if not math.isfinite(number):
+                raise ValueError(f"reward_weights[{position}] is {number}; weights must be finite")
+            out.append(number)
+        return tuple(out)
 
     def __call__(
         self,
         prompts: Sequence[str],
         completions: Sequence[Sequence[str]],
         row_ids: Sequence[int],
-    ) -> tuple[Tensor, Tensor]:
+    ) -> RewardBatch:
         """Score K joint actions.
 
         Args:
@@ -97,61 +194,128 @@ class JointReward:
             row_ids: K dataset row indices, used only to name culprits in errors.
 
         Returns:
-            ``(raw, processed)``, two ``(K,)`` float tensors: what the function returned and
-            what the processor made of it (the same values without a processor).
+            A :class:`RewardBatch`: each function's ``(F, K, N)`` values, their weighted sum
+            ``raw`` and the processor's ``processed``, both ``(K, N)``, and the functions' names.
         """
-        expected = len(row_ids)
+        per_function = torch.stack(
+            [
+                self._check(self._call(j, prompts, completions), row_ids, self._sources[j])
+                for j in range(len(self.funcs))
+            ]
+        )
+        weights = torch.tensor(self.weights, dtype=torch.float64).reshape(-1, 1, 1)
+        raw = (weights * per_function.double()).sum(0).float()
+        bad = torch.nonzero(~torch.isfinite(raw)).tolist()
+        if bad:
+            k, i = bad[0]
+            raise ValueError(
+                f"the weighted sum of the reward functions is {raw[k, i].item()} for {self._where(row_ids, k, i)} "
+                f"(values {per_function[:, k, i].tolist()} of {self.names}, reward_weights {list(self.weights)})"
+            )
+        if self.processor is None:
+            processed = raw.clone()
+        else:
+            processed = self._process(raw, row_ids)
+        return RewardBatch(per_function=per_function, raw=raw, processed=processed, names=list(self.names))
+
+    def _call(self, j: int, prompts: Sequence[str], completions: Sequence[Sequence[str]]) -> object:
+        # Fresh lists for every function, so one that edits its arguments cannot change the next one's.
         args = [list(c) for c in completions]
-        if self.pass_prompts:
+        if self.pass_prompts[j]:
             args.insert(0, list(prompts))
         try:
-            values = self.func(*args)
+            return self.funcs[j](*args)
         except Exception as error:
             sizes = ", ".join(str(len(a)) for a in args)
             raise RuntimeError(
-                f"reward_func {self.name} raised {type(error).__name__}: {error} "
+                f"{self._sources[j]} raised {type(error).__name__}: {error} "
                 f"(called with {len(args)} lists of sizes [{sizes}]"
-                f"{', prompts first' if self.pass_prompts else ''})"
+                f"{', prompts first' if self.pass_prompts[j] else ''})"
             ) from error
-        raw = self._check(values, expected, row_ids, f"reward_func {self.name}")
-        if self.processor is None:
-            return raw, raw.clone()
-        source = f"reward_processor {describe(self.processor)}"
-        processed = []
-        for k, value in enumerate(raw.tolist()):
-            try:
-                processed.append(self.processor(value))
-            except Exception as error:
-                raise RuntimeError(
-                    f"{source} raised {type(error).__name__}: {error} on reward {value} of joint action {k} "
-                    f"(dataset row {row_ids[k]})"
-                ) from error
-        return raw, self._check(processed, expected, row_ids, source)
 
-    def _check(self, values: object, expected: int, row_ids: Sequence[int], source: str) -> Tensor:
-        if isinstance(values, Tensor):
-            values = values.detach().cpu().reshape(-1).tolist()
+    @staticmethod
+    def _where(row_ids: Sequence[int], k: int, agent: int | None = None) -> str:
+        where = f"joint action {k} (dataset row {row_ids[k]})"
+        return where if agent is None else f"{where}, agent {agent}"
+
+    def _check(self, values: object, row_ids: Sequence[int], source: str) -> Tensor:
+        """What one function returned for K joint actions, as a ``(K, N)`` float32 tensor."""
+        expected, num_agents = len(row_ids), self.num_agents
+        if isinstance(values, Tensor | np.ndarray):
+            if isinstance(values, Tensor):
+                values = values.detach().cpu()
+            if values.ndim == 2 and values.shape[0] == expected and values.shape[1] != 1:
+                values = values.tolist()  # (K, N): one row of per-agent rewards per joint action
+            else:
+                values = values.reshape(-1).tolist()  # any other shape with K elements: one value each
         try:
             values = list(values)
         except TypeError:
             raise TypeError(
-                f"{source} must return a sequence of {expected} numbers (one per joint action), "
-                f"got {type(values).__name__}"
+                f"{source} must return a sequence of {expected} numbers (one per joint action), or of {expected} "
+                f"sequences of {num_agents} numbers (one per agent), got {type(values).__name__}"
             ) from None
         if len(values) != expected:
             raise ValueError(
                 f"{source} returned {len(values)} values for {expected} joint actions "
                 f"(one value per joint action expected)"
             )
-        out = []
+        rows = []
         for k, value in enumerate(values):
-            number = _as_float(value)
-            where = f"joint action {k} (dataset row {row_ids[k]})"
-            if number is None:
+            if not _is_vector(value):
+                rows.append([self._checked_number(value, source, self._where(row_ids, k))] * num_agents)
+                continue
+            if isinstance(value, Tensor | np.ndarray) and value.ndim != 1:
                 raise TypeError(
-                    f"{source} returned {value!r} ({type(value).__name__}) for {where}; expected a real number"
+                    f"{source} returned a {type(value).__name__} of shape {tuple(value.shape)} for "
+                    f"{self._where(row_ids, k)}; expected a real number or {num_agents} numbers (one per agent)"
                 )
-            if not math.isfinite(number):
-                raise ValueError(f"{source} returned {number} for {where}; rewards must be finite")
-            out.append(number)
-        return torch.tensor(out, dtype=torch.float32)
+            items = list(value)
+            if len(items) != num_agents:
+                raise ValueError(
+                    f"{source} returned {len(items)} values for {self._where(row_ids, k)}; a per-agent reward "
+                    f"needs {num_agents} values (one per agent)"
+                )
+            rows.append(
+                [self._checked_number(item, source, self._where(row_ids, k, i)) for i, item in enumerate(items)]
+            )
+        return self._to_float32(rows, (expected, num_agents), row_ids, source)
+
+    @staticmethod
+    def _checked_number(value: object, source: str, where: str) -> float:
+        number = _number(value)
+        if number is None:
+            raise TypeError(f"{source} returned {value!r} ({type(value).__name__}) for {where}; expected a real number")
+        if not math.isfinite(number):
+            raise ValueError(f"{source} returned {number} for {where}; rewards must be finite")
+        return number
+
+    def _to_float32(
+        self, rows: list[list[float]], shape: tuple[int, int], row_ids: Sequence[int], source: str
+    ) -> Tensor:
+        """``rows`` as a float32 tensor; a finite value too large for float32 is an error, not inf."""
+        out = torch.tensor(rows, dtype=torch.float32).reshape(shape)
+        bad = torch.nonzero(~torch.isfinite(out)).tolist()
+        if bad:
+            k, i = bad[0]
+            raise ValueError(
+                f"{source} returned {rows[k][i]} for {self._where(row_ids, k, i)}; rewards must fit in float32"
+            )
+        return out
+
+    def _process(self, raw: Tensor, row_ids: Sequence[int]) -> Tensor:
+        source = f"reward_processor {describe(self.processor)}"
+        processed = []
+        for k, row in enumerate(raw.tolist()):
+            out = []
+            for i, value in enumerate(row):
+                try:
+                    result = self.processor(value)
+                except Exception as error:
+                    raise RuntimeError(
+                        f"{source} raised {type(error).__name__}: {error} on reward {value} of "
+                        f"{self._where(row_ids, k, i)}"
+                    ) from error
+                out.append(self._checked_number(result, source, self._where(row_ids, k, i)))
+            processed.append(out)
+        return self._to_float32(processed, tuple(raw.shape), row_ids, source)

@@ -1,6 +1,24 @@
-"""REINFORCE-family multi-agent trainers."""
+"""REINFORCE-family multi-agent trainers: MAGRPO and its variants, one implementation."""
 
 from comlrl.trainers.reinforce.config import MAGRPOConfig
 from comlrl.trainers.reinforce.trainer import MAGRPOTrainer, TrainResult
+from comlrl.trainers.reinforce.variants import (
+    MAREINFORCEConfig,
+    MAREINFORCETrainer,
+    MAReMaxConfig,
+    MAReMaxTrainer,
+    MARLOOConfig,
+    MARLOOTrainer,
+)
 
-__all__ = ["MAGRPOConfig", "MAGRPOTrainer", "TrainResult"]
+__all__ = [
+    "MAGRPOConfig",
+    "MAGRPOTrainer",
+    "MAREINFORCEConfig",
+    "MAREINFORCETrainer",
+    "MARLOOConfig",
+    "MARLOOTrainer",
+    "MAReMaxConfig",
+    "MAReMaxTrainer",
+    "TrainResult",
+]

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Any
 
 from comlrl.algorithms import BASELINES, JOINT_MODES, LOSS_AGGREGATIONS
+from comlrl.optim import LR_SCHEDULES
+
+
+def _is_real(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and not math.isnan(value)
 
 
 @dataclass
@@ -24,8 +31,12 @@ class MAGRPOConfig:
     """Seeds Python, NumPy and torch (sampling and data order) at the start of ``train()``."""
 
     # --- optimisation ---------------------------------------------------------------------
-    agent_learning_rate: float = 5e-6
-    """AdamW learning rate of every agent."""
+    agent_learning_rate: float | list[float] = 5e-6
+    """AdamW learning rate: one value for every agent, or a list with one value per agent."""
+    lr_scheduler_type: str = "constant"
+    """Learning-rate schedule over the run: ``constant``, ``linear`` or ``cosine`` (to 0)."""
+    warmup_ratio: float = 0.0
+    """Fraction of the optimizer steps over which the learning rate rises linearly from 0."""
     weight_decay: float = 0.0
     """AdamW weight decay."""
     max_grad_norm: float | None = 1.0
@@ -57,6 +68,17 @@ class MAGRPOConfig:
     """Group baseline: ``mean`` (GRPO), ``rloo`` (leave-one-out), ``max`` (ReMax-style), ``raw`` (none)."""
     advantage_normalization: bool = True
     """Divide advantages by the group's reward std (never re-centres)."""
+    num_iterations: int = 1
+    """Optimisation passes (one optimizer step each) over every rollout; above 1 the PPO-style
+    clipped ratio against the sampling-time log-probs keeps the policy near the sampler."""
+    epsilon: float = 0.2
+    """Clip range of the ratio: ``[1 - epsilon, 1 + epsilon_high]``."""
+    epsilon_high: float | None = None
+    """Upper clip range (DAPO's clip-higher); ``None`` uses ``epsilon``."""
+    beta: float = 0.0
+    """Weight of the k3 KL penalty to a frozen copy of each agent; 0 creates no reference model."""
+    reward_weights: list[float] | None = None
+    """Weight of each reward function when several are given; ``None`` weighs each 1."""
     loss_type: str = "dapo"
     """Token normalisation of the loss: ``dapo`` (mean over all tokens of the batch, the
     default: no length bias), ``grpo`` (per-sequence mean, then mean), ``dr_grpo`` (sum over
@@ -76,6 +98,7 @@ class MAGRPOConfig:
             "max_new_tokens",
             "num_turns",
             "logging_steps",
+            "num_iterations",
         )
         for name in positive_ints:
             value = getattr(self, name)
@@ -86,8 +109,31 @@ class MAGRPOConfig:
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise ValueError(f"seed must be an integer, got {self.seed!r}")
-        if not self.agent_learning_rate > 0:
-            raise ValueError(f"agent_learning_rate must be > 0, got {self.agent_learning_rate!r}")
+        rates = self.agent_learning_rate
+        rates = rates if isinstance(rates, list | tuple) else [rates]
+        if not rates or not all(_is_real(rate) and rate > 0 for rate in rates):
+            raise ValueError(
+                f"agent_learning_rate must be > 0, or a non-empty list of values > 0 (one per agent), "
+                f"got {self.agent_learning_rate!r}"
+            )
+        if self.lr_scheduler_type not in LR_SCHEDULES:
+            raise ValueError(f"lr_scheduler_type={self.lr_scheduler_type!r}; expected one of {sorted(LR_SCHEDULES)}")
+        if not (_is_real(self.warmup_ratio) and 0 <= self.warmup_ratio < 1):
+            raise ValueError(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio!r}")
+        if not (_is_real(self.epsilon) and self.epsilon > 0):
+            raise ValueError(f"epsilon must be > 0, got {self.epsilon!r}")
+        if self.epsilon_high is not None and not (_is_real(self.epsilon_high) and self.epsilon_high > 0):
+            raise ValueError(f"epsilon_high must be > 0 or None, got {self.epsilon_high!r}")
+        if not (_is_real(self.beta) and self.beta >= 0):
+            raise ValueError(f"beta must be >= 0, got {self.beta!r}")
+        if self.reward_weights is not None and (
+            not isinstance(self.reward_weights, list | tuple)
+            or not self.reward_weights
+            or not all(_is_real(w) and math.isfinite(w) for w in self.reward_weights)
+        ):
+            raise ValueError(
+                f"reward_weights must be None or a non-empty list of finite numbers, got {self.reward_weights!r}"
+            )
         if not self.weight_decay >= 0:
             raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay!r}")
         if self.max_grad_norm is not None and not self.max_grad_norm > 0:

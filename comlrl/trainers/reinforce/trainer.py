@@ -11,11 +11,13 @@ One training step, as the code below reads:
 
 from __future__ import annotations
 
+import copy
 import math
 import os
 import random
 import shutil
 import time
+from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -25,6 +27,7 @@ import torch
 from tqdm.auto import tqdm
 
 from comlrl.algorithms import (
+    PolicyLoss,
     group_advantages,
     joint_action_indices,
     per_agent_returns,
@@ -33,10 +36,13 @@ from comlrl.algorithms import (
 from comlrl.metrics import JsonlSink, MetricsLogger, WandbSink
 from comlrl.models.forward import completion_logprobs
 from comlrl.models.loading import check_agents, load_agents, resolve_tokenizers
+from comlrl.optim import build_optimizers, build_schedulers, per_agent_learning_rates
 from comlrl.rewards import JointReward
 from comlrl.rollout import AgentRollout, generate_group
 from comlrl.rollout.prompts import Formatter, PromptTable
 from comlrl.trainers.reinforce.config import MAGRPOConfig
+
+RewardFunction = Callable[..., Sequence[Any]]
 
 
 @dataclass
@@ -60,9 +66,13 @@ class StepRollout:
     agents: list[AgentRollout]
     """One rollout per agent, ``B*G`` completions each."""
     rewards: torch.Tensor
-    """``(B, J)`` processed joint rewards."""
+    """``(B, J, N)`` processed joint rewards, per agent (equal across agents for a shared reward)."""
     raw_rewards: torch.Tensor
-    """``(B, J)`` joint rewards before the processor."""
+    """``(B, J, N)`` joint rewards before the processor."""
+    per_function_rewards: torch.Tensor
+    """``(F, B, J, N)`` what each reward function returned, before weights and processor."""
+    reward_names: list[str]
+    """F names, one per reward function, for logging."""
 
 
 class MAGRPOTrainer:
@@ -79,9 +89,11 @@ class MAGRPOTrainer:
         train_dataset: rows (a ``datasets.Dataset`` or a list of dicts).
         eval_dataset: rows scored by ``evaluate()``.
         reward_func: scores joint actions: called with one list of completions per agent
-            (N positional arguments), or with the prompts first when it takes N+1; returns
-            one number per joint action. The prompts are the rows' ``prompt`` column, or
-            agent 0's formatted prompts when there is no such column.
+            (N positional arguments), or with the prompts first when it takes N+1; returns,
+            per joint action, one number shared by all agents or a sequence of N numbers (one
+            per agent). The prompts are the rows' ``prompt`` column, or agent 0's formatted
+            prompts when there is no such column. A list of such functions is summed with
+            the config's ``reward_weights``.
         reward_processor: ``float -> float`` applied to each reward (see ``RewardProcessors``).
         formatters: maps a row to an agent's prompt; one callable for all agents or a list
             with one per agent. Default: the row's ``prompt`` column.
@@ -91,6 +103,9 @@ class MAGRPOTrainer:
             ``entity``, ``name``, ...). Needs ``pip install 'comlrl[wandb]'``.
     """
 
+    config_class = MAGRPOConfig
+    """The config built when ``args`` is not given; variants only change this."""
+
     def __init__(
         self,
         agents: Sequence[torch.nn.Module] | None = None,
@@ -99,14 +114,14 @@ class MAGRPOTrainer:
         tokenizer: Any = None,
         train_dataset: Any = None,
         eval_dataset: Any = None,
-        reward_func: Callable[..., Sequence[float]] | None = None,
+        reward_func: RewardFunction | Sequence[RewardFunction] | None = None,
         reward_processor: Callable[[float], float] | None = None,
         formatters: Formatter | Sequence[Formatter] | None = None,
         args: MAGRPOConfig | None = None,
         model_config: dict[str, Any] | None = None,
         wandb_config: dict[str, Any] | None = None,
     ):
-        self.args = args if args is not None else MAGRPOConfig()
+        self.args = args if args is not None else self.config_class()
         if not isinstance(self.args, MAGRPOConfig):
             raise TypeError(f"args must be a MAGRPOConfig, got {type(self.args).__name__}")
         if agents is not None and agent_model is not None:
@@ -122,18 +137,29 @@ class MAGRPOTrainer:
         self.agents = check_agents(agents)
         self.num_agents = len(self.agents)
         self.tokenizers = resolve_tokenizers(tokenizer, self.agents)
-        self.reward = JointReward(reward_func, self.num_agents, reward_processor)
+        self.reward = JointReward(reward_func, self.num_agents, reward_processor, weights=self.args.reward_weights)
         self.train_prompts = PromptTable(train_dataset, formatters, self.num_agents, "train_dataset")
         self.eval_prompts = (
             None if eval_dataset is None else PromptTable(eval_dataset, formatters, self.num_agents, "eval_dataset")
         )
         self.wandb_config = wandb_config
         self.joint_indices = joint_action_indices(self.num_agents, self.args.num_generations, self.args.joint_mode)
-        self.optimizers = [
-            torch.optim.AdamW(agent.parameters(), lr=self.args.agent_learning_rate, weight_decay=self.args.weight_decay)
-            for agent in self.agents
-        ]
+        learning_rates = per_agent_learning_rates(self.args.agent_learning_rate, self.num_agents)
+        self.optimizers = build_optimizers(self.agents, learning_rates, self.args.weight_decay)
+        total_optimizer_steps = self.args.num_train_epochs * self.steps_per_epoch * self.args.num_iterations
+        self.schedulers = build_schedulers(
+            self.optimizers, self.args.lr_scheduler_type, self.args.warmup_ratio, total_optimizer_steps
+        )
+        # A frozen copy of each agent as it was before training; only when the KL term is on.
+        self.reference_agents = (
+            [copy.deepcopy(agent).eval().requires_grad_(False) for agent in self.agents] if self.args.beta > 0 else []
+        )
         self.global_step = 0
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """Training steps per epoch (the last batch of an epoch may hold fewer rows)."""
+        return math.ceil(len(self.train_prompts) / self.args.per_device_train_batch_size)
 
     # ----------------------------------------------------------------------------------------
     # the training loop
@@ -145,11 +171,10 @@ class MAGRPOTrainer:
         data_order = torch.Generator().manual_seed(args.seed)
         num_rows = len(self.train_prompts)
         batch = args.per_device_train_batch_size
-        steps_per_epoch = math.ceil(num_rows / batch)
         logger = MetricsLogger(self._sinks())
         epoch_rewards, epoch_raw_rewards = [], []
         start = time.perf_counter()
-        bar = tqdm(total=args.num_train_epochs * steps_per_epoch, desc="MAGRPO", unit="step", dynamic_ncols=True)
+        bar = tqdm(total=args.num_train_epochs * self.steps_per_epoch, desc="MAGRPO", unit="step", dynamic_ncols=True)
         try:
             for epoch in range(args.num_train_epochs):
                 if args.shuffle:
@@ -186,22 +211,23 @@ class MAGRPOTrainer:
             group_advantages(returns[i], self.args.advantage_mode, self.args.advantage_normalization).reshape(-1)
             for i in range(self.num_agents)
         ]  # N x (B*G,)
-        losses = [self._backward(i, rollout.agents[i], advantages[i]) for i in range(self.num_agents)]
-        grad_norms = self._optimizer_steps(losses)
+        metrics = self._update(rollout, advantages)
 
-        metrics = {
-            "reward/mean": rollout.rewards.mean().item(),
-            "reward/std": rollout.rewards.std().item() if rollout.rewards.numel() > 1 else 0.0,
-            "reward/raw_mean": rollout.raw_rewards.mean().item(),
-            "time/generate_s": generated - started,
-            "time/update_s": time.perf_counter() - generated,
-        }
+        metrics.update(
+            {
+                "reward/mean": rollout.rewards.mean().item(),
+                "reward/std": rollout.rewards.std().item() if rollout.rewards.numel() > 1 else 0.0,
+                "reward/raw_mean": rollout.raw_rewards.mean().item(),
+                "time/generate_s": generated - started,
+                "time/update_s": time.perf_counter() - generated,
+            }
+        )
+        for name, values in zip(rollout.reward_names, rollout.per_function_rewards):
+            metrics[f"reward/{name}/mean"] = values.mean().item()
         for i, agent_rollout in enumerate(rollout.agents):
-            lengths = agent_rollout.lengths.float()
-            metrics[f"agent{i}/loss"] = losses[i].item()
-            metrics[f"agent{i}/grad_norm"] = grad_norms[i]
+            metrics[f"agent{i}/reward_mean"] = rollout.rewards[..., i].mean().item()
             metrics[f"agent{i}/advantage_std"] = advantages[i].std().item()
-            metrics[f"agent{i}/completion_length"] = lengths.mean().item()
+            metrics[f"agent{i}/completion_length"] = agent_rollout.lengths.float().mean().item()
             metrics[f"agent{i}/truncated_frac"] = agent_rollout.truncated.float().mean().item()
         return metrics
 
@@ -219,15 +245,59 @@ class MAGRPOTrainer:
         flat = flat.reshape(-1, self.num_agents)
         completions = [[r.texts[k] for k in flat[:, i].tolist()] for i, r in enumerate(agent_rollouts)]
         joint_rows = [row for row in row_ids for _ in range(num_joint)]
-        raw, processed = self.reward(prompts.reward_prompts(joint_rows), completions, joint_rows)
-        shape = (len(row_ids), num_joint)
-        return StepRollout(agent_rollouts, processed.reshape(shape), raw.reshape(shape))
+        scored = self.reward(prompts.reward_prompts(joint_rows), completions, joint_rows)
+        shape = (len(row_ids), num_joint, self.num_agents)
+        return StepRollout(
+            agents=agent_rollouts,
+            rewards=scored.processed.reshape(shape),
+            raw_rewards=scored.raw.reshape(shape),
+            per_function_rewards=scored.per_function.reshape(-1, *shape),
+            reward_names=scored.names,
+        )
 
-    def _backward(self, agent_index: int, rollout: AgentRollout, advantages: torch.Tensor) -> torch.Tensor:
-        """One batched masked forward and backward of agent ``agent_index``'s loss."""
-        model = self.agents[agent_index]
-        model.train()
-        token_logps = completion_logprobs(
+    def _update(self, rollout: StepRollout, advantages: list[torch.Tensor]) -> dict[str, float]:
+        """``num_iterations`` optimizer steps per agent on one rollout; returns their mean metrics."""
+        args = self.args
+        # Sampling-time log-probs are only needed when the policy moves between passes.
+        old_logps = self._frozen_logprobs(self.agents, rollout) if args.num_iterations > 1 else None
+        ref_logps = self._frozen_logprobs(self.reference_agents, rollout) if self.reference_agents else None
+        history: dict[str, list[float]] = defaultdict(list)
+        for _ in range(args.num_iterations):
+            outputs = [
+                self._backward(
+                    i,
+                    rollout.agents[i],
+                    advantages[i],
+                    None if old_logps is None else old_logps[i],
+                    None if ref_logps is None else ref_logps[i],
+                )
+                for i in range(self.num_agents)
+            ]
+            grad_norms = self._optimizer_steps([out.loss for out in outputs])
+            for i, (out, norm) in enumerate(zip(outputs, grad_norms)):
+                history[f"agent{i}/loss"].append(out.loss.item())
+                history[f"agent{i}/grad_norm"].append(norm)
+                if args.num_iterations > 1:
+                    history[f"agent{i}/clip_fraction"].append(out.clip_fraction.item())
+                if args.beta > 0:
+                    history[f"agent{i}/kl"].append(out.kl.item())
+        for i, optimizer in enumerate(self.optimizers):
+            history[f"agent{i}/learning_rate"].append(optimizer.param_groups[0]["lr"])
+        return {key: sum(values) / len(values) for key, values in history.items()}
+
+    def _frozen_logprobs(self, models: list[torch.nn.Module], rollout: StepRollout) -> list[torch.Tensor]:
+        """Each model's log-probs of its agent's completions, one batched pass, no gradient."""
+        logps = []
+        for model, agent_rollout in zip(models, rollout.agents):
+            was_training = model.training
+            model.eval()
+            with torch.no_grad():
+                logps.append(self._logprobs(model, agent_rollout))
+            model.train(was_training)
+        return logps
+
+    def _logprobs(self, model: torch.nn.Module, rollout: AgentRollout) -> torch.Tensor:
+        return completion_logprobs(
             model,
             rollout.prompt_ids,
             rollout.prompt_mask,
@@ -235,16 +305,34 @@ class MAGRPOTrainer:
             rollout.completion_mask,
             temperature=self.args.temperature,
         )
-        loss = policy_gradient_loss(
+
+    def _backward(
+        self,
+        agent_index: int,
+        rollout: AgentRollout,
+        advantages: torch.Tensor,
+        old_logps: torch.Tensor | None,
+        ref_logps: torch.Tensor | None,
+    ) -> PolicyLoss:
+        """One batched masked forward and backward of agent ``agent_index``'s loss."""
+        model = self.agents[agent_index]
+        model.train()
+        token_logps = self._logprobs(model, rollout)
+        out = policy_gradient_loss(
             token_logps,
             advantages.to(token_logps.device),
             rollout.completion_mask,
             loss_type=self.args.loss_type,
             max_new_tokens=self.args.max_new_tokens,
+            old_logps=old_logps,
+            epsilon=self.args.epsilon,
+            epsilon_high=self.args.epsilon_high,
+            ref_logps=ref_logps,
+            beta=self.args.beta,
         )
         self.optimizers[agent_index].zero_grad(set_to_none=True)
-        loss.backward()
-        return loss.detach()
+        out.loss.backward()
+        return PolicyLoss(out.loss.detach(), out.clip_fraction, out.kl)
 
     def _optimizer_steps(self, losses: list[torch.Tensor]) -> list[float]:
         """Clip and apply every agent's gradient, or none: a non-finite loss or gradient stops
@@ -261,8 +349,9 @@ class MAGRPOTrainer:
                     f"{self.global_step + 1}; no weights were changed in this step"
                 )
             grad_norms.append(norm)
-        for optimizer in self.optimizers:
+        for optimizer, scheduler in zip(self.optimizers, self.schedulers):
             optimizer.step()
+            scheduler.step()
         return grad_norms
 
     # ----------------------------------------------------------------------------------------

@@ -1,0 +1,47 @@
+"""One optimizer and one learning-rate schedule per agent."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+from transformers import get_scheduler
+
+# Our names -> transformers' schedule names; each warms up linearly over the warmup steps.
+LR_SCHEDULES = {"constant": "constant_with_warmup", "linear": "linear", "cosine": "cosine"}
+
+
+def per_agent_learning_rates(learning_rate: float | Sequence[float], num_agents: int) -> list[float]:
+    """One learning rate per agent from one value or a list of one per agent."""
+    if isinstance(learning_rate, list | tuple):
+        if len(learning_rate) != num_agents:
+            raise ValueError(
+                f"agent_learning_rate has {len(learning_rate)} values for {num_agents} agents; "
+                "give one value, or one per agent"
+            )
+        return [float(rate) for rate in learning_rate]
+    return [float(learning_rate)] * num_agents
+
+
+def build_optimizers(
+    agents: Sequence[torch.nn.Module], learning_rates: Sequence[float], weight_decay: float
+) -> list[torch.optim.Optimizer]:
+    """AdamW over each agent's trainable parameters."""
+    return [
+        torch.optim.AdamW([p for p in agent.parameters() if p.requires_grad], lr=rate, weight_decay=weight_decay)
+        for agent, rate in zip(agents, learning_rates)
+    ]
+
+
+def build_schedulers(
+    optimizers: Sequence[torch.optim.Optimizer], schedule: str, warmup_ratio: float, total_steps: int
+) -> list[torch.optim.lr_scheduler.LRScheduler]:
+    """The schedule ``schedule`` (a key of ``LR_SCHEDULES``) over ``total_steps`` optimizer steps."""
+    if schedule not in LR_SCHEDULES:
+        raise ValueError(f"lr_scheduler_type={schedule!r}; expected one of {sorted(LR_SCHEDULES)}")
+    warmup = math.ceil(warmup_ratio * total_steps)
+    return [
+        get_scheduler(LR_SCHEDULES[schedule], optimizer, num_warmup_steps=warmup, num_training_steps=total_steps)
+        for optimizer in optimizers
+    ]
