@@ -72,3 +72,13 @@ def test_bad_mode():
 
 def test_modes_table():
     assert sorted(JOINT_MODES) == ["aligned", "cross"]
+
+
+def test_per_agent_rewards_in_cross_mode_by_hand():
+    # N = 2, G = 2, one row; joint actions (0,0), (0,1), (1,0), (1,1) with rewards per agent
+    #   agent 0 gets [1, 2, 3, 4], agent 1 gets [10, 20, 30, 40]
+    # agent 0, sample k: mean over its joint actions (k,0), (k,1): [1.5, 3.5]
+    # agent 1, sample k: mean over (0,k), (1,k) of ITS rewards: [(10+30)/2, (20+40)/2] = [20, 30]
+    rewards = torch.tensor([[[1.0, 10.0], [2.0, 20.0], [3.0, 30.0], [4.0, 40.0]]])
+    got = per_agent_returns(rewards, joint_action_indices(2, 2, "cross"), 2)
+    torch.testing.assert_close(got, torch.tensor([[[1.5, 3.5]], [[20.0, 30.0]]]))

@@ -3,7 +3,7 @@ tiny random model's mean reward must rise clearly within a bounded number of ste
 
 import pytest
 
-from comlrl.trainers.reinforce import MAGRPOConfig, MAGRPOTrainer
+from comlrl.trainers.reinforce import MAGRPOConfig, MAGRPOTrainer, MARLOOConfig, MARLOOTrainer
 
 from .conftest import char_tokenizer, tiny_llama
 
@@ -13,11 +13,18 @@ def length_reward(short, long):
     return [len(b) - len(a) for a, b in zip(short, long)]
 
 
-@pytest.mark.parametrize("joint_mode", ["aligned", "cross"])
-def test_mean_reward_rises_on_a_length_reward(tmp_path, joint_mode):
+@pytest.mark.parametrize(
+    "trainer_class,config_class,joint_mode",
+    [
+        (MAGRPOTrainer, MAGRPOConfig, "aligned"),
+        (MAGRPOTrainer, MAGRPOConfig, "cross"),
+        (MARLOOTrainer, MARLOOConfig, "aligned"),
+    ],
+)
+def test_mean_reward_rises_on_a_length_reward(tmp_path, trainer_class, config_class, joint_mode):
     tok = char_tokenizer("ab")  # 5 tokens: EOS is likely enough that lengths vary at first
     agents = [tiny_llama(tok, seed=0), tiny_llama(tok, seed=1)]
-    config = MAGRPOConfig(
+    config = config_class(
         num_train_epochs=20,
         per_device_train_batch_size=2,
         num_generations=6,
@@ -31,7 +38,7 @@ def test_mean_reward_rises_on_a_length_reward(tmp_path, joint_mode):
         seed=0,
         output_dir=str(tmp_path),
     )
-    trainer = MAGRPOTrainer(
+    trainer = trainer_class(
         agents=agents,
         tokenizer=tok,
         train_dataset=[{"prompt": "a"}, {"prompt": "b"}],
