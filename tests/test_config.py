@@ -52,6 +52,8 @@ def test_sampling_kwargs_forward_generation_kwargs():
         ("weight_decay", -0.1, "weight_decay must be >= 0"),
         ("max_grad_norm", 0.0, "max_grad_norm must be > 0 or None"),
         ("temperature", 0.0, r"temperature must be > 0 \(sampling is required\)"),
+        ("temperature", "hot", r"temperature must be > 0"),
+        ("top_p", None, r"top_p must be in \(0, 1\]"),
         ("top_p", 1.5, r"top_p must be in \(0, 1\]"),
         ("top_p", 0.0, r"top_p must be in \(0, 1\]"),
         ("top_k", -1, "top_k must be an integer >= 0 or None"),

@@ -48,3 +48,12 @@ def test_rollout_texts_are_the_owned_tokens_and_rows_are_prompt_major():
     for ids, n, text in zip(rollout.completion_ids, rollout.lengths, rollout.texts):
         assert text == tok.decode(ids[:n], skip_special_tokens=True)
     assert rollout.truncated.tolist() == [not (ids == tok.eos_token_id).any() for ids in rollout.completion_ids]
+
+
+def test_eos_token_id_from_generation_kwargs_defines_the_stop():
+    # every token counts as EOS: each completion is exactly one token long, and it is owned
+    tok = char_tokenizer()
+    rollout = generate_group(
+        tiny_llama(tok), tok, ["ab"], 3, {"do_sample": True, "max_new_tokens": 6, "eos_token_id": list(range(len(tok)))}
+    )
+    assert rollout.lengths.tolist() == [1, 1, 1] and not rollout.truncated.any()

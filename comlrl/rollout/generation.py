@@ -27,16 +27,13 @@ class AgentRollout:
     """``(B*G, T)`` bool, True on every generated token up to and including EOS."""
     texts: list[str]
     """``B*G`` decoded completions, special tokens removed."""
+    truncated: Tensor
+    """``(B*G,)`` bool: the completion ended at ``max_new_tokens`` without an EOS."""
 
     @property
     def lengths(self) -> Tensor:
         """``(B*G,)`` number of generated tokens of each completion (EOS included)."""
         return self.completion_mask.sum(dim=1)
-
-    @property
-    def truncated(self) -> Tensor:
-        """``(B*G,)`` bool: the completion hit ``max_new_tokens`` without an EOS."""
-        return self.completion_mask.all(dim=1)
 
 
 def eos_token_ids(model: torch.nn.Module, tokenizer: Any) -> list[int]:
@@ -60,7 +57,12 @@ def generate_group(
     encoded = tokenizer(list(prompts), return_tensors="pt", padding=True, padding_side="left")
     prompt_ids = encoded["input_ids"].repeat_interleave(num_generations, dim=0).to(device)
     prompt_mask = encoded["attention_mask"].repeat_interleave(num_generations, dim=0).to(device)
-    eos_ids = eos_token_ids(model, tokenizer)
+    kwargs = dict(sampling_kwargs)
+    # A caller's eos_token_id (from generation_kwargs) defines where completions stop, and so
+    # which tokens the loss counts.
+    eos = kwargs.pop("eos_token_id", None)
+    eos_ids = eos_token_ids(model, tokenizer) if eos is None else [eos] if isinstance(eos, int) else list(eos)
+    kwargs.setdefault("pad_token_id", tokenizer.pad_token_id)
     was_training = model.training
     model.eval()
     try:
@@ -68,9 +70,8 @@ def generate_group(
             sequences = model.generate(
                 input_ids=prompt_ids,
                 attention_mask=prompt_mask,
-                pad_token_id=tokenizer.pad_token_id,
                 eos_token_id=eos_ids,
-                **sampling_kwargs,
+                **kwargs,
             )
     finally:
         model.train(was_training)
@@ -81,4 +82,5 @@ def generate_group(
     # not be a special token that skip_special_tokens would drop.
     owned = [ids[:n] for ids, n in zip(completion_ids.tolist(), mask.sum(dim=1).tolist())]
     texts = tokenizer.batch_decode(owned, skip_special_tokens=True)
-    return AgentRollout(prompt_ids, prompt_mask, completion_ids, mask, texts)
+    truncated = ~torch.isin(completion_ids, torch.tensor(eos_ids, device=completion_ids.device)).any(dim=1)
+    return AgentRollout(prompt_ids, prompt_mask, completion_ids, mask, texts, truncated)

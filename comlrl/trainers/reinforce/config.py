@@ -23,7 +23,7 @@ class MAGRPOConfig:
     num_train_epochs: int = 20
     """Passes over the training dataset."""
     per_device_train_batch_size: int = 2
-    """Dataset rows per optimizer step; all their prompts are generated in one batch
+    """Dataset rows per training step; all their prompts are generated in one batch
     (2 matches the original library's rollout buffer)."""
     shuffle: bool = True
     """Reshuffle the dataset rows at every epoch (seeded by ``seed``)."""
@@ -88,7 +88,7 @@ class MAGRPOConfig:
     output_dir: str = "comlrl_output"
     """Where the run's metrics log (``metrics.jsonl``) is written."""
     logging_steps: int = 50
-    """Write averaged metrics every this many optimizer steps."""
+    """Write averaged metrics every this many training steps."""
 
     def __post_init__(self):
         positive_ints = (
@@ -134,13 +134,13 @@ class MAGRPOConfig:
             raise ValueError(
                 f"reward_weights must be None or a non-empty list of finite numbers, got {self.reward_weights!r}"
             )
-        if not self.weight_decay >= 0:
+        if not (_is_real(self.weight_decay) and self.weight_decay >= 0):
             raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay!r}")
-        if self.max_grad_norm is not None and not self.max_grad_norm > 0:
+        if self.max_grad_norm is not None and not (_is_real(self.max_grad_norm) and self.max_grad_norm > 0):
             raise ValueError(f"max_grad_norm must be > 0 or None, got {self.max_grad_norm!r}")
-        if not self.temperature > 0:
+        if not (_is_real(self.temperature) and self.temperature > 0):
             raise ValueError(f"temperature must be > 0 (sampling is required), got {self.temperature!r}")
-        if not 0 < self.top_p <= 1:
+        if not (_is_real(self.top_p) and 0 < self.top_p <= 1):
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
         if self.top_k is not None and (
             isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0
