@@ -2,6 +2,7 @@
 
 import importlib.util
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -41,17 +42,41 @@ def test_reward_by_hand(example):
     ]  # fmt: skip
 
 
-def test_short_run_on_a_tiny_model_saves_both_agents(example, tmp_path, capsys):
+@pytest.fixture
+def tiny_model_args(tmp_path):
     tok = char_tokenizer("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ :")
     tiny_llama(tok).save_pretrained(tmp_path / "tiny")
     tok.save_pretrained(tmp_path / "tiny")
-    out = tmp_path / "out"
-    argv = ["--model", str(tmp_path / "tiny"), "--output-dir", str(out), "--epochs", "1",
+    return ["--model", str(tmp_path / "tiny"), "--output-dir", str(tmp_path / "out"), "--epochs", "1",
             "--num-generations", "2", "--max-new-tokens", "4"]  # fmt: skip
-    example.main(argv)
+
+
+def test_short_run_on_a_tiny_model_saves_both_agents(example, tmp_path, capsys, monkeypatch, tiny_model_args):
+    monkeypatch.setitem(sys.modules, "wandb", None)  # any `import wandb` would now fail: W&B stays off
+    out = tmp_path / "out"
+    example.main(tiny_model_args)
     summary = capsys.readouterr().out
     assert "first epoch" in summary and "last epoch" in summary and str(out / "models") in summary
-    assert "wandb" not in sys.modules
     for i in range(2):
         AutoModelForCausalLM.from_pretrained(out / "models" / f"agent_{i}")
     assert (out / "metrics.jsonl").exists()
+
+
+def test_wandb_flags_reach_wandb_init(example, monkeypatch, tiny_model_args):
+    seen = {}
+
+    class Run:
+        def log(self, metrics, step):
+            seen.setdefault("steps", []).append(step)
+
+        def finish(self):
+            seen["finished"] = True
+
+    def init(**kwargs):
+        seen["init"] = kwargs
+        return Run()
+
+    monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(init=init))
+    example.main(tiny_model_args + ["--wandb", "--wandb-project", "proj", "--wandb-entity", "team"])
+    assert seen["init"]["project"] == "proj" and seen["init"]["entity"] == "team"
+    assert seen["steps"] and seen["finished"]

@@ -24,7 +24,7 @@ class JsonlSink:
     def log(self, metrics: dict[str, float], step: int) -> None:
         if self._file is None:
             os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
-            self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - kept open for the run
+            self._file = open(self.path, "a", encoding="utf-8")  # kept open for the whole run
         self._file.write(json.dumps({"step": step, **metrics}) + "\n")
         self._file.flush()
 
