@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+import types
+
 import pytest
 import torch
 from tokenizers import Tokenizer, decoders, models
@@ -68,3 +71,24 @@ def tokenizer():
 @pytest.fixture
 def prompts_dataset():
     return [{"prompt": "hello there:"}, {"prompt": "a cat"}, {"prompt": "tell me, why?"}]
+
+
+@pytest.fixture
+def fake_wandb(monkeypatch):
+    """Installs a stand-in ``wandb`` module; returns what it was called with:
+    ``init`` (the keyword arguments), ``log`` (a list of (metrics, step)) and ``finished``."""
+    calls = {"log": [], "finished": False}
+
+    class Run:
+        def log(self, metrics, step):
+            calls["log"].append((metrics, step))
+
+        def finish(self):
+            calls["finished"] = True
+
+    def init(**kwargs):
+        calls["init"] = kwargs
+        return Run()
+
+    monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(init=init))
+    return calls

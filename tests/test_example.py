@@ -2,7 +2,6 @@
 
 import importlib.util
 import sys
-import types
 from pathlib import Path
 
 import pytest
@@ -62,21 +61,7 @@ def test_short_run_on_a_tiny_model_saves_both_agents(example, tmp_path, capsys, 
     assert (out / "metrics.jsonl").exists()
 
 
-def test_wandb_flags_reach_wandb_init(example, monkeypatch, tiny_model_args):
-    seen = {}
-
-    class Run:
-        def log(self, metrics, step):
-            seen.setdefault("steps", []).append(step)
-
-        def finish(self):
-            seen["finished"] = True
-
-    def init(**kwargs):
-        seen["init"] = kwargs
-        return Run()
-
-    monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(init=init))
+def test_wandb_flags_reach_wandb_init(example, fake_wandb, tiny_model_args):
     example.main(tiny_model_args + ["--wandb", "--wandb-project", "proj", "--wandb-entity", "team"])
-    assert seen["init"]["project"] == "proj" and seen["init"]["entity"] == "team"
-    assert seen["steps"] and seen["finished"]
+    assert fake_wandb["init"]["project"] == "proj" and fake_wandb["init"]["entity"] == "team"
+    assert fake_wandb["log"] and fake_wandb["finished"]

@@ -2,7 +2,6 @@
 
 import json
 import sys
-import types
 
 import pytest
 
@@ -30,23 +29,9 @@ def test_wandb_missing_names_the_pip_command(monkeypatch):
         WandbSink({"project": "p"}, run_config={})
 
 
-def test_wandb_sink_passes_config_and_logs(monkeypatch):
-    calls = {}
-
-    class Run:
-        def log(self, metrics, step):
-            calls.setdefault("log", []).append((metrics, step))
-
-        def finish(self):
-            calls["finished"] = True
-
-    def init(**kwargs):
-        calls["init"] = kwargs
-        return Run()
-
-    monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(init=init))
+def test_wandb_sink_passes_config_and_logs(fake_wandb):
     sink = WandbSink({"project": "p", "entity": "e", "config": {"extra": 1}}, run_config={"seed": 3})
     sink.log({"reward/mean": 0.5}, step=7)
     sink.close()
-    assert calls["init"] == {"project": "p", "entity": "e", "config": {"seed": 3, "extra": 1}}
-    assert calls["log"] == [({"reward/mean": 0.5}, 7)] and calls["finished"]
+    assert fake_wandb["init"] == {"project": "p", "entity": "e", "config": {"seed": 3, "extra": 1}}
+    assert fake_wandb["log"] == [({"reward/mean": 0.5}, 7)] and fake_wandb["finished"]
