@@ -20,6 +20,7 @@ from functools import partial
 from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from comlrl.metrics.plot import plot_run
 from comlrl.trainers.reinforce import MAGRPOConfig, MAGRPOTrainer
 from comlrl.utils.reward_processor import RewardProcessors
 
@@ -121,13 +122,17 @@ def main(argv=None) -> None:
     models_dir = os.path.join(args.output_dir, "models")
     trainer.save_model(models_dir)
 
+    try:
+        curves = f"curves in {plot_run(args.output_dir).resolve()}"
+    except ImportError as error:  # matplotlib is an optional extra
+        curves = f"no curves: {error}"
     first, last = result.epoch_raw_reward_means[0], result.epoch_raw_reward_means[-1]
     print(
         f"\nmean length-ratio reward (0..1, before the x100 scale): first epoch {first:.3f}, "
         f"last epoch {last:.3f}\n"
         f"{result.global_step} steps in {time.perf_counter() - started:.0f} s; "
         f"agents saved in {os.path.abspath(models_dir)}/agent_0, agent_1; "
-        f"metrics in {os.path.abspath(os.path.join(args.output_dir, 'metrics.jsonl'))}"
+        f"metrics in {os.path.abspath(os.path.join(args.output_dir, 'metrics.jsonl'))}; {curves}"
     )
 
 
