@@ -82,6 +82,12 @@ def test_three_heterogeneous_agents_train_and_save(tmp_path, joint_mode):
         "agent2/loss",
         "agent1/grad_norm",
         "agent0/completion_length",
+        "agent2/completion_length_max",
+        "agent1/zero_std_group_frac",
+        "agent0/learning_rate",
+        "reward/content_score/mean",
+        "time/step_s",
+        "time/generated_tokens_per_s",
     ]:
         assert key in logged
 
@@ -276,3 +282,25 @@ def test_agent_model_loads_independent_copies_and_their_tokenizer(tmp_path):
 def test_agents_and_agent_model_together_are_refused(tmp_path):
     with pytest.raises(ValueError, match="either agents or agent_model"):
         make_trainer(tmp_path, agent_model="somewhere")
+
+
+def test_rollout_metrics_by_hand():
+    from comlrl.rollout import AgentRollout
+    from comlrl.trainers.reinforce.trainer import StepRollout, rollout_metrics
+
+    # one agent, 2 rows x G = 2; completion masks give lengths [1, 3, 2, 2]; sample 1 truncated
+    mask = torch.tensor([[1, 0, 0], [1, 1, 1], [1, 1, 0], [1, 1, 0]], dtype=torch.bool)
+    agent = AgentRollout(
+        prompt_ids=torch.zeros(4, 1, dtype=torch.long), prompt_mask=torch.ones(4, 1, dtype=torch.long),
+        completion_ids=torch.zeros(4, 3, dtype=torch.long), completion_mask=mask, texts=["a", "bcd", "ef", "gh"],
+        truncated=torch.tensor([False, True, False, False]),
+    )  # fmt: skip
+    rewards = torch.tensor([[[1.0], [3.0]], [[2.0], [2.0]]])  # (B=2, J=2, N=1): row 1's group is constant
+    rollout = StepRollout([agent], rewards, rewards / 10, rewards.unsqueeze(0), ["score"])
+    returns = rewards.permute(2, 0, 1)  # (N, B, G)
+    metrics = rollout_metrics(rollout, returns, [torch.tensor([-1.0, 1.0, 0.0, 0.0])])
+    assert metrics["reward/mean"] == 2.0 and metrics["reward/raw_mean"] == pytest.approx(0.2)
+    assert metrics["reward/score/mean"] == 2.0 and metrics["reward/score/std"] == pytest.approx(math.sqrt(2 / 3))
+    assert metrics["agent0/zero_std_group_frac"] == 0.5 and metrics["agent0/truncated_frac"] == 0.25
+    assert (metrics["agent0/completion_length_min"], metrics["agent0/completion_length_max"]) == (1.0, 3.0)
+    assert metrics["agent0/completion_length"] == 2.0 and metrics["agent0/advantage_mean"] == 0.0

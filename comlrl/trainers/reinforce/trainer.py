@@ -212,23 +212,14 @@ class MAGRPOTrainer:
             for i in range(self.num_agents)
         ]  # N x (B*G,)
         metrics = self._update(rollout, advantages)
+        updated = time.perf_counter()
 
-        metrics.update(
-            {
-                "reward/mean": rollout.rewards.mean().item(),
-                "reward/std": rollout.rewards.std().item() if rollout.rewards.numel() > 1 else 0.0,
-                "reward/raw_mean": rollout.raw_rewards.mean().item(),
-                "time/generate_s": generated - started,
-                "time/update_s": time.perf_counter() - generated,
-            }
-        )
-        for name, values in zip(rollout.reward_names, rollout.per_function_rewards):
-            metrics[f"reward/{name}/mean"] = values.mean().item()
-        for i, agent_rollout in enumerate(rollout.agents):
-            metrics[f"agent{i}/reward_mean"] = rollout.rewards[..., i].mean().item()
-            metrics[f"agent{i}/advantage_std"] = advantages[i].std().item()
-            metrics[f"agent{i}/completion_length"] = agent_rollout.lengths.float().mean().item()
-            metrics[f"agent{i}/truncated_frac"] = agent_rollout.truncated.float().mean().item()
+        metrics.update(rollout_metrics(rollout, returns, advantages))
+        generated_tokens = sum(agent.lengths.sum().item() for agent in rollout.agents)
+        metrics["time/generate_s"] = generated - started
+        metrics["time/update_s"] = updated - generated
+        metrics["time/step_s"] = updated - started
+        metrics["time/generated_tokens_per_s"] = generated_tokens / max(generated - started, 1e-9)
         return metrics
 
     def rollout(self, prompts: PromptTable, row_ids: list[int]) -> StepRollout:
@@ -397,6 +388,34 @@ class MAGRPOTrainer:
         if self.wandb_config is not None:
             sinks.append(WandbSink(self.wandb_config, asdict(self.args)))
         return sinks
+
+
+def _std(values: torch.Tensor) -> float:
+    return values.std().item() if values.numel() > 1 else 0.0
+
+
+def rollout_metrics(rollout: StepRollout, returns: torch.Tensor, advantages: list[torch.Tensor]) -> dict[str, float]:
+    """What one step's samples look like: rewards (joint, per function, per agent), advantages,
+    completion lengths, truncation and groups that carry no signal (all returns equal)."""
+    metrics = {
+        "reward/mean": rollout.rewards.mean().item(),
+        "reward/std": _std(rollout.rewards),
+        "reward/raw_mean": rollout.raw_rewards.mean().item(),
+    }
+    for name, values in zip(rollout.reward_names, rollout.per_function_rewards):
+        metrics[f"reward/{name}/mean"] = values.mean().item()
+        metrics[f"reward/{name}/std"] = _std(values)
+    for i, agent in enumerate(rollout.agents):
+        lengths = agent.lengths.float()
+        metrics[f"agent{i}/reward_mean"] = rollout.rewards[..., i].mean().item()
+        metrics[f"agent{i}/advantage_mean"] = advantages[i].mean().item()
+        metrics[f"agent{i}/advantage_std"] = _std(advantages[i])
+        metrics[f"agent{i}/zero_std_group_frac"] = (returns[i].std(dim=1) == 0).float().mean().item()
+        metrics[f"agent{i}/completion_length"] = lengths.mean().item()
+        metrics[f"agent{i}/completion_length_min"] = lengths.min().item()
+        metrics[f"agent{i}/completion_length_max"] = lengths.max().item()
+        metrics[f"agent{i}/truncated_frac"] = agent.truncated.float().mean().item()
+    return metrics
 
 
 def seed_everything(seed: int) -> None:
