@@ -197,6 +197,8 @@ def test_evaluate_scores_the_eval_dataset(tmp_path):
         ),
         (dict(reward_func=lambda a, b, c, d: [0.0]), TypeError, "cannot be called with 2 completion lists"),
         (dict(reward_func=None), ValueError, "reward_func is required"),
+        (dict(train_dataset=["just a string"]), TypeError, "train_dataset row 0 is a str; rows must be mappings"),
+        (dict(formatters=[str, "not callable"]), TypeError, r"formatters\[1\] must be callable, got str"),
         (dict(args={"num_generations": 2}), TypeError, "args must be a MAGRPOConfig"),
     ],
 )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from comlrl.rewards.joint_reward import describe
@@ -29,7 +29,10 @@ class PromptTable:
         num_agents: int,
         name: str = "dataset",
     ):
-        rows = [dict(row) for row in dataset]
+        rows = list(dataset)
+        for r, row in enumerate(rows):
+            if not isinstance(row, Mapping):
+                raise TypeError(f"{name} row {r} is a {type(row).__name__}; rows must be mappings such as dicts")
         if not rows:
             raise ValueError(f"{name} is empty: it needs at least one row")
         if formatters is None:
@@ -48,6 +51,9 @@ class PromptTable:
                 raise ValueError(
                     f"got {len(formatters)} formatters for {num_agents} agents; pass one, or one per agent"
                 )
+            for agent, formatter in enumerate(formatters):
+                if not callable(formatter):
+                    raise TypeError(f"formatters[{agent}] must be callable, got {type(formatter).__name__}")
         self.prompts = [
             [self._format(f, row, agent, r, name) for r, row in enumerate(rows)] for agent, f in enumerate(formatters)
         ]
