@@ -8,20 +8,15 @@ from collections.abc import Sequence
 import torch
 from transformers import get_scheduler
 
+from comlrl.utils.per_agent import per_agent
+
 # Our names -> transformers' schedule names; each warms up linearly over the warmup steps.
 LR_SCHEDULES = {"constant": "constant_with_warmup", "linear": "linear", "cosine": "cosine"}
 
 
 def per_agent_learning_rates(learning_rate: float | Sequence[float], num_agents: int) -> list[float]:
     """One learning rate per agent from one value or a list of one per agent."""
-    if isinstance(learning_rate, list | tuple):
-        if len(learning_rate) != num_agents:
-            raise ValueError(
-                f"agent_learning_rate has {len(learning_rate)} values for {num_agents} agents; "
-                "give one value, or one per agent"
-            )
-        return [float(rate) for rate in learning_rate]
-    return [float(learning_rate)] * num_agents
+    return [float(rate) for rate in per_agent(learning_rate, num_agents, "values of agent_learning_rate")]
 
 
 def build_optimizers(

@@ -152,7 +152,9 @@ def test_other_schedules_end_where_expected(tmp_path, schedule):
 
 
 def test_learning_rate_list_of_the_wrong_length(tmp_path):
-    with pytest.raises(ValueError, match="agent_learning_rate has 3 values for 2 agents"):
+    with pytest.raises(
+        ValueError, match="got 3 values of agent_learning_rate for 2 agents; pass one, or one per agent"
+    ):
         make_trainer(tmp_path, args=small_config(tmp_path, agent_learning_rate=[1e-3] * 3))
 
 

@@ -9,6 +9,8 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from comlrl.utils.per_agent import per_agent
+
 
 def load_agents(agent_model: str, num_agents: int, model_config: dict[str, Any] | None) -> list[torch.nn.Module]:
     """``num_agents`` independent copies of the model ``agent_model`` (a folder or hub id)."""
@@ -51,12 +53,8 @@ def resolve_tokenizers(tokenizer: Any, agents: Sequence[torch.nn.Module]) -> lis
                     f"tokenizer is None and agents[{i}] does not say where it was loaded from; pass tokenizer="
                 )
             tokenizers.append(AutoTokenizer.from_pretrained(source))
-    elif isinstance(tokenizer, list | tuple):
-        if len(tokenizer) != len(agents):
-            raise ValueError(f"got {len(tokenizer)} tokenizers for {len(agents)} agents; pass one, or one per agent")
-        tokenizers = list(tokenizer)
     else:
-        tokenizers = [tokenizer] * len(agents)
+        tokenizers = per_agent(tokenizer, len(agents), "tokenizers")
     fixed: set[int] = set()
     for i, tok in enumerate(tokenizers):
         if tok.pad_token_id is not None or id(tok) in fixed:

@@ -6,6 +6,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from comlrl.rewards.joint_reward import describe
+from comlrl.utils.per_agent import per_agent
 
 Formatter = Callable[[dict[str, Any]], str]
 
@@ -42,18 +43,11 @@ class PromptTable:
                     f"{name} row {missing} has no 'prompt' column (columns: {sorted(rows[missing])}) "
                     "and no formatters were given: add a 'prompt' column or pass formatters="
                 )
-            formatters = [prompt_column] * num_agents
-        elif callable(formatters):
-            formatters = [formatters] * num_agents
-        else:
-            formatters = list(formatters)
-            if len(formatters) != num_agents:
-                raise ValueError(
-                    f"got {len(formatters)} formatters for {num_agents} agents; pass one, or one per agent"
-                )
-            for agent, formatter in enumerate(formatters):
-                if not callable(formatter):
-                    raise TypeError(f"formatters[{agent}] must be callable, got {type(formatter).__name__}")
+            formatters = prompt_column
+        formatters = per_agent(formatters, num_agents, "formatters")
+        for agent, formatter in enumerate(formatters):
+            if not callable(formatter):
+                raise TypeError(f"formatters[{agent}] must be callable, got {type(formatter).__name__}")
         self.prompts = [
             [self._format(f, row, agent, r, name) for r, row in enumerate(rows)] for agent, f in enumerate(formatters)
         ]
