@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from comlrl.algorithms.losses import LOSS_AGGREGATIONS, k3_kl, policy_gradient_loss
+from comlrl.algorithms.losses import LOSS_AGGREGATIONS, k3_kl, policy_gradient_loss, token_weights
 
 # S = 2 sequences, T = 3 tokens; the third token of sequence 0 is padding.
 LOGPS = [[-1.0, -2.0, -3.0], [-4.0, -5.0, -6.0]]
@@ -158,3 +158,29 @@ def test_kl_term_is_weighted_by_beta_and_masked():
     kl_mean = (math.log(2) - 0.5) / 2
     torch.testing.assert_close(out.kl, torch.tensor(kl_mean))
     torch.testing.assert_close(out.loss, torch.tensor(0.1 * kl_mean))
+
+
+# ------------------------------------------------------------------------------ pieces
+@pytest.mark.parametrize("loss_type", list(EXPECTED))
+def test_weights_over_the_whole_batch_let_pieces_add_up(loss_type):
+    # Per-sequence token weights of the example: grpo 1 / (tokens_s * S) = [1/4, 1/6];
+    # dapo 1 / 5 each; dr_grpo 1 / (S * MAX_NEW_TOKENS) = 1/8 each.
+    lengths = torch.tensor(MASK).sum(dim=1)
+    expected = {"grpo": [1 / 4, 1 / 6], "dapo": [1 / 5, 1 / 5], "dr_grpo": [1 / 8, 1 / 8]}
+    weights = token_weights(lengths, loss_type, MAX_NEW_TOKENS)
+    torch.testing.assert_close(weights, torch.tensor(expected[loss_type]))
+    # Each sequence on its own, with the whole batch's weights: the partial losses and their
+    # gradients add up to those of the whole batch.
+    logps = torch.tensor(LOGPS, requires_grad=True)
+    total = sum(
+        policy_gradient_loss(
+            logps[s : s + 1],
+            torch.tensor(ADVANTAGES[s : s + 1]),
+            torch.tensor(MASK[s : s + 1]),
+            sequence_weights=weights[s : s + 1],
+        ).loss
+        for s in range(2)
+    )
+    total.backward()
+    torch.testing.assert_close(total, torch.tensor(EXPECTED[loss_type]))
+    torch.testing.assert_close(logps.grad, torch.tensor(EXPECTED_GRAD[loss_type]))

@@ -1,11 +1,21 @@
-"""Metric sinks: JSONL always, W&B only when asked (and only then imported)."""
+"""Metric sinks: JSONL always; W&B and TensorBoard only when asked (and only then imported).
+
+The W&B and TensorBoard tests write real runs and read them back from disk the way those tools do."""
 
 import json
+import struct
 import sys
 
 import pytest
 
-from comlrl.metrics import JsonlSink, MetricsLogger, WandbSink
+from comlrl.metrics import JsonlSink, MetricsLogger, TensorBoardSink, WandbSink
+
+# Completions are raw model text: newlines, pipes and Markdown characters must survive every sink.
+SAMPLES = [
+    {"turn": 1, "row": 3, "prompt": "a cat", "agent0_completion": "x | *y*\nz <em>w</em> &amp;", "reward": 0.5},
+    {"turn": 1, "row": 4, "prompt": "a dog", "agent0_completion": "w", "answer": "four"},
+    {"turn": 2, "row": 4, "prompt": "a dog", "agent0_completion": "v", "answer": 4, "reward": 1.0},
+]
 
 
 def test_logger_averages_each_window_and_jsonl_appends_lines(tmp_path):
@@ -21,6 +31,28 @@ def test_logger_averages_each_window_and_jsonl_appends_lines(tmp_path):
     logger.close()
     lines = [json.loads(line) for line in path.read_text().splitlines()]
     assert lines == [{"step": 2, "reward/mean": 2.0, "loss": 3.0}, {"step": 3, "reward/mean": 5.0}]
+    assert not (tmp_path / "run" / "samples.jsonl").exists()  # no samples, no samples file
+
+
+def test_jsonl_samples_go_to_their_own_file(tmp_path):
+    run = tmp_path / "run"
+    logger = MetricsLogger([JsonlSink(str(run / "metrics.jsonl"))])
+    logger.log_samples([], step=1)  # nothing to write: no file
+    assert not run.exists()
+    logger.log_samples(SAMPLES[:2], step=1)
+    logger.log_samples(SAMPLES[2:], step=2)
+    logger.add({"loss": 1.0})
+    logger.flush(step=2)
+    logger.close()
+    lines = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
+    assert lines == [{"step": 1, **SAMPLES[0]}, {"step": 1, **SAMPLES[1]}, {"step": 2, **SAMPLES[2]}]
+    assert [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()] == [{"step": 2, "loss": 1.0}]
+
+    elsewhere = tmp_path / "other" / "s.jsonl"
+    sink = JsonlSink(str(run / "metrics.jsonl"), samples_path=str(elsewhere))
+    sink.log_samples(SAMPLES[:1], step=5)
+    sink.close()
+    assert json.loads(elsewhere.read_text()) == {"step": 5, **SAMPLES[0]}
 
 
 def test_wandb_missing_names_the_pip_command(monkeypatch):
@@ -29,9 +61,94 @@ def test_wandb_missing_names_the_pip_command(monkeypatch):
         WandbSink({"project": "p"}, run_config={})
 
 
-def test_wandb_sink_passes_config_and_logs(fake_wandb):
-    sink = WandbSink({"project": "p", "entity": "e", "config": {"extra": 1}}, run_config={"seed": 3})
-    sink.log({"reward/mean": 0.5}, step=7)
-    sink.close()
-    assert fake_wandb["init"] == {"project": "p", "entity": "e", "config": {"seed": 3, "extra": 1}}
-    assert fake_wandb["log"] == [({"reward/mean": 0.5}, 7)] and fake_wandb["finished"]
+def test_tensorboard_missing_names_the_pip_command(monkeypatch):
+    monkeypatch.setitem(sys.modules, "tensorboard", None)  # makes `import tensorboard` raise ImportError
+    monkeypatch.delitem(sys.modules, "torch.utils.tensorboard", raising=False)  # so torch imports it again
+    with pytest.raises(ImportError, match=r"pip install 'comlrl\[tensorboard\]'"):
+        TensorBoardSink("unused")
+
+
+def read_wandb_records(path):
+    """The records of a ``.wandb`` file: a 7-byte W&B header, then a LevelDB log (32 KiB blocks of
+    chunks, each a 7-byte header: checksum, length, type) whose records are ``Record`` protobufs."""
+    from wandb.proto.wandb_internal_pb2 import Record
+
+    data = path.read_bytes()
+    assert data[:4] == b":W&B"
+    records, pending, pos = [], b"", 7
+    while pos + 7 <= len(data):
+        if 32768 - pos % 32768 < 7:  # a block's tail too short for a chunk header is padding
+            pos += 32768 - pos % 32768
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        pending += data[pos + 7 : pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):  # FULL or LAST: the record is complete
+            records.append(Record.FromString(pending))
+            pending = b""
+    return records
+
+
+def test_wandb_offline_run_holds_config_metrics_and_samples(tmp_path, monkeypatch):
+    """A real offline run (no network, about 3 s): read back its config, history and samples table."""
+    import wandb
+
+    for name, value in {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_CONSOLE": "off"}.items():
+        monkeypatch.setenv(name, value)
+    for name in ["WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR"]:  # keep the home folder clean
+        monkeypatch.setenv(name, str(tmp_path / name))
+    sink = WandbSink({"project": "p", "dir": str(tmp_path), "config": {"extra": 1}}, run_config={"seed": 3})
+    logger = MetricsLogger([sink])
+    logger.add({"reward/mean": 0.5, "loss": 2.0})
+    logger.flush(step=1)
+    logger.add({"reward/mean": 0.75})
+    logger.flush(step=2)
+    logger.log_samples(SAMPLES, step=2)
+    logger.close()
+    wandb.teardown()  # stops the W&B service process this run started
+
+    (run_dir,) = (tmp_path / "wandb").glob("offline-run-*")
+    records = read_wandb_records(next(run_dir.glob("*.wandb")))
+    (run,) = [r.run for r in records if r.HasField("run")]
+    config = {item.key: json.loads(item.value_json) for item in run.config.update}
+    assert (run.project, config["seed"], config["extra"]) == ("p", 3, 1)
+
+    history = {}
+    for record in records:
+        if record.HasField("history"):
+            items = {"/".join(i.nested_key) or i.key: json.loads(i.value_json) for i in record.history.item}
+            history[record.history.step.num] = {k: v for k, v in items.items() if not k.startswith("_")}
+    samples = {key[len("samples/") :]: history[2].pop(key) for key in list(history[2]) if key.startswith("samples/")}
+    assert history == {1: {"reward/mean": 0.5, "loss": 2.0}, 2: {"reward/mean": 0.75}}
+    assert (samples["_type"], samples["nrows"]) == ("table-file", 3)
+    table = json.loads((run_dir / "files" / samples["path"]).read_text())
+    columns = ["turn", "row", "prompt", "agent0_completion", "reward", "answer"]
+    assert table["columns"] == columns
+    assert table["data"] == [[sample.get(column) for column in columns] for sample in SAMPLES]
+
+
+@pytest.mark.filterwarnings("ignore:html5lib's sanitizer is deprecated:DeprecationWarning")
+def test_tensorboard_event_files_hold_scalars_and_samples_table(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.plugin_util import markdown_to_safe_html
+    from tensorboard.util.tensor_util import make_ndarray
+
+    logger = MetricsLogger([TensorBoardSink(str(tmp_path))])
+    logger.add({"reward/mean": 0.5, "loss": 2.0})
+    logger.flush(step=1)
+    logger.add({"reward/mean": 0.75})
+    logger.flush(step=2)
+    logger.log_samples(SAMPLES, step=2)
+    logger.close()
+
+    events = EventAccumulator(str(tmp_path))
+    events.Reload()
+    scalars = {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+    assert scalars == {"reward/mean": [(1, 0.5), (2, 0.75)], "loss": [(1, 2.0)]}
+    (text,) = events.Tensors("samples/text_summary")
+    assert text.step == 2
+    shown = markdown_to_safe_html(make_ndarray(text.tensor_proto).item())  # what TensorBoard's Text tab shows
+    header = "".join(f"<th>{column}</th>\n" for column in ["turn", "row", "prompt", "agent0_completion", "reward"])
+    assert header in shown and shown.count("<tr>") == 4  # the header and one row per sample
+    # The completion shows verbatim (its newline as a line break); a missing key is an empty cell.
+    assert "<td>x | *y*<br>z &lt;em&gt;w&lt;/em&gt; &amp;amp;</td>\n<td>0.5</td>\n<td></td>" in shown

@@ -116,7 +116,7 @@ def test_joint_actions_pair_the_right_completions(tmp_path, joint_mode, num_join
         reward_func=recording_reward(calls),
         args=small_config(tmp_path, joint_mode=joint_mode, num_generations=3),
     )
-    rollout = trainer.rollout(trainer.train_prompts, [2, 0])
+    rollout = trainer.rollout(trainer.train_prompts, [2, 0]).turns[0]
     first, second = calls[0]
     assert len(first) == len(second) == 2 * num_joint and rollout.rewards.shape == (2, num_joint, 2)
     texts0, texts1 = rollout.agents[0].texts, rollout.agents[1].texts
@@ -167,12 +167,6 @@ def test_tokenizer_without_pad_token_pads_with_eos_and_says_so_once(tmp_path):
     assert len([w for w in record if "pad token" in str(w.message)]) == 1
     assert tok.pad_token == "<eos>"
     trainer.train()
-
-
-def test_evaluate_scores_the_eval_dataset(tmp_path):
-    trainer = make_trainer(tmp_path, eval_dataset=DATA[:2])
-    metrics = trainer.evaluate()
-    assert set(metrics) == {"eval/reward_mean", "eval/raw_reward_mean"} and metrics["eval/reward_mean"] >= 0
 
 
 # ------------------------------------------------------------------------------------------
@@ -288,7 +282,8 @@ def test_agents_and_agent_model_together_are_refused(tmp_path):
 
 def test_rollout_metrics_by_hand():
     from comlrl.rollout import AgentRollout
-    from comlrl.trainers.reinforce.trainer import StepRollout, rollout_metrics
+    from comlrl.rollout.tree import RolloutTree, Turn
+    from comlrl.trainers.reinforce.trainer import rollout_metrics
 
     # one agent, 2 rows x G = 2; completion masks give lengths [1, 3, 2, 2]; sample 1 truncated
     mask = torch.tensor([[1, 0, 0], [1, 1, 1], [1, 1, 0], [1, 1, 0]], dtype=torch.bool)
@@ -298,9 +293,11 @@ def test_rollout_metrics_by_hand():
         truncated=torch.tensor([False, True, False, False]),
     )  # fmt: skip
     rewards = torch.tensor([[[1.0], [3.0]], [[2.0], [2.0]]])  # (B=2, J=2, N=1): row 1's group is constant
-    rollout = StepRollout([agent], rewards, rewards / 10, rewards.unsqueeze(0), ["score"])
-    returns = rewards.permute(2, 0, 1)  # (N, B, G)
-    metrics = rollout_metrics(rollout, returns, [torch.tensor([-1.0, 1.0, 0.0, 0.0])])
+    turn = Turn(1, [0, 1], [["p", "q"]], [[["p"]], [["q"]]], [[[]], [[]]], [agent], rewards, rewards / 10,
+                rewards.unsqueeze(0), children=torch.full((2, 2), -1))  # fmt: skip
+    tree = RolloutTree([turn], ["score"], generate_calls=1, transition_calls=0)
+    credits = rewards.permute(2, 0, 1)  # (N, B, G)
+    metrics = rollout_metrics(tree, [rewards], [credits], [[torch.tensor([-1.0, 1.0, 0.0, 0.0])]])
     assert metrics["reward/mean"] == 2.0 and metrics["reward/raw_mean"] == pytest.approx(0.2)
     assert metrics["reward/score/mean"] == 2.0 and metrics["reward/score/std"] == pytest.approx(math.sqrt(2 / 3))
     assert metrics["agent0/zero_std_group_frac"] == 0.5 and metrics["agent0/truncated_frac"] == 0.25

@@ -6,7 +6,7 @@ import dataclasses
 import pytest
 import torch
 
-from comlrl.algorithms import group_advantages, per_agent_returns
+from comlrl.algorithms import group_advantages, per_agent_returns, token_weights
 from comlrl.trainers.reinforce import (
     MAGRPOConfig,
     MAGRPOTrainer,
@@ -43,15 +43,16 @@ def test_each_variant_defaults_to_its_baseline(trainer_class, config_class, mode
 
 def test_variants_give_different_advantages_and_gradients_on_the_same_rollout(tmp_path):
     trainer = make_trainer(tmp_path, reward_func=content_score, args=small_config(tmp_path, num_generations=4))
-    rollout = trainer.rollout(trainer.train_prompts, [0, 1, 2])
+    rollout = trainer.rollout(trainer.train_prompts, [0, 1, 2]).turns[0]
     returns = per_agent_returns(rollout.rewards, trainer.joint_indices, 4)
+    weights = token_weights(rollout.agents[0].lengths, trainer.args.loss_type, trainer.args.max_new_tokens)
     assert returns[0].std(dim=1).gt(0).all(), "every group needs distinct returns for the comparison"
     advantages, gradients = [], []
     for _, config_class, _, _ in VARIANTS:
         config = config_class(**{f.name: getattr(trainer.args, f.name) for f in dataclasses.fields(MAGRPOConfig)
                                  if f.name not in ("advantage_mode", "advantage_normalization")})  # fmt: skip
         adv = group_advantages(returns[0], config.advantage_mode, config.advantage_normalization).reshape(-1)
-        trainer._backward(0, rollout.agents[0], adv, None, None)
+        trainer._backward(0, [rollout.agents[0]], [adv], [weights], None, None)
         advantages.append(adv)
         gradients.append(torch.cat([p.grad.reshape(-1) for p in trainer.agents[0].parameters()]))
     for a in range(len(VARIANTS)):
@@ -98,7 +99,7 @@ def test_per_agent_rewards_give_each_agent_its_returns(tmp_path):
         return [[float(len(x)), -float(len(y))] for x, y in zip(a, b)]
 
     trainer = make_trainer(tmp_path, reward_func=opposed)
-    rollout = trainer.rollout(trainer.train_prompts, [0])
+    rollout = trainer.rollout(trainer.train_prompts, [0]).turns[0]
     lengths0 = torch.tensor([float(len(t)) for t in rollout.agents[0].texts])
     lengths1 = torch.tensor([float(len(t)) for t in rollout.agents[1].texts])
     torch.testing.assert_close(rollout.rewards[0, :, 0], lengths0)

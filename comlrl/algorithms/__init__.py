@@ -3,7 +3,7 @@
 from comlrl.algorithms.advantages import BASELINES, group_advantages
 from comlrl.algorithms.joint import JOINT_MODES, joint_action_indices, per_agent_returns
 from comlrl.algorithms.logprobs import selective_log_softmax
-from comlrl.algorithms.losses import LOSS_AGGREGATIONS, PolicyLoss, k3_kl, policy_gradient_loss
+from comlrl.algorithms.losses import LOSS_AGGREGATIONS, PolicyLoss, k3_kl, policy_gradient_loss, token_weights
 from comlrl.algorithms.masks import completion_mask
 
 __all__ = [
@@ -18,4 +18,5 @@ __all__ = [
     "per_agent_returns",
     "policy_gradient_loss",
     "selective_log_softmax",
+    "token_weights",
 ]

@@ -1,8 +1,9 @@
 """Policy-gradient loss (clipped, with an optional KL term) and the ways to normalise it
 over tokens.
 
-Every aggregation takes ``(per_token_loss, mask, max_new_tokens)`` with ``(S, T)`` tensors
-and returns a scalar, so ``loss_type`` is chosen through one table.
+Every aggregation takes the completion lengths ``(S,)`` and ``max_new_tokens`` and gives the
+weight of each sequence's tokens, so ``loss_type`` is chosen through one table and the loss
+of a batch can be computed in pieces.
 """
 
 from __future__ import annotations
@@ -13,26 +14,25 @@ import torch
 from torch import Tensor
 
 
-def sequence_mean(per_token_loss: Tensor, mask: Tensor, max_new_tokens: int) -> Tensor:
+def sequence_mean(lengths: Tensor, max_new_tokens: int) -> Tensor:
     """GRPO (Shao et al., 2024): mean over each sequence's tokens, then over sequences.
 
     Each sequence weighs the same whatever its length, so a token of a long completion
     counts less than a token of a short one.
     """
-    tokens_per_sequence = mask.sum(dim=1).clamp(min=1)
-    return ((per_token_loss * mask).sum(dim=1) / tokens_per_sequence).mean()
+    return 1.0 / (lengths.clamp(min=1) * lengths.numel())
 
 
-def token_mean(per_token_loss: Tensor, mask: Tensor, max_new_tokens: int) -> Tensor:
+def token_mean(lengths: Tensor, max_new_tokens: int) -> Tensor:
     """DAPO (Yu et al., 2025): mean over all completion tokens of the batch; every token
     weighs the same, which removes the length bias of the per-sequence mean."""
-    return (per_token_loss * mask).sum() / mask.sum().clamp(min=1)
+    return torch.full_like(lengths, 1.0 / max(lengths.sum().item(), 1))
 
 
-def constant_normalizer(per_token_loss: Tensor, mask: Tensor, max_new_tokens: int) -> Tensor:
+def constant_normalizer(lengths: Tensor, max_new_tokens: int) -> Tensor:
     """Dr. GRPO (Liu et al., 2025): sum over tokens divided by a constant,
     ``num_sequences * max_new_tokens``, so no length enters the normaliser."""
-    return (per_token_loss * mask).sum() / (per_token_loss.shape[0] * max_new_tokens)
+    return torch.full_like(lengths, 1.0 / (lengths.numel() * max_new_tokens))
 
 
 LOSS_AGGREGATIONS = {
@@ -40,6 +40,23 @@ LOSS_AGGREGATIONS = {
     "dapo": token_mean,
     "dr_grpo": constant_normalizer,
 }
+
+
+def token_weights(lengths: Tensor, loss_type: str, max_new_tokens: int) -> Tensor:
+    """``(S,)`` weight of each token of each sequence, such that the loss is the weighted sum
+    of the per-token losses.
+
+    Computed once over all of an agent's sequences of a step, the weights let the loss be
+    split into micro-batches (and turns) whose partial losses add up to the whole one.
+
+    Args:
+        lengths: ``(S,)`` completion tokens counted by the loss in each sequence.
+        loss_type: key of ``LOSS_AGGREGATIONS``.
+        max_new_tokens: the constant of ``dr_grpo``.
+    """
+    if loss_type not in LOSS_AGGREGATIONS:
+        raise ValueError(f"loss_type={loss_type!r}; expected one of {sorted(LOSS_AGGREGATIONS)}")
+    return LOSS_AGGREGATIONS[loss_type](lengths.double(), max_new_tokens).float()
 
 
 class PolicyLoss(NamedTuple):
@@ -71,6 +88,7 @@ def policy_gradient_loss(
     epsilon_high: float | None = None,
     ref_logps: Tensor | None = None,
     beta: float = 0.0,
+    sequence_weights: Tensor | None = None,
 ) -> PolicyLoss:
     """Clipped policy-gradient loss over the completion tokens (PPO / GRPO surrogate).
 
@@ -84,17 +102,20 @@ def policy_gradient_loss(
             being trained (with gradient).
         advantages: ``(S,)`` one advantage per completion, shared by all its tokens.
         mask: ``(S, T)`` bool, True on tokens the policy generated (see ``completion_mask``).
-        loss_type: key of ``LOSS_AGGREGATIONS``.
+        loss_type: key of ``LOSS_AGGREGATIONS``, unless ``sequence_weights`` are given.
         max_new_tokens: the constant of ``dr_grpo``.
         old_logps: ``(S, T)`` log-probs recorded when the completions were sampled.
         epsilon: lower clip range (and upper one unless ``epsilon_high`` is given).
         epsilon_high: upper clip range (DAPO's "clip-higher"); defaults to ``epsilon``.
         ref_logps: ``(S, T)`` log-probs under the frozen reference model, for the KL term.
         beta: weight of the KL term.
+        sequence_weights: ``(S,)`` token weight of each sequence from :func:`token_weights`
+            over a larger batch this one is a piece of; by default ``loss_type`` is applied
+            to this batch alone.
     """
-    if loss_type not in LOSS_AGGREGATIONS:
-        raise ValueError(f"loss_type={loss_type!r}; expected one of {sorted(LOSS_AGGREGATIONS)}")
     weights = mask.to(token_logps.dtype)
+    if sequence_weights is None:
+        sequence_weights = token_weights(weights.sum(dim=1), loss_type, max_new_tokens)
     old_logps = token_logps.detach() if old_logps is None else old_logps
     ratio = torch.exp(token_logps - old_logps)
     adv = advantages.unsqueeze(1)
@@ -105,7 +126,7 @@ def policy_gradient_loss(
     kl = torch.zeros_like(token_logps) if ref_logps is None else k3_kl(token_logps, ref_logps)
     if beta:
         per_token_loss = per_token_loss + beta * kl
-    loss = LOSS_AGGREGATIONS[loss_type](per_token_loss, weights, max_new_tokens)
+    loss = (per_token_loss * weights * sequence_weights.to(weights.dtype).unsqueeze(1)).sum()
     tokens = weights.sum().clamp(min=1)
     clip_fraction = ((clipped < unclipped).to(weights.dtype) * weights).sum() / tokens
     return PolicyLoss(loss, clip_fraction.detach(), ((kl * weights).sum() / tokens).detach())

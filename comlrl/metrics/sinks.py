@@ -2,36 +2,51 @@
 
 from __future__ import annotations
 
+import html
 import json
 import os
+import re
 from collections import defaultdict
-from typing import Any, Protocol
+from typing import IO, Any, Protocol
 
 
 class Sink(Protocol):
+    """What ``MetricsLogger`` writes to. Samples are flat JSON-able dicts (say turn, row, prompt,
+    each agent's completion, reward), for reading what the agents wrote next to the numbers."""
+
     def log(self, metrics: dict[str, float], step: int) -> None: ...
+    def log_samples(self, samples: list[dict[str, Any]], step: int) -> None: ...
     def close(self) -> None: ...
 
 
 class JsonlSink:
-    """Appends one JSON object per logging step to ``path``; the file is created on the first
-    write, so a run that fails before logging leaves nothing behind."""
+    """Appends one JSON object per logging step to ``path``, and one per sample to ``samples_path``
+    (by default ``samples.jsonl`` next to ``path``), so the metrics file stays small enough to plot.
+    Each file is created on its first write, so a run that fails before logging leaves nothing behind."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, samples_path: str | None = None):
         self.path = path
-        self._file = None
+        self.samples_path = samples_path or os.path.join(os.path.dirname(path), "samples.jsonl")
+        self._files: dict[str, IO[str]] = {}  # kept open for the whole run
 
     def log(self, metrics: dict[str, float], step: int) -> None:
-        if self._file is None:
-            os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
-            self._file = open(self.path, "a", encoding="utf-8")  # kept open for the whole run
-        self._file.write(json.dumps({"step": step, **metrics}) + "\n")
-        self._file.flush()
+        self._write(self.path, [{"step": step, **metrics}])
+
+    def log_samples(self, samples: list[dict[str, Any]], step: int) -> None:
+        self._write(self.samples_path, [{"step": step, **sample} for sample in samples])
+
+    def _write(self, path: str, rows: list[dict[str, Any]]) -> None:
+        if path not in self._files:
+            os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+            self._files[path] = open(path, "a", encoding="utf-8")
+        file = self._files[path]
+        file.writelines(json.dumps(row) + "\n" for row in rows)
+        file.flush()
 
     def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        for file in self._files.values():
+            file.close()
+        self._files.clear()
 
 
 class WandbSink:
@@ -48,6 +63,7 @@ class WandbSink:
             raise ImportError(
                 "W&B logging was requested but wandb is not installed: pip install 'comlrl[wandb]'"
             ) from None
+        self._wandb = wandb
         init_kwargs = dict(wandb_config)
         init_kwargs["config"] = {**run_config, **init_kwargs.get("config", {})}
         self._run = wandb.init(**init_kwargs)
@@ -55,8 +71,58 @@ class WandbSink:
     def log(self, metrics: dict[str, float], step: int) -> None:
         self._run.log(metrics, step=step)
 
+    def log_samples(self, samples: list[dict[str, Any]], step: int) -> None:
+        """One ``wandb.Table`` under ``samples``; W&B drops a step below the last one logged."""
+        columns = _columns(samples)
+        rows = [[sample.get(column) for column in columns] for sample in samples]
+        # A column may hold text in one sample and a number in another (an answer, say).
+        table = self._wandb.Table(columns=columns, data=rows, allow_mixed_types=True)
+        self._run.log({"samples": table}, step=step)
+
     def close(self) -> None:
         self._run.finish()
+
+
+class TensorBoardSink:
+    """TensorBoard event files in ``log_dir``; ``tensorboard`` is imported only when this sink is created."""
+
+    def __init__(self, log_dir: str):
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            raise ImportError(
+                "TensorBoard logging was requested but tensorboard is not installed: pip install 'comlrl[tensorboard]'"
+            ) from None
+        self._writer = SummaryWriter(log_dir=log_dir)
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        for key, value in metrics.items():
+            self._writer.add_scalar(key, value, step)
+
+    def log_samples(self, samples: list[dict[str, Any]], step: int) -> None:
+        """A Markdown table under ``samples``, which TensorBoard's Text tab renders."""
+        columns = _columns(samples)
+        lines = ["| " + " | ".join(_markdown_cell(column) for column in columns) + " |"]
+        lines.append("|" + " --- |" * len(columns))
+        for sample in samples:
+            lines.append("| " + " | ".join(_markdown_cell(sample.get(column)) for column in columns) + " |")
+        self._writer.add_text("samples", "\n".join(lines), step)
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+def _columns(samples: list[dict[str, Any]]) -> list[str]:
+    """Every key of every sample, in first-seen order: samples of different turns may differ."""
+    return list(dict.fromkeys(key for sample in samples for key in sample))
+
+
+def _markdown_cell(value: Any) -> str:
+    """The value as table-cell text that shows verbatim: completions are raw model text, whose
+    newlines and pipes would break the table and whose ``*``, ``_``, ``<...>`` would restyle it."""
+    text = "" if value is None else str(value)
+    text = re.sub(r"([\\`*_\[\]|])", r"\\\1", html.escape(text, quote=False))
+    return text.replace("\r\n", "\n").replace("\n", "<br>")
 
 
 class MetricsLogger:
@@ -78,6 +144,17 @@ class MetricsLogger:
             for sink in self.sinks:
                 sink.log(averaged, step)
         return averaged
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        """Send metrics measured once, not per step (an evaluation), to every sink as they are."""
+        for sink in self.sinks:
+            sink.log(metrics, step)
+
+    def log_samples(self, samples: list[dict[str, Any]], step: int) -> None:
+        """Send the samples to every sink as they are (nothing to average); an empty list sends nothing."""
+        if samples:
+            for sink in self.sinks:
+                sink.log_samples(samples, step)
 
     def close(self) -> None:
         for sink in self.sinks:

@@ -6,12 +6,17 @@ each joint action, either one number shared by all agents or N numbers, one per 
 (mixed cooperative settings). ``functools.partial`` objects and callables with extra
 keyword arguments that have defaults work.
 
+A function may also name keyword parameters from ``REWARD_CONTEXT`` to receive where the
+joint actions stand in a multi-turn episode: ``turn`` (1 for the first turn), and per joint
+action the prompt and response histories of every agent up to and including this turn.
+
 Several reward functions can be given with weights; the joint reward is their weighted
 sum, then the optional processor is applied to each value.
 """
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 import math
@@ -32,16 +37,38 @@ def describe(func: Callable) -> str:
     return getattr(func, "__name__", None) or repr(func)
 
 
+REWARD_CONTEXT = ("turn", "prompt_history_per_agent", "response_history_per_agent")
+"""Keyword arguments a reward function receives when its signature names them:
+``turn`` (int, 1-based), ``prompt_history_per_agent`` and ``response_history_per_agent``
+(per joint action, one list per agent of its prompts / responses on that branch, from the
+first turn up to and including the current one)."""
+
+
+def _parameters(func: Callable) -> list[inspect.Parameter] | None:
+    try:
+        return list(inspect.signature(func).parameters.values())
+    except (TypeError, ValueError):  # builtins and C callables without a signature
+        return None
+
+
+def context_parameters(func: Callable) -> tuple[str, ...]:
+    """The names of ``REWARD_CONTEXT`` that ``func`` takes by keyword."""
+    params = _parameters(func) or []
+    named = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    return tuple(name for name in REWARD_CONTEXT if name in named)
+
+
 def takes_prompts(func: Callable, num_agents: int) -> bool:
     """True when ``func`` wants the prompts before the N completion lists.
 
     Decided from the signature: N+1 positional parameters without defaults mean prompts
     come first; a function that can take N positional arguments gets only completions.
+    Parameters named after ``REWARD_CONTEXT`` are passed by keyword and not counted.
     """
-    try:
-        params = list(inspect.signature(func).parameters.values())
-    except (TypeError, ValueError):  # builtins and C callables without a signature
+    params = _parameters(func)
+    if params is None:
         return False
+    params = [p for p in params if p.name not in REWARD_CONTEXT]
     positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     required = [p for p in positional if p.default is p.empty]
     var_positional = any(p.kind == p.VAR_POSITIONAL for p in params)
@@ -148,6 +175,7 @@ class JointReward:
         self.weights = self._check_weights(weights, len(funcs))
         self.names = unique_names([describe(func) for func in funcs])
         self.pass_prompts = tuple(takes_prompts(func, num_agents) for func in funcs)
+        self.context_names = tuple(context_parameters(func) for func in funcs)
         # How errors name each function; the position tells apart functions with the same name.
         self._sources = [
             f"reward_func {describe(func)}" + (f" (position {j})" if len(funcs) > 1 else "")
@@ -184,6 +212,7 @@ class JointReward:
         prompts: Sequence[str],
         completions: Sequence[Sequence[str]],
         row_ids: Sequence[int],
+        context: dict[str, object] | None = None,
     ) -> RewardBatch:
         """Score K joint actions.
 
@@ -192,6 +221,7 @@ class JointReward:
             completions: N lists of K strings; ``completions[i][k]`` is agent i's part of
                 joint action k.
             row_ids: K dataset row indices, used only to name culprits in errors.
+            context: values of ``REWARD_CONTEXT`` names, handed to the functions that take them.
 
         Returns:
             A :class:`RewardBatch`: each function's ``(F, K, N)`` values, their weighted sum
@@ -199,7 +229,7 @@ class JointReward:
         """
         per_function = torch.stack(
             [
-                self._check(self._call(j, prompts, completions), row_ids, self._sources[j])
+                self._check(self._call(j, prompts, completions, context or {}), row_ids, self._sources[j])
                 for j in range(len(self.funcs))
             ]
         )
@@ -218,13 +248,16 @@ class JointReward:
             processed = self._process(raw, row_ids)
         return RewardBatch(per_function=per_function, raw=raw, processed=processed, names=list(self.names))
 
-    def _call(self, j: int, prompts: Sequence[str], completions: Sequence[Sequence[str]]) -> object:
+    def _call(
+        self, j: int, prompts: Sequence[str], completions: Sequence[Sequence[str]], context: dict[str, object]
+    ) -> object:
         # Fresh lists for every function, so one that edits its arguments cannot change the next one's.
         args = [list(c) for c in completions]
         if self.pass_prompts[j]:
             args.insert(0, list(prompts))
+        kwargs = {name: copy.deepcopy(context[name]) for name in self.context_names[j] if name in context}
         try:
-            return self.funcs[j](*args)
+            return self.funcs[j](*args, **kwargs)
         except Exception as error:
             sizes = ", ".join(str(len(a)) for a in args)
             raise RuntimeError(

@@ -48,27 +48,36 @@ class PromptTable:
         for agent, formatter in enumerate(formatters):
             if not callable(formatter):
                 raise TypeError(f"formatters[{agent}] must be callable, got {type(formatter).__name__}")
+        self.rows = rows
+        self.formatters = formatters
+        self.name = name
         self.prompts = [
-            [self._format(f, row, agent, r, name) for r, row in enumerate(rows)] for agent, f in enumerate(formatters)
+            [self._format(f, row, agent, f"{name} row {r}") for r, row in enumerate(rows)]
+            for agent, f in enumerate(formatters)
         ]
         has_prompt = all(isinstance(row.get("prompt"), str) for row in rows)
         self._reward_prompts = [row["prompt"] for row in rows] if has_prompt else self.prompts[0]
 
     @staticmethod
-    def _format(formatter: Formatter, row: dict[str, Any], agent: int, r: int, name: str) -> str:
+    def _format(formatter: Formatter, row: dict[str, Any], agent: int, where: str) -> str:
         try:
             prompt = formatter(row)
         except Exception as error:
             raise RuntimeError(
-                f"formatter {describe(formatter)} of agent {agent} raised {type(error).__name__}: {error} "
-                f"on {name} row {r}"
+                f"formatter {describe(formatter)} of agent {agent} raised {type(error).__name__}: {error} on {where}"
             ) from error
         if not isinstance(prompt, str):
             raise TypeError(
                 f"formatter {describe(formatter)} of agent {agent} returned {type(prompt).__name__} "
-                f"for {name} row {r}; expected a string"
+                f"for {where}; expected a string"
             )
         return prompt
+
+    def format_turn(self, agent: int, row_id: int, text: str, turn: int) -> str:
+        """Agent ``agent``'s prompt at a later turn: its formatter applied to the row with the
+        ``prompt`` column replaced by ``text`` (what ``external_transition`` returned)."""
+        row = {**self.rows[row_id], "prompt": text}
+        return self._format(self.formatters[agent], row, agent, f"{self.name} row {row_id} at turn {turn}")
 
     def __len__(self) -> int:
         return len(self._reward_prompts)

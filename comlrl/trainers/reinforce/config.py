@@ -58,10 +58,23 @@ class MAGRPOConfig:
 
     # --- multi-agent structure ------------------------------------------------------------
     num_turns: int = 1
-    """Turns per episode. Only single-turn training is available in this release."""
+    """Turns per episode; above 1 the trainer needs an ``external_transition`` and every joint
+    action of a turn starts a branch of the rollout tree."""
     joint_mode: str = "aligned"
-    """``aligned``: sample j of every agent forms joint action j (G joint actions);
-    ``cross``: every combination of the agents' samples (G**N joint actions)."""
+    """``aligned``: sample j of every agent forms joint action j (G joint actions per node);
+    ``cross``: every combination of the agents' samples (G**N joint actions per node)."""
+    discount: float = 1.0
+    """Weight in [0, 1] of the next turn: a joint action's return is its reward plus
+    ``discount`` times the mean return of the joint actions of the branch it started."""
+    early_termination_threshold: float | None = None
+    """A node whose mean reward is above this is not expanded to the next turn (its joint
+    actions' returns are their rewards); ``None`` expands every node."""
+    external_prompt_passthrough: bool = False
+    """Use the prompts ``external_transition`` returns as they are; by default each replaces
+    the row's ``prompt`` column and goes through that agent's formatter."""
+    max_generations_per_step: int = 4096
+    """Refuse a config whose rollout tree could sample more completions per step than this
+    (all agents and turns, no branch ended early): trees grow as J**turns."""
 
     # --- objective ------------------------------------------------------------------------
     advantage_mode: str = "mean"
@@ -84,6 +97,21 @@ class MAGRPOConfig:
     default: no length bias), ``grpo`` (per-sequence mean, then mean), ``dr_grpo`` (sum over
     ``num_sequences * max_new_tokens``)."""
 
+    micro_batch_size: int | None = 32
+    """Most sequences per forward/backward pass; an agent's sequences of a step are split
+    into pieces of this size whose gradients add up to the whole batch's. ``None``: one pass."""
+
+    # --- evaluation -----------------------------------------------------------------------
+    eval_interval: int = 16
+    """Run ``evaluate()`` before training and every this many steps (0: only after the last
+    step); only with an ``eval_dataset``."""
+    eval_num_samples: int | None = 4
+    """Evaluate the first this many rows of ``eval_dataset`` (``None``: all of them)."""
+    eval_batch_size: int = 8
+    """Evaluation rows generated together (one ``generate`` call per agent and turn)."""
+    eval_do_sample: bool = True
+    """Sample evaluation completions with the training settings; False decodes greedily."""
+
     # --- output ---------------------------------------------------------------------------
     output_dir: str = "comlrl_output"
     """Where the run's metrics log (``metrics.jsonl``) is written."""
@@ -99,12 +127,22 @@ class MAGRPOConfig:
             "num_turns",
             "logging_steps",
             "num_iterations",
+            "max_generations_per_step",
+            "eval_batch_size",
         )
         for name in positive_ints:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-        for name in ("shuffle", "advantage_normalization"):
+        for name in ("micro_batch_size", "eval_num_samples"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} must be an integer >= 1 or None, got {value!r}")
+        if isinstance(self.eval_interval, bool) or not isinstance(self.eval_interval, int) or self.eval_interval < 0:
+            raise ValueError(
+                f"eval_interval must be an integer >= 0 (0: only after training), got {self.eval_interval!r}"
+            )
+        for name in ("shuffle", "advantage_normalization", "external_prompt_passthrough", "eval_do_sample"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
@@ -151,9 +189,11 @@ class MAGRPOConfig:
         reserved = {"input_ids", "attention_mask", "do_sample", "num_return_sequences"} & set(self.generation_kwargs)
         if reserved:
             raise ValueError(f"generation_kwargs may not set {sorted(reserved)}: the trainer controls them")
-        if self.num_turns != 1:
+        if not (_is_real(self.discount) and 0 <= self.discount <= 1):
+            raise ValueError(f"discount must be in [0, 1], got {self.discount!r}")
+        if self.early_termination_threshold is not None and not _is_real(self.early_termination_threshold):
             raise ValueError(
-                f"num_turns={self.num_turns}: only single-turn training (num_turns=1) is available in this release"
+                f"early_termination_threshold must be a number or None (off), got {self.early_termination_threshold!r}"
             )
         choices = {"joint_mode": JOINT_MODES, "advantage_mode": BASELINES, "loss_type": LOSS_AGGREGATIONS}
         for name, table in choices.items():
@@ -178,5 +218,13 @@ class MAGRPOConfig:
             "top_k": self.top_k or 0,
             "max_new_tokens": self.max_new_tokens,
         }
+        kwargs.update(self.generation_kwargs)
+        return kwargs
+
+    def eval_sampling_kwargs(self) -> dict[str, Any]:
+        """The keyword arguments for ``generate`` during evaluation."""
+        if self.eval_do_sample:
+            return self.sampling_kwargs()
+        kwargs = {"do_sample": False, "max_new_tokens": self.max_new_tokens}
         kwargs.update(self.generation_kwargs)
         return kwargs

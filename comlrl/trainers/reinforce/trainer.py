@@ -4,9 +4,12 @@ shared (joint) reward.
 One training step, as the code below reads:
 
     rows ─formatters─▶ prompts per agent ─generate─▶ G completions per prompt and agent
-    ─joint actions─▶ reward_func ─reward_processor─▶ joint rewards (B, J)
-    ─credit─▶ returns per agent (N, B, G) ─group baseline─▶ advantages
-    ─masked batched forward─▶ policy-gradient loss ─▶ one optimizer step per agent
+    ─joint actions─▶ reward_func ─reward_processor─▶ joint rewards (nodes, J)
+    [multi-turn: ─external_transition─▶ next turn's prompts, one child node per joint action;
+     the same again one turn (tree level) at a time]
+    ─returns (r + discount * mean of the child's returns)─▶ credit per agent (N, nodes, G)
+    ─group baseline per node─▶ advantages
+    ─masked batched forwards (micro-batches)─▶ policy-gradient loss ─▶ one optimizer step per agent
 """
 
 from __future__ import annotations
@@ -28,18 +31,21 @@ from tqdm.auto import tqdm
 
 from comlrl.algorithms import (
     PolicyLoss,
-    group_advantages,
     joint_action_indices,
-    per_agent_returns,
     policy_gradient_loss,
+    token_weights,
 )
+from comlrl.algorithms.returns import tree_advantages
 from comlrl.metrics import JsonlSink, MetricsLogger, WandbSink
+from comlrl.metrics.evaluation import EvalHooks, evaluation_metrics
 from comlrl.models.forward import completion_logprobs
 from comlrl.models.loading import check_agents, load_agents, resolve_tokenizers
 from comlrl.optim import build_optimizers, build_schedulers, per_agent_learning_rates
 from comlrl.rewards import JointReward
 from comlrl.rollout import AgentRollout, generate_group
 from comlrl.rollout.prompts import Formatter, PromptTable
+from comlrl.rollout.transition import Transition
+from comlrl.rollout.tree import RolloutTree, build_tree, tree_size
 from comlrl.trainers.reinforce.config import MAGRPOConfig
 
 RewardFunction = Callable[..., Sequence[Any]]
@@ -59,22 +65,6 @@ class TrainResult:
     """Wall time of ``train()``."""
 
 
-@dataclass
-class StepRollout:
-    """Everything sampled and scored in one step."""
-
-    agents: list[AgentRollout]
-    """One rollout per agent, ``B*G`` completions each."""
-    rewards: torch.Tensor
-    """``(B, J, N)`` processed joint rewards, per agent (equal across agents for a shared reward)."""
-    raw_rewards: torch.Tensor
-    """``(B, J, N)`` joint rewards before the processor."""
-    per_function_rewards: torch.Tensor
-    """``(F, B, J, N)`` what each reward function returned, before weights and processor."""
-    reward_names: list[str]
-    """F names, one per reward function, for logging."""
-
-
 class MAGRPOTrainer:
     """Multi-Agent Group Relative Policy Optimization.
 
@@ -92,15 +82,29 @@ class MAGRPOTrainer:
             (N positional arguments), or with the prompts first when it takes N+1; returns,
             per joint action, one number shared by all agents or a sequence of N numbers (one
             per agent). The prompts are the rows' ``prompt`` column, or agent 0's formatted
-            prompts when there is no such column. A list of such functions is summed with
-            the config's ``reward_weights``.
+            prompts when there is no such column. A function that names ``turn``,
+            ``prompt_history_per_agent`` or ``response_history_per_agent`` among its keyword
+            parameters also gets those (see ``comlrl.rewards.REWARD_CONTEXT``). A list of such
+            functions is summed with the config's ``reward_weights``.
         reward_processor: ``float -> float`` applied to each reward (see ``RewardProcessors``).
         formatters: maps a row to an agent's prompt; one callable for all agents or a list
             with one per agent. Default: the row's ``prompt`` column.
+        external_transition: for ``num_turns > 1``: called after each turn on each branch
+            with the keyword arguments it names among ``prompt`` (the row's prompt),
+            ``agent_completions`` (the joint action just taken, one text per agent),
+            ``num_agents``, ``prompt_history_per_agent``, ``response_history_per_agent``
+            (every turn so far, the one just played included), ``row`` and ``turn``; returns
+            the next turn's prompt of every agent, or None to end the branch.
         args: the ``MAGRPOConfig``; defaults to ``MAGRPOConfig()``.
         model_config: ``from_pretrained`` keyword arguments used with ``agent_model``.
         wandb_config: turns on W&B logging: ``wandb.init`` arguments (``project``,
             ``entity``, ``name``, ...). Needs ``pip install 'comlrl[wandb]'``.
+        eval_logger: evaluation hook, called with the keyword arguments it names among
+            ``agent_completions_turns`` (``[agent][row][turn]`` texts), ``prompts``, ``rows``,
+            ``test_cases`` and ``entry_points`` (the rows' ``test`` / ``entry_point``
+            columns, as in the original library); returns a dict of metrics, or anything
+            ``eval_aggregator`` turns into one.
+        eval_aggregator: ``eval_aggregator(eval_logger_output, num_turns=...) -> dict``.
     """
 
     config_class = MAGRPOConfig
@@ -117,9 +121,12 @@ class MAGRPOTrainer:
         reward_func: RewardFunction | Sequence[RewardFunction] | None = None,
         reward_processor: Callable[[float], float] | None = None,
         formatters: Formatter | Sequence[Formatter] | None = None,
+        external_transition: Callable[..., Sequence[str] | None] | None = None,
         args: MAGRPOConfig | None = None,
         model_config: dict[str, Any] | None = None,
         wandb_config: dict[str, Any] | None = None,
+        eval_logger: Callable[..., Any] | None = None,
+        eval_aggregator: Callable[..., dict[str, float]] | None = None,
     ):
         self.args = args if args is not None else self.config_class()
         if not isinstance(self.args, MAGRPOConfig):
@@ -132,18 +139,26 @@ class MAGRPOTrainer:
             raise ValueError("reward_func is required")
         if train_dataset is None:
             raise ValueError("train_dataset is required")
+        if self.args.num_turns > 1 and external_transition is None:
+            raise ValueError(
+                f"num_turns={self.args.num_turns} needs external_transition=, a function that writes each "
+                "agent's next-turn prompt from the joint action just taken"
+            )
         if agents is None:
             agents = load_agents(agent_model, num_agents, model_config)
         self.agents = check_agents(agents)
         self.num_agents = len(self.agents)
         self.tokenizers = resolve_tokenizers(tokenizer, self.agents)
         self.reward = JointReward(reward_func, self.num_agents, reward_processor, weights=self.args.reward_weights)
+        self.transition = None if external_transition is None else Transition(external_transition, self.num_agents)
         self.train_prompts = PromptTable(train_dataset, formatters, self.num_agents, "train_dataset")
         self.eval_prompts = (
             None if eval_dataset is None else PromptTable(eval_dataset, formatters, self.num_agents, "eval_dataset")
         )
+        self.eval_hooks = EvalHooks(eval_logger, eval_aggregator)
         self.wandb_config = wandb_config
         self.joint_indices = joint_action_indices(self.num_agents, self.args.num_generations, self.args.joint_mode)
+        self._check_tree_budget()
         learning_rates = per_agent_learning_rates(self.args.agent_learning_rate, self.num_agents)
         self.optimizers = build_optimizers(self.agents, learning_rates, self.args.weight_decay)
         total_optimizer_steps = self.args.num_train_epochs * self.steps_per_epoch * self.args.num_iterations
@@ -161,11 +176,34 @@ class MAGRPOTrainer:
         """Training steps per epoch (the last batch of an epoch may hold fewer rows)."""
         return math.ceil(len(self.train_prompts) / self.args.per_device_train_batch_size)
 
+    def _check_tree_budget(self) -> None:
+        args = self.args
+        size = tree_size(
+            args.per_device_train_batch_size,
+            self.num_agents,
+            args.num_generations,
+            self.joint_indices.shape[0],
+            args.num_turns,
+        )
+        if size.generations > args.max_generations_per_step:
+            raise ValueError(
+                f"this config's rollout tree samples up to {size.generations} completions per step "
+                f"({size.nodes} nodes x {self.num_agents} agents x {args.num_generations} generations; "
+                f"{args.per_device_train_batch_size} rows, {args.num_turns} turns, joint_mode={args.joint_mode!r} "
+                f"with {self.joint_indices.shape[0]} joint actions per node), above max_generations_per_step="
+                f"{args.max_generations_per_step}. Lower num_generations, num_turns or per_device_train_batch_size, "
+                "use joint_mode='aligned', or raise max_generations_per_step"
+            )
+
     # ----------------------------------------------------------------------------------------
     # the training loop
     # ----------------------------------------------------------------------------------------
     def train(self) -> TrainResult:
-        """Train every agent for ``num_train_epochs`` epochs; returns a ``TrainResult``."""
+        """Train every agent for ``num_train_epochs`` epochs; returns a ``TrainResult``.
+
+        With an ``eval_dataset``, ``evaluate()`` runs before the first step and every
+        ``eval_interval`` steps (when it is > 0), and always after the last step.
+        """
         args = self.args
         seed_everything(args.seed)
         data_order = torch.Generator().manual_seed(args.seed)
@@ -175,7 +213,10 @@ class MAGRPOTrainer:
         epoch_rewards, epoch_raw_rewards = [], []
         start = time.perf_counter()
         bar = tqdm(total=args.num_train_epochs * self.steps_per_epoch, desc="MAGRPO", unit="step", dynamic_ncols=True)
+        periodic_eval = self.eval_prompts is not None and args.eval_interval > 0
         try:
+            if periodic_eval:
+                self._log_evaluation(logger, bar)
             for epoch in range(args.num_train_epochs):
                 if args.shuffle:
                     order = torch.randperm(num_rows, generator=data_order).tolist()
@@ -192,73 +233,99 @@ class MAGRPOTrainer:
                     bar.set_postfix(epoch=epoch + 1, reward=f"{metrics['reward/mean']:.3g}")
                     if self.global_step % args.logging_steps == 0:
                         bar.write(format_metrics(self.global_step, logger.flush(self.global_step)))
+                    if periodic_eval and self.global_step % args.eval_interval == 0:
+                        self._log_evaluation(logger, bar)
                 epoch_rewards.append(sum(step_rewards) / len(step_rewards))
                 epoch_raw_rewards.append(sum(step_raw_rewards) / len(step_raw_rewards))
-            logger.flush(self.global_step)
+            if self.eval_prompts is not None and not (periodic_eval and self.global_step % args.eval_interval == 0):
+                self._log_evaluation(logger, bar)
         finally:
+            # Whatever stopped training, the metrics of the steps already taken are written.
+            logger.flush(self.global_step)
             bar.close()
             logger.close()
         return TrainResult(self.global_step, epoch_rewards, epoch_raw_rewards, time.perf_counter() - start)
 
     def training_step(self, row_ids: list[int]) -> dict[str, float]:
         """Sample, score and update every agent on the dataset rows ``row_ids``."""
+        args = self.args
         started = time.perf_counter()
-        rollout = self.rollout(self.train_prompts, row_ids)
+        tree = self.rollout(self.train_prompts, row_ids)
         generated = time.perf_counter()
 
-        returns = per_agent_returns(rollout.rewards, self.joint_indices, self.args.num_generations)  # (N, B, G)
-        advantages = [
-            group_advantages(returns[i], self.args.advantage_mode, self.args.advantage_normalization).reshape(-1)
-            for i in range(self.num_agents)
-        ]  # N x (B*G,)
-        metrics = self._update(rollout, advantages)
+        returns, credits, advantages = tree_advantages(
+            [turn.rewards for turn in tree.turns],
+            [turn.children for turn in tree.turns],
+            self.joint_indices,
+            args.num_generations,
+            args.discount,
+            args.advantage_mode,
+            args.advantage_normalization,
+        )
+        metrics = self._update(tree, advantages)
         updated = time.perf_counter()
 
-        metrics.update(rollout_metrics(rollout, returns, advantages))
-        generated_tokens = sum(agent.lengths.sum().item() for agent in rollout.agents)
+        metrics.update(rollout_metrics(tree, returns, credits, advantages))
+        generated_tokens = sum(agent.lengths.sum().item() for turn in tree.turns for agent in turn.agents)
         metrics["time/generate_s"] = generated - started
         metrics["time/update_s"] = updated - generated
         metrics["time/step_s"] = updated - started
         metrics["time/generated_tokens_per_s"] = generated_tokens / max(generated - started, 1e-9)
         return metrics
 
-    def rollout(self, prompts: PromptTable, row_ids: list[int]) -> StepRollout:
-        """Generate every agent's completions for ``row_ids`` and score the joint actions."""
-        group = self.args.num_generations
-        sampling = self.args.sampling_kwargs()
-        agent_rollouts = [
-            generate_group(agent, tok, prompts.agent_prompts(i, row_ids), group, sampling)
-            for i, (agent, tok) in enumerate(zip(self.agents, self.tokenizers))
-        ]
-        # Joint action j of row b takes sample joint_indices[j, i] of agent i: flat index b*G + that.
-        num_joint = self.joint_indices.shape[0]
-        flat = (torch.arange(len(row_ids)).unsqueeze(1) * group).unsqueeze(2) + self.joint_indices  # (B, J, N)
-        flat = flat.reshape(-1, self.num_agents)
-        completions = [[r.texts[k] for k in flat[:, i].tolist()] for i, r in enumerate(agent_rollouts)]
-        joint_rows = [row for row in row_ids for _ in range(num_joint)]
-        scored = self.reward(prompts.reward_prompts(joint_rows), completions, joint_rows)
-        shape = (len(row_ids), num_joint, self.num_agents)
-        return StepRollout(
-            agents=agent_rollouts,
-            rewards=scored.processed.reshape(shape),
-            raw_rewards=scored.raw.reshape(shape),
-            per_function_rewards=scored.per_function.reshape(-1, *shape),
-            reward_names=scored.names,
+    def rollout(
+        self,
+        prompts: PromptTable,
+        row_ids: list[int],
+        num_generations: int | None = None,
+        joint_indices: torch.Tensor | None = None,
+        sampling: dict[str, Any] | None = None,
+    ) -> RolloutTree:
+        """Generate, score and expand the rollout tree of ``row_ids``, one ``generate`` call
+        per agent per turn (training settings unless given)."""
+        args = self.args
+        group = args.num_generations if num_generations is None else num_generations
+        sampling = args.sampling_kwargs() if sampling is None else sampling
+
+        def generate(agent: int, agent_prompts: list[str]) -> AgentRollout:
+            return generate_group(self.agents[agent], self.tokenizers[agent], agent_prompts, group, sampling)
+
+        return build_tree(
+            prompts,
+            row_ids,
+            generate,
+            self.reward,
+            self.joint_indices if joint_indices is None else joint_indices,
+            group,
+            num_turns=args.num_turns,
+            transition=self.transition,
+            prompt_passthrough=args.external_prompt_passthrough,
+            early_termination_threshold=args.early_termination_threshold,
         )
 
-    def _update(self, rollout: StepRollout, advantages: list[torch.Tensor]) -> dict[str, float]:
-        """``num_iterations`` optimizer steps per agent on one rollout; returns their mean metrics."""
+    def _update(self, tree: RolloutTree, advantages: list[list[torch.Tensor]]) -> dict[str, float]:
+        """``num_iterations`` optimizer steps per agent on one rollout tree (every turn of every
+        agent); returns their mean metrics."""
         args = self.args
+        # Token weights over ALL of an agent's sequences of the step, so the micro-batches'
+        # losses add up to the loss of the whole batch whatever their sizes.
+        weights = [
+            token_weights(
+                torch.cat([turn.agents[i].lengths for turn in tree.turns]), args.loss_type, args.max_new_tokens
+            ).split([turn.agents[i].lengths.numel() for turn in tree.turns])
+            for i in range(self.num_agents)
+        ]
         # Sampling-time log-probs are only needed when the policy moves between passes.
-        old_logps = self._frozen_logprobs(self.agents, rollout) if args.num_iterations > 1 else None
-        ref_logps = self._frozen_logprobs(self.reference_agents, rollout) if self.reference_agents else None
+        old_logps = self._frozen_logprobs(self.agents, tree) if args.num_iterations > 1 else None
+        ref_logps = self._frozen_logprobs(self.reference_agents, tree) if self.reference_agents else None
         history: dict[str, list[float]] = defaultdict(list)
         for _ in range(args.num_iterations):
             outputs = [
                 self._backward(
                     i,
-                    rollout.agents[i],
+                    [turn.agents[i] for turn in tree.turns],
                     advantages[i],
+                    weights[i],
                     None if old_logps is None else old_logps[i],
                     None if ref_logps is None else ref_logps[i],
                 )
@@ -276,54 +343,79 @@ class MAGRPOTrainer:
             history[f"agent{i}/learning_rate"].append(optimizer.param_groups[0]["lr"])
         return {key: sum(values) / len(values) for key, values in history.items()}
 
-    def _frozen_logprobs(self, models: list[torch.nn.Module], rollout: StepRollout) -> list[torch.Tensor]:
-        """Each model's log-probs of its agent's completions, one batched pass, no gradient."""
+    def _micro_batches(self, rollout: AgentRollout) -> list[slice]:
+        size = self.args.micro_batch_size or rollout.completion_ids.shape[0]
+        return [slice(start, start + size) for start in range(0, rollout.completion_ids.shape[0], size)]
+
+    def _frozen_logprobs(self, models: list[torch.nn.Module], tree: RolloutTree) -> list[list[torch.Tensor]]:
+        """``[agent][turn]`` each model's log-probs of its agent's completions, no gradient."""
         logps = []
-        for model, agent_rollout in zip(models, rollout.agents):
+        for i, model in enumerate(models):
             was_training = model.training
             model.eval()
             with torch.no_grad():
-                logps.append(self._logprobs(model, agent_rollout))
+                logps.append(
+                    [
+                        torch.cat(
+                            [
+                                self._logprobs(model, turn.agents[i], rows)
+                                for rows in self._micro_batches(turn.agents[i])
+                            ]
+                        )
+                        for turn in tree.turns
+                    ]
+                )
             model.train(was_training)
         return logps
 
-    def _logprobs(self, model: torch.nn.Module, rollout: AgentRollout) -> torch.Tensor:
+    def _logprobs(self, model: torch.nn.Module, rollout: AgentRollout, rows: slice) -> torch.Tensor:
         return completion_logprobs(
             model,
-            rollout.prompt_ids,
-            rollout.prompt_mask,
-            rollout.completion_ids,
-            rollout.completion_mask,
+            rollout.prompt_ids[rows],
+            rollout.prompt_mask[rows],
+            rollout.completion_ids[rows],
+            rollout.completion_mask[rows],
             temperature=self.args.temperature,
         )
 
     def _backward(
         self,
         agent_index: int,
-        rollout: AgentRollout,
-        advantages: torch.Tensor,
-        old_logps: torch.Tensor | None,
-        ref_logps: torch.Tensor | None,
+        rollouts: list[AgentRollout],
+        advantages: list[torch.Tensor],
+        weights: Sequence[torch.Tensor],
+        old_logps: list[torch.Tensor] | None,
+        ref_logps: list[torch.Tensor] | None,
     ) -> PolicyLoss:
-        """One batched masked forward and backward of agent ``agent_index``'s loss."""
+        """Agent ``agent_index``'s loss over all its turns, accumulated micro-batch by
+        micro-batch (one batched masked forward and backward each)."""
         model = self.agents[agent_index]
         model.train()
-        token_logps = self._logprobs(model, rollout)
-        out = policy_gradient_loss(
-            token_logps,
-            advantages.to(token_logps.device),
-            rollout.completion_mask,
-            loss_type=self.args.loss_type,
-            max_new_tokens=self.args.max_new_tokens,
-            old_logps=old_logps,
-            epsilon=self.args.epsilon,
-            epsilon_high=self.args.epsilon_high,
-            ref_logps=ref_logps,
-            beta=self.args.beta,
-        )
         self.optimizers[agent_index].zero_grad(set_to_none=True)
-        out.loss.backward()
-        return PolicyLoss(out.loss.detach(), out.clip_fraction, out.kl)
+        total = clipped = kl = tokens = 0.0
+        for t, rollout in enumerate(rollouts):
+            for rows in self._micro_batches(rollout):
+                token_logps = self._logprobs(model, rollout, rows)
+                mask = rollout.completion_mask[rows]
+                out = policy_gradient_loss(
+                    token_logps,
+                    advantages[t][rows].to(token_logps.device),
+                    mask,
+                    old_logps=None if old_logps is None else old_logps[t][rows],
+                    epsilon=self.args.epsilon,
+                    epsilon_high=self.args.epsilon_high,
+                    ref_logps=None if ref_logps is None else ref_logps[t][rows],
+                    beta=self.args.beta,
+                    sequence_weights=weights[t][rows].to(token_logps.device),
+                )
+                out.loss.backward()
+                count = mask.sum().item()
+                total += out.loss.item()
+                clipped += out.clip_fraction.item() * count
+                kl += out.kl.item() * count
+                tokens += count
+        tokens = max(tokens, 1)
+        return PolicyLoss(torch.tensor(total), torch.tensor(clipped / tokens), torch.tensor(kl / tokens))
 
     def _optimizer_steps(self, losses: list[torch.Tensor]) -> list[float]:
         """Clip and apply every agent's gradient, or none: a non-finite loss or gradient stops
@@ -349,20 +441,46 @@ class MAGRPOTrainer:
     # evaluation and saving
     # ----------------------------------------------------------------------------------------
     def evaluate(self) -> dict[str, float]:
-        """Mean joint reward on ``eval_dataset`` with the training sampling settings."""
+        """Score the first ``eval_num_samples`` rows of ``eval_dataset``: one episode per row
+        (one sample per agent and turn, greedy or sampled as ``eval_do_sample`` says), with
+        the reward mean over all turns, the reward and expected return of each turn, and the
+        metrics of the ``eval_logger`` hook.
+
+        Sampling uses its own generator seeded by ``seed``: evaluations of the same weights
+        agree, and evaluating during training does not change the training samples.
+        """
         if self.eval_prompts is None:
             raise ValueError("evaluate() needs an eval_dataset: pass eval_dataset= to the trainer")
-        batch = self.args.per_device_train_batch_size
-        rows = list(range(len(self.eval_prompts)))
-        rewards, raw = [], []
-        for first in range(0, len(rows), batch):
-            rollout = self.rollout(self.eval_prompts, rows[first : first + batch])
-            rewards.append(rollout.rewards.reshape(-1))
-            raw.append(rollout.raw_rewards.reshape(-1))
-        return {
-            "eval/reward_mean": torch.cat(rewards).mean().item(),
-            "eval/raw_reward_mean": torch.cat(raw).mean().item(),
-        }
+        args = self.args
+        rows = list(range(len(self.eval_prompts)))[: args.eval_num_samples]
+        single_path = torch.zeros(1, self.num_agents, dtype=torch.long)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(args.seed)
+            trees = [
+                self.rollout(
+                    self.eval_prompts,
+                    rows[first : first + args.eval_batch_size],
+                    num_generations=1,
+                    joint_indices=single_path,
+                    sampling=args.eval_sampling_kwargs(),
+                )
+                for first in range(0, len(rows), args.eval_batch_size)
+            ]
+        metrics, completions = evaluation_metrics(trees, args.discount, args.num_turns)
+        metrics.update(
+            self.eval_hooks(
+                completions,
+                [self.eval_prompts.rows[r] for r in rows],
+                self.eval_prompts.reward_prompts(rows),
+                args.num_turns,
+            )
+        )
+        return metrics
+
+    def _log_evaluation(self, logger: MetricsLogger, bar: Any) -> None:
+        metrics = self.evaluate()
+        logger.log(metrics, self.global_step)
+        bar.write(format_metrics(self.global_step, metrics))
 
     def save_model(self, output_dir: str) -> list[str]:
         """Write each agent (weights + tokenizer, Hugging Face format) to ``output_dir/agent_{i}``.
@@ -394,27 +512,51 @@ def _std(values: torch.Tensor) -> float:
     return values.std().item() if values.numel() > 1 else 0.0
 
 
-def rollout_metrics(rollout: StepRollout, returns: torch.Tensor, advantages: list[torch.Tensor]) -> dict[str, float]:
-    """What one step's samples look like: rewards (joint, per function, per agent), advantages,
-    completion lengths, truncation and groups that carry no signal (all returns equal)."""
+def rollout_metrics(
+    tree: RolloutTree,
+    returns: list[torch.Tensor],
+    credits: list[torch.Tensor],
+    advantages: list[list[torch.Tensor]],
+) -> dict[str, float]:
+    """What one step's samples look like: rewards (joint, per function, per agent, per turn),
+    advantages, completion lengths, truncation and groups that carry no signal (all returns
+    equal), over every turn of the tree.
+
+    Args:
+        tree: the step's rollout.
+        returns: per turn, ``(nodes, J, N)`` returns of the joint actions.
+        credits: per turn, ``(N, nodes, G)`` each agent's samples' returns.
+        advantages: ``[agent][turn]`` advantages of the samples.
+    """
+    turns = tree.turns
+    rewards = torch.cat([t.rewards.reshape(-1, t.rewards.shape[-1]) for t in turns])  # (joint actions, N)
+    per_function = torch.cat([t.per_function_rewards.flatten(1, 2) for t in turns], dim=1)  # (F, joint actions, N)
     metrics = {
-        "reward/mean": rollout.rewards.mean().item(),
-        "reward/std": _std(rollout.rewards),
-        "reward/raw_mean": rollout.raw_rewards.mean().item(),
+        "reward/mean": rewards.mean().item(),
+        "reward/std": _std(rewards),
+        "reward/raw_mean": torch.cat([t.raw_rewards.reshape(-1) for t in turns]).mean().item(),
+        "rollout/generate_calls": float(tree.generate_calls),
+        "rollout/transition_calls": float(tree.transition_calls),
     }
-    for name, values in zip(rollout.reward_names, rollout.per_function_rewards):
+    for name, values in zip(tree.reward_names, per_function):
         metrics[f"reward/{name}/mean"] = values.mean().item()
         metrics[f"reward/{name}/std"] = _std(values)
-    for i, agent in enumerate(rollout.agents):
-        lengths = agent.lengths.float()
-        metrics[f"agent{i}/reward_mean"] = rollout.rewards[..., i].mean().item()
-        metrics[f"agent{i}/advantage_mean"] = advantages[i].mean().item()
-        metrics[f"agent{i}/advantage_std"] = _std(advantages[i])
-        metrics[f"agent{i}/zero_std_group_frac"] = (returns[i].std(dim=1) == 0).float().mean().item()
+    for turn, turn_returns in zip(turns, returns):
+        metrics[f"turn{turn.number}/reward_mean"] = turn.rewards.mean().item()
+        metrics[f"turn{turn.number}/return_mean"] = turn_returns.mean().item()
+        metrics[f"turn{turn.number}/nodes"] = float(turn.num_nodes)
+    for i in range(rewards.shape[1]):
+        lengths = torch.cat([t.agents[i].lengths for t in turns]).float()
+        agent_advantages = torch.cat(advantages[i])
+        metrics[f"agent{i}/reward_mean"] = rewards[:, i].mean().item()
+        metrics[f"agent{i}/advantage_mean"] = agent_advantages.mean().item()
+        metrics[f"agent{i}/advantage_std"] = _std(agent_advantages)
+        group_std = torch.cat([c[i].std(dim=1) for c in credits]) if credits[0].shape[-1] > 1 else None
+        metrics[f"agent{i}/zero_std_group_frac"] = 1.0 if group_std is None else (group_std == 0).float().mean().item()
         metrics[f"agent{i}/completion_length"] = lengths.mean().item()
         metrics[f"agent{i}/completion_length_min"] = lengths.min().item()
         metrics[f"agent{i}/completion_length_max"] = lengths.max().item()
-        metrics[f"agent{i}/truncated_frac"] = agent.truncated.float().mean().item()
+        metrics[f"agent{i}/truncated_frac"] = torch.cat([t.agents[i].truncated for t in turns]).float().mean().item()
     return metrics
 
 

@@ -1,0 +1,210 @@
+"""Multi-turn rollouts as a tree, generated one turn (tree level) at a time.
+
+Each dataset row is the root of a tree. At every node each agent samples G completions, the
+joint actions (aligned: G, cross: G**N) are scored, and each joint action may start a child
+node at the next turn, whose prompts ``external_transition`` writes from that joint action.
+All nodes of one turn, over all rows of the step, are generated together: ONE ``generate``
+call per agent per turn, however wide the tree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from comlrl.rewards.joint_reward import JointReward
+from comlrl.rollout.generation import AgentRollout
+from comlrl.rollout.prompts import PromptTable
+from comlrl.rollout.transition import Transition
+
+GenerateFn = Callable[[int, list[str]], AgentRollout]
+"""``generate(agent, prompts)``: G completions of each prompt by agent ``agent``, in one call."""
+
+
+@dataclass
+class Turn:
+    """Every node of one turn, over all the rows of a step; M nodes, J joint actions each."""
+
+    number: int
+    """1 for the first turn."""
+    rows: list[int]
+    """``M`` dataset row of each node."""
+    prompts: list[list[str]]
+    """``[agent][node]`` the prompt each agent saw at each node."""
+    prompt_history: list[list[list[str]]]
+    """``[node][agent]`` the agent's prompts on this branch, turns 1 to this one."""
+    response_history: list[list[list[str]]]
+    """``[node][agent]`` the agent's responses on this branch before this turn."""
+    agents: list[AgentRollout]
+    """One per agent: ``M*G`` completions, node-major (row ``m*G + k`` is sample k at node m)."""
+    rewards: Tensor
+    """``(M, J, N)`` processed reward of each joint action, per agent."""
+    raw_rewards: Tensor
+    """``(M, J, N)`` the rewards before the processor."""
+    per_function_rewards: Tensor
+    """``(F, M, J, N)`` what each reward function returned."""
+    children: Tensor
+    """``(M, J)`` index of the node each joint action started at the next turn, -1 for none."""
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.rows)
+
+
+@dataclass
+class RolloutTree:
+    """The turns of one step's rollout and what building them cost."""
+
+    turns: list[Turn]
+    reward_names: list[str]
+    """F names of the reward functions, for logging."""
+    generate_calls: int
+    transition_calls: int
+
+
+@dataclass(frozen=True)
+class TreeSize:
+    """The most a step's tree can hold (no branch ended early)."""
+
+    nodes: int
+    joint_actions: int
+    generations: int
+    """Completions sampled, all agents and turns together."""
+    transition_calls: int
+
+
+def tree_size(num_rows: int, num_agents: int, num_generations: int, num_joint: int, num_turns: int) -> TreeSize:
+    """Worst-case size of a step's rollout tree: turn t (from 0) holds ``num_rows * J**t`` nodes."""
+    nodes_per_row = sum(num_joint**t for t in range(num_turns))
+    nodes = num_rows * nodes_per_row
+    return TreeSize(
+        nodes=nodes,
+        joint_actions=nodes * num_joint,
+        generations=nodes * num_agents * num_generations,
+        transition_calls=num_rows * (nodes_per_row - 1),
+    )
+
+
+def build_tree(
+    prompts: PromptTable,
+    row_ids: Sequence[int],
+    generate: GenerateFn,
+    reward: JointReward,
+    joint_indices: Tensor,
+    num_generations: int,
+    num_turns: int = 1,
+    transition: Transition | None = None,
+    prompt_passthrough: bool = False,
+    early_termination_threshold: float | None = None,
+) -> RolloutTree:
+    """Sample, score and expand the rollout tree of ``row_ids`` turn by turn.
+
+    Args:
+        prompts: the dataset's rows and the agents' first-turn prompts.
+        row_ids: the dataset rows of this step (one tree each).
+        generate: samples ``num_generations`` completions per prompt for one agent.
+        reward: scores joint actions; functions that ask for it get the turn and the histories.
+        joint_indices: ``(J, N)`` sample of each agent in each joint action.
+        num_generations: G.
+        num_turns: depth of the tree.
+        transition: writes the next turn's prompts; required when ``num_turns > 1``.
+        prompt_passthrough: use the transition's prompts as they are, instead of formatting
+            them (the ``prompt`` column of the row replaced by them) with each agent's formatter.
+        early_termination_threshold: a node whose mean reward is above it is not expanded.
+    """
+    if num_turns > 1 and transition is None:
+        raise ValueError("num_turns > 1 needs an external_transition to write the next turns' prompts")
+    num_agents = joint_indices.shape[1]
+    num_joint = joint_indices.shape[0]
+    rows = list(row_ids)
+    turn_prompts = [prompts.agent_prompts(i, rows) for i in range(num_agents)]
+    prompt_history = [[[turn_prompts[i][m]] for i in range(num_agents)] for m in range(len(rows))]
+    response_history: list[list[list[str]]] = [[[] for _ in range(num_agents)] for _ in rows]
+    turns: list[Turn] = []
+    generate_calls = transition_calls = 0
+    names: list[str] = []
+    for number in range(1, num_turns + 1):
+        agents = [generate(i, turn_prompts[i]) for i in range(num_agents)]
+        generate_calls += num_agents
+        num_nodes = len(rows)
+        # completions[i][m*J + j]: agent i's part of joint action j at node m
+        sample = (torch.arange(num_nodes).unsqueeze(1) * num_generations).unsqueeze(2) + joint_indices  # (M, J, N)
+        sample = sample.reshape(-1, num_agents).tolist()
+        completions = [[agents[i].texts[s[i]] for s in sample] for i in range(num_agents)]
+        joint_rows = [row for row in rows for _ in range(num_joint)]
+        joint_nodes = [m for m in range(num_nodes) for _ in range(num_joint)]
+        joint_responses = [
+            [response_history[m][i] + [completions[i][k]] for i in range(num_agents)] for k, m in enumerate(joint_nodes)
+        ]
+        context = {
+            "turn": number,
+            "prompt_history_per_agent": [prompt_history[m] for m in joint_nodes],
+            "response_history_per_agent": joint_responses,
+        }
+        scored = reward(prompts.reward_prompts(joint_rows), completions, joint_rows, context)
+        names = scored.names
+        shape = (num_nodes, num_joint, num_agents)
+        rewards = scored.processed.reshape(shape)
+        children = torch.full((num_nodes, num_joint), -1, dtype=torch.long)
+
+        next_rows: list[int] = []
+        next_texts: list[list[str]] = []
+        next_prompt_history: list[list[list[str]]] = []
+        next_response_history: list[list[list[str]]] = []
+        if number < num_turns:
+            for k, (m, row) in enumerate(zip(joint_nodes, joint_rows)):
+                node_mean = rewards[m].mean().item()
+                if early_termination_threshold is not None and node_mean > early_termination_threshold:
+                    continue
+                texts = transition(
+                    turn=number,
+                    row_id=row,
+                    row=prompts.rows[row],
+                    prompt=prompts.reward_prompts([row])[0],
+                    agent_completions=[completions[i][k] for i in range(num_agents)],
+                    prompt_history_per_agent=prompt_history[m],
+                    response_history_per_agent=joint_responses[k],
+                )
+                transition_calls += 1
+                if texts is None:
+                    continue
+                children[m, k % num_joint] = len(next_rows)
+                next_rows.append(row)
+                next_texts.append(texts)
+                next_response_history.append(joint_responses[k])
+                next_prompt_history.append(prompt_history[m])
+
+        turns.append(
+            Turn(
+                number=number,
+                rows=rows,
+                prompts=turn_prompts,
+                prompt_history=prompt_history,
+                response_history=response_history,
+                agents=agents,
+                rewards=rewards,
+                raw_rewards=scored.raw.reshape(shape),
+                per_function_rewards=scored.per_function.reshape(-1, *shape),
+                children=children,
+            )
+        )
+        if not next_rows:
+            break
+        next_prompts = [
+            [
+                texts[i] if prompt_passthrough else prompts.format_turn(i, row, texts[i], number + 1)
+                for row, texts in zip(next_rows, next_texts)
+            ]
+            for i in range(num_agents)
+        ]
+        rows, turn_prompts, response_history = next_rows, next_prompts, next_response_history
+        prompt_history = [
+            [history[i] + [next_prompts[i][m]] for i in range(num_agents)]
+            for m, history in enumerate(next_prompt_history)
+        ]
+    return RolloutTree(
+        turns=turns, reward_names=names, generate_calls=generate_calls, transition_calls=transition_calls
+    )
