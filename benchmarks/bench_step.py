@@ -46,7 +46,14 @@ def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def build_trainer(model_name: str, args: argparse.Namespace) -> MAGRPOTrainer:
+def build_trainer(
+    model_name: str,
+    args: argparse.Namespace,
+    trainer_class: type[MAGRPOTrainer] = MAGRPOTrainer,
+    external_transition=None,
+    **config_overrides,
+) -> MAGRPOTrainer:
+    """The benchmark workload's trainer; ``config_overrides`` change ``MAGRPOConfig`` fields."""
     tokenizer = AutoTokenizer.from_pretrained(model_name)
     agents = [AutoModelForCausalLM.from_pretrained(model_name) for _ in range(2)]
     config = MAGRPOConfig(
@@ -58,13 +65,15 @@ def build_trainer(model_name: str, args: argparse.Namespace) -> MAGRPOTrainer:
         generation_kwargs={"min_new_tokens": args.max_new_tokens},
         seed=0,
         output_dir=os.path.join("benchmarks", "results", "run"),
+        **config_overrides,
     )
-    return MAGRPOTrainer(
+    return trainer_class(
         agents=agents,
         tokenizer=tokenizer,
         train_dataset=[{"prompt": p} for p in example.PROMPTS],
         reward_func=partial(example.proper_length_ratio_reward, target_min=2, target_max=3),
         reward_processor=RewardProcessors.scale(100.0),
+        external_transition=external_transition,
         args=config,
     )
 

@@ -76,7 +76,8 @@ def prompts_dataset():
 @pytest.fixture
 def fake_wandb(monkeypatch):
     """Installs a stand-in ``wandb`` module; returns what it was called with:
-    ``init`` (the keyword arguments), ``log`` (a list of (metrics, step)) and ``finished``."""
+    ``init`` (the keyword arguments), ``log`` (a list of (metrics, step); a table is logged
+    as ``{"samples": (columns, rows)}``) and ``finished``."""
     calls = {"log": [], "finished": False}
 
     class Run:
@@ -90,5 +91,8 @@ def fake_wandb(monkeypatch):
         calls["init"] = kwargs
         return Run()
 
-    monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(init=init))
+    def table(columns, data, allow_mixed_types=False):
+        return (columns, data)
+
+    monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(init=init, Table=table))
     return calls

@@ -2,6 +2,7 @@
 termination, returns and advantages by hand, batching of a level, and bad input."""
 
 import dataclasses
+import json
 
 import pytest
 import torch
@@ -10,6 +11,7 @@ import comlrl.trainers.reinforce.trainer as trainer_module
 from comlrl.algorithms import joint_action_indices, token_weights
 from comlrl.algorithms.returns import tree_advantages
 from comlrl.rollout.tree import tree_size
+from comlrl.trainers.reinforce.trainer import completion_samples
 
 from .conftest import char_tokenizer, tiny_llama
 from .test_trainer import DATA, length_sum, make_trainer, small_config, snapshot, unchanged
@@ -282,3 +284,44 @@ def test_micro_batches_give_the_loss_and_gradient_of_one_pass(tmp_path, loss_typ
     for loss, grad in results[1:]:
         torch.testing.assert_close(loss, results[0][0], rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(grad, results[0][1], rtol=1e-4, atol=1e-6)
+
+
+# ------------------------------------------------------------------------------ logged samples
+def test_samples_of_each_turn_are_logged_with_their_joint_action(tmp_path):
+    trainer = multi_turn_trainer(tmp_path, joint_mode="cross", num_completions_to_log=3)
+    # 3 rows, 2 per step: 2 steps, each a logging step (logging_steps=1)
+    trainer.train()
+    lines = [json.loads(line) for line in (tmp_path / "run" / "samples.jsonl").read_text().splitlines()]
+    assert [(line["step"], line["turn"]) for line in lines] == [(1, 1)] * 3 + [(1, 2)] * 3 + [(2, 1)] * 3 + [(2, 2)] * 3
+    keys = {"step", "turn", "row", "prompt", "agent0_prompt", "agent1_prompt", "agent0_completion",
+            "agent1_completion", "reward", "return"}  # fmt: skip
+    assert all(set(line) == keys for line in lines)
+    # length_sum: the reward is the joint action's total length, in every turn
+    assert all(line["reward"] == len(line["agent0_completion"]) + len(line["agent1_completion"]) for line in lines)
+    assert all(line["return"] >= line["reward"] for line in lines if line["turn"] == 1)
+    assert all(line["agent0_prompt"].startswith(line["prompt"] + " | others: ") for line in lines if line["turn"] == 2)
+
+
+def test_completion_samples_pick_each_agents_part_of_the_joint_action(tmp_path):
+    trainer = multi_turn_trainer(tmp_path, joint_mode="cross", num_turns=1, num_generations=2)
+    tree = trainer.rollout(trainer.train_prompts, [0])
+    samples = completion_samples(tree, [t.rewards for t in tree.turns], trainer.train_prompts, per_turn=4)
+    texts = [agent.texts for agent in tree.turns[0].agents]
+    # cross, G = 2: joint actions (0, 0), (0, 1), (1, 0), (1, 1)
+    pairs = [(s["agent0_completion"], s["agent1_completion"]) for s in samples]
+    assert pairs == [(texts[0][a], texts[1][b]) for a in range(2) for b in range(2)]
+
+
+def test_tensorboard_and_wandb_get_metrics_and_samples_from_training(tmp_path, fake_wandb):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    trainer = multi_turn_trainer(
+        tmp_path, trainer_kwargs=dict(wandb_config={"project": "p"}), log_tensorboard=True, num_completions_to_log=1
+    )
+    trainer.train()
+    events = EventAccumulator(str(tmp_path / "run" / "tensorboard"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("turn2/reward_mean")] == [1, 2]
+    assert "samples/text_summary" in events.Tags()["tensors"]
+    tables = [metrics["samples"] for metrics, _ in fake_wandb["log"] if "samples" in metrics]
+    assert len(tables) == 2 and tables[0][0][:3] == ["turn", "row", "prompt"] and len(tables[0][1]) == 2

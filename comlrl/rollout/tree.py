@@ -59,6 +59,10 @@ class RolloutTree:
     """The turns of one step's rollout and what building them cost."""
 
     turns: list[Turn]
+    joint_indices: Tensor
+    """``(J, N)`` sample of each agent in each joint action (the same at every node)."""
+    num_generations: int
+    """G: samples per agent at each node."""
     reward_names: list[str]
     """F names of the reward functions, for logging."""
     generate_calls: int
@@ -206,5 +210,10 @@ def build_tree(
             for m, history in enumerate(next_prompt_history)
         ]
     return RolloutTree(
-        turns=turns, reward_names=names, generate_calls=generate_calls, transition_calls=transition_calls
+        turns=turns,
+        joint_indices=joint_indices,
+        num_generations=num_generations,
+        reward_names=names,
+        generate_calls=generate_calls,
+        transition_calls=transition_calls,
     )

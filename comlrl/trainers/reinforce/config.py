@@ -114,9 +114,16 @@ class MAGRPOConfig:
 
     # --- output ---------------------------------------------------------------------------
     output_dir: str = "comlrl_output"
-    """Where the run's metrics log (``metrics.jsonl``) is written."""
+    """Where the run's logs are written: ``metrics.jsonl``, ``samples.jsonl``, ``tensorboard/``."""
     logging_steps: int = 50
     """Write averaged metrics every this many training steps."""
+    num_completions_to_log: int = 4
+    """At every logging step, this many joint actions per turn (prompt, each agent's
+    completion, reward, return) go to ``output_dir/samples.jsonl`` (and a W&B table, a
+    TensorBoard text); 0 logs none."""
+    log_tensorboard: bool = False
+    """Also write metrics and samples as TensorBoard events to ``output_dir/tensorboard``
+    (needs ``pip install 'comlrl[tensorboard]'``)."""
 
     def __post_init__(self):
         positive_ints = (
@@ -134,6 +141,12 @@ class MAGRPOConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        if (
+            isinstance(self.num_completions_to_log, bool)
+            or not isinstance(self.num_completions_to_log, int)
+            or self.num_completions_to_log < 0
+        ):
+            raise ValueError(f"num_completions_to_log must be an integer >= 0, got {self.num_completions_to_log!r}")
         for name in ("micro_batch_size", "eval_num_samples"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
@@ -142,7 +155,13 @@ class MAGRPOConfig:
             raise ValueError(
                 f"eval_interval must be an integer >= 0 (0: only after training), got {self.eval_interval!r}"
             )
-        for name in ("shuffle", "advantage_normalization", "external_prompt_passthrough", "eval_do_sample"):
+        for name in (
+            "shuffle",
+            "advantage_normalization",
+            "external_prompt_passthrough",
+            "eval_do_sample",
+            "log_tensorboard",
+        ):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):

@@ -15,6 +15,7 @@ One training step, as the code below reads:
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import os
 import random
@@ -36,7 +37,7 @@ from comlrl.algorithms import (
     token_weights,
 )
 from comlrl.algorithms.returns import tree_advantages
-from comlrl.metrics import JsonlSink, MetricsLogger, WandbSink
+from comlrl.metrics import JsonlSink, MetricsLogger, TensorBoardSink, WandbSink
 from comlrl.metrics.evaluation import EvalHooks, evaluation_metrics
 from comlrl.models.forward import completion_logprobs
 from comlrl.models.loading import check_agents, load_agents, resolve_tokenizers
@@ -224,7 +225,7 @@ class MAGRPOTrainer:
                     order = list(range(num_rows))
                 step_rewards, step_raw_rewards = [], []
                 for first in range(0, num_rows, batch):
-                    metrics = self.training_step(order[first : first + batch])
+                    metrics, tree, returns = self._training_step(order[first : first + batch])
                     self.global_step += 1
                     step_rewards.append(metrics["reward/mean"])
                     step_raw_rewards.append(metrics["reward/raw_mean"])
@@ -233,6 +234,8 @@ class MAGRPOTrainer:
                     bar.set_postfix(epoch=epoch + 1, reward=f"{metrics['reward/mean']:.3g}")
                     if self.global_step % args.logging_steps == 0:
                         bar.write(format_metrics(self.global_step, logger.flush(self.global_step)))
+                        samples = completion_samples(tree, returns, self.train_prompts, args.num_completions_to_log)
+                        logger.log_samples(samples, self.global_step)
                     if periodic_eval and self.global_step % args.eval_interval == 0:
                         self._log_evaluation(logger, bar)
                 epoch_rewards.append(sum(step_rewards) / len(step_rewards))
@@ -247,7 +250,10 @@ class MAGRPOTrainer:
         return TrainResult(self.global_step, epoch_rewards, epoch_raw_rewards, time.perf_counter() - start)
 
     def training_step(self, row_ids: list[int]) -> dict[str, float]:
-        """Sample, score and update every agent on the dataset rows ``row_ids``."""
+        """Sample, score and update every agent on the dataset rows ``row_ids``; returns the step's metrics."""
+        return self._training_step(row_ids)[0]
+
+    def _training_step(self, row_ids: list[int]) -> tuple[dict[str, float], RolloutTree, list[torch.Tensor]]:
         args = self.args
         started = time.perf_counter()
         tree = self.rollout(self.train_prompts, row_ids)
@@ -271,7 +277,7 @@ class MAGRPOTrainer:
         metrics["time/update_s"] = updated - generated
         metrics["time/step_s"] = updated - started
         metrics["time/generated_tokens_per_s"] = generated_tokens / max(generated - started, 1e-9)
-        return metrics
+        return metrics, tree, returns
 
     def rollout(
         self,
@@ -286,10 +292,7 @@ class MAGRPOTrainer:
         args = self.args
         group = args.num_generations if num_generations is None else num_generations
         sampling = args.sampling_kwargs() if sampling is None else sampling
-
-        def generate(agent: int, agent_prompts: list[str]) -> AgentRollout:
-            return generate_group(self.agents[agent], self.tokenizers[agent], agent_prompts, group, sampling)
-
+        generate = functools.partial(self.generate, num_generations=group, sampling=sampling)
         return build_tree(
             prompts,
             row_ids,
@@ -302,6 +305,10 @@ class MAGRPOTrainer:
             prompt_passthrough=args.external_prompt_passthrough,
             early_termination_threshold=args.early_termination_threshold,
         )
+
+    def generate(self, agent: int, prompts: list[str], num_generations: int, sampling: dict[str, Any]) -> AgentRollout:
+        """Agent ``agent``'s ``num_generations`` completions of every prompt, in one batched call."""
+        return generate_group(self.agents[agent], self.tokenizers[agent], prompts, num_generations, sampling)
 
     def _update(self, tree: RolloutTree, advantages: list[list[torch.Tensor]]) -> dict[str, float]:
         """``num_iterations`` optimizer steps per agent on one rollout tree (every turn of every
@@ -505,6 +512,8 @@ class MAGRPOTrainer:
         sinks: list = [JsonlSink(os.path.join(self.args.output_dir, "metrics.jsonl"))]
         if self.wandb_config is not None:
             sinks.append(WandbSink(self.wandb_config, asdict(self.args)))
+        if self.args.log_tensorboard:
+            sinks.append(TensorBoardSink(os.path.join(self.args.output_dir, "tensorboard")))
         return sinks
 
 
@@ -558,6 +567,29 @@ def rollout_metrics(
         metrics[f"agent{i}/completion_length_max"] = lengths.max().item()
         metrics[f"agent{i}/truncated_frac"] = torch.cat([t.agents[i].truncated for t in turns]).float().mean().item()
     return metrics
+
+
+def completion_samples(
+    tree: RolloutTree, returns: list[torch.Tensor], prompts: PromptTable, per_turn: int
+) -> list[dict[str, Any]]:
+    """The first ``per_turn`` joint actions of each turn, for reading: the row's prompt, each
+    agent's prompt and completion, the reward and the return (agent 0's, in a mixed setting)."""
+    samples = []
+    for turn, turn_returns in zip(tree.turns, returns):
+        num_joint = turn.rewards.shape[1]
+        for k in range(min(per_turn, turn.num_nodes * num_joint)):
+            node, j = divmod(k, num_joint)
+            sample: dict[str, Any] = {"turn": turn.number, "row": turn.rows[node]}
+            sample["prompt"] = prompts.reward_prompts([turn.rows[node]])[0]
+            for i, agent in enumerate(turn.agents):
+                sample[f"agent{i}_prompt"] = turn.prompts[i][node]
+                sample[f"agent{i}_completion"] = agent.texts[
+                    node * tree.num_generations + tree.joint_indices[j, i].item()
+                ]
+            sample["reward"] = turn.rewards[node, j, 0].item()
+            sample["return"] = turn_returns[node, j, 0].item()
+            samples.append(sample)
+    return samples
 
 
 def seed_everything(seed: int) -> None:
