@@ -57,3 +57,23 @@ def test_eos_token_id_from_generation_kwargs_defines_the_stop():
         tiny_llama(tok), tok, ["ab"], 3, {"do_sample": True, "max_new_tokens": 6, "eos_token_id": list(range(len(tok)))}
     )
     assert rollout.lengths.tolist() == [1, 1, 1] and not rollout.truncated.any()
+
+
+def test_columns_of_padding_are_dropped_without_changing_the_logprobs():
+    tok = char_tokenizer()
+    model = tiny_llama(tok).eval()
+    rollout = generate_group(model, tok, ["ab", "cde"], 2, {"do_sample": True, "max_new_tokens": 5})
+    args = (rollout.prompt_ids, rollout.prompt_mask, rollout.completion_ids, rollout.completion_mask)
+    # Two extra columns of padding on the left of the prompts and three after the completions.
+    padded = (
+        torch.nn.functional.pad(rollout.prompt_ids, (2, 0), value=tok.pad_token_id),
+        torch.nn.functional.pad(rollout.prompt_mask, (2, 0)),
+        torch.nn.functional.pad(rollout.completion_ids, (0, 3), value=tok.pad_token_id),
+        torch.nn.functional.pad(rollout.completion_mask, (0, 3)),
+    )
+    with torch.no_grad():
+        plain = completion_logprobs(model, *args, temperature=0.7)
+        trimmed = completion_logprobs(model, *padded, temperature=0.7)
+    assert trimmed.shape == (4, rollout.completion_ids.shape[1] + 3)
+    torch.testing.assert_close(trimmed[:, : plain.shape[1]], plain, atol=1e-5, rtol=1e-5)
+    assert (trimmed[:, plain.shape[1] :] == 0).all()

@@ -136,6 +136,15 @@ class MetricsLogger:
         for key, value in metrics.items():
             self._window[key].append(value)
 
+    def window(self) -> dict[str, list[float]]:
+        """The metrics added since the last flush (a checkpoint keeps them)."""
+        return {key: list(values) for key, values in self._window.items()}
+
+    def add_window(self, window: dict[str, list[float]]) -> None:
+        """Add metrics saved with :meth:`window`, as if each value had been added again."""
+        for key, values in window.items():
+            self._window[key].extend(values)
+
     def flush(self, step: int) -> dict[str, float]:
         """Send the averages to every sink and start a new window; returns the averages."""
         averaged = {key: sum(values) / len(values) for key, values in self._window.items()}

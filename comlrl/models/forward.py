@@ -31,7 +31,36 @@ def completion_logprobs(
     log-probs would not be those of the sampling distribution. Logits are divided by the
     sampling ``temperature`` for the same reason. Logits are only computed for the
     completion positions when the model supports ``logits_to_keep``.
+
+    Columns that are padding in every row (a micro-batch of short prompts or completions
+    cut from a wider batch) are dropped before the forward; their log-probs are 0.
     """
+    width = completion_ids.shape[1]
+    kept_prompt = prompt_mask.bool().any(dim=0).nonzero()
+    kept_completion = completion_mask.any(dim=0).nonzero()
+    first = kept_prompt[0].item() if len(kept_prompt) else prompt_ids.shape[1]
+    last = kept_completion[-1].item() + 1 if len(kept_completion) else 0
+    if first > 0 or last < width:
+        logps = _completion_logprobs(
+            model,
+            prompt_ids[:, first:],
+            prompt_mask[:, first:],
+            completion_ids[:, :last],
+            completion_mask[:, :last],
+            temperature,
+        )
+        return torch.nn.functional.pad(logps, (0, width - last))
+    return _completion_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask, temperature)
+
+
+def _completion_logprobs(
+    model: torch.nn.Module,
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    completion_ids: Tensor,
+    completion_mask: Tensor,
+    temperature: float,
+) -> Tensor:
     input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
     attention_mask = torch.cat([prompt_mask, completion_mask.to(prompt_mask.dtype)], dim=1)
     kwargs = {}

@@ -121,6 +121,11 @@ class MAGRPOConfig:
     """At every logging step, this many joint actions per turn (prompt, each agent's
     completion, reward, return) go to ``output_dir/samples.jsonl`` (and a W&B table, a
     TensorBoard text); 0 logs none."""
+    save_steps: int | None = None
+    """Write a checkpoint (``output_dir/checkpoint-{step}``: weights, optimizers, schedulers,
+    generator states, data position) every this many steps; ``None``: only on SIGINT/SIGTERM."""
+    save_total_limit: int | None = None
+    """Keep only the newest this many checkpoints; ``None`` keeps all."""
     log_tensorboard: bool = False
     """Also write metrics and samples as TensorBoard events to ``output_dir/tensorboard``
     (needs ``pip install 'comlrl[tensorboard]'``)."""
@@ -147,7 +152,7 @@ class MAGRPOConfig:
             or self.num_completions_to_log < 0
         ):
             raise ValueError(f"num_completions_to_log must be an integer >= 0, got {self.num_completions_to_log!r}")
-        for name in ("micro_batch_size", "eval_num_samples"):
+        for name in ("micro_batch_size", "eval_num_samples", "save_steps", "save_total_limit"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be an integer >= 1 or None, got {value!r}")

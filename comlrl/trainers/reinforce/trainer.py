@@ -20,6 +20,8 @@ import math
 import os
 import random
 import shutil
+import signal
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -37,6 +39,17 @@ from comlrl.algorithms import (
     token_weights,
 )
 from comlrl.algorithms.returns import tree_advantages
+from comlrl.checkpoint import (
+    TrainerState,
+    check_compatible,
+    describe_agent,
+    find_checkpoint,
+    load_training_state,
+    load_weights,
+    read_state,
+    save_checkpoint,
+    truncate_log,
+)
 from comlrl.metrics import JsonlSink, MetricsLogger, TensorBoardSink, WandbSink
 from comlrl.metrics.evaluation import EvalHooks, evaluation_metrics
 from comlrl.models.forward import completion_logprobs
@@ -64,6 +77,8 @@ class TrainResult:
     """Mean joint reward of each epoch as ``reward_func`` returned it, before the processor."""
     train_seconds: float
     """Wall time of ``train()``."""
+    interrupted: bool = False
+    """SIGINT or SIGTERM stopped training early, after writing a checkpoint."""
 
 
 class MAGRPOTrainer:
@@ -199,55 +214,154 @@ class MAGRPOTrainer:
     # ----------------------------------------------------------------------------------------
     # the training loop
     # ----------------------------------------------------------------------------------------
-    def train(self) -> TrainResult:
+    def train(self, resume_from_checkpoint: bool | str | None = None) -> TrainResult:
         """Train every agent for ``num_train_epochs`` epochs; returns a ``TrainResult``.
 
+        Args:
+            resume_from_checkpoint: True continues from the newest complete checkpoint in
+                ``output_dir``, a path from that checkpoint; the run then goes on exactly as
+                if it had not stopped (same data order, samples and weights).
+
         With an ``eval_dataset``, ``evaluate()`` runs before the first step and every
-        ``eval_interval`` steps (when it is > 0), and always after the last step.
+        ``eval_interval`` steps (when it is > 0), and always after the last step. Every
+        ``save_steps`` steps a checkpoint is written; SIGINT or SIGTERM during training
+        writes one after the current step and returns early (a second signal stops at once).
         """
         args = self.args
-        seed_everything(args.seed)
-        data_order = torch.Generator().manual_seed(args.seed)
-        num_rows = len(self.train_prompts)
         batch = args.per_device_train_batch_size
+        data_order = torch.Generator()
+        if resume_from_checkpoint:
+            state = self._resume(resume_from_checkpoint, data_order)
+        else:
+            state = None
+            seed_everything(args.seed)
+            data_order.manual_seed(args.seed)
         logger = MetricsLogger(self._sinks())
-        epoch_rewards, epoch_raw_rewards = [], []
+        if state is not None:
+            logger.add_window(state.metrics_window)
+        epoch_rewards = [] if state is None else list(state.epoch_reward_means)
+        epoch_raw_rewards = [] if state is None else list(state.epoch_raw_reward_means)
+        first_epoch = 0 if state is None else state.epoch
         start = time.perf_counter()
-        bar = tqdm(total=args.num_train_epochs * self.steps_per_epoch, desc="MAGRPO", unit="step", dynamic_ncols=True)
+        bar = tqdm(
+            total=args.num_train_epochs * self.steps_per_epoch,
+            initial=self.global_step,
+            desc="MAGRPO",
+            unit="step",
+            dynamic_ncols=True,
+        )
         periodic_eval = self.eval_prompts is not None and args.eval_interval > 0
+        interrupted = False
         try:
-            if periodic_eval:
-                self._log_evaluation(logger, bar)
-            for epoch in range(args.num_train_epochs):
-                if args.shuffle:
-                    order = torch.randperm(num_rows, generator=data_order).tolist()
-                else:
-                    order = list(range(num_rows))
-                step_rewards, step_raw_rewards = [], []
-                for first in range(0, num_rows, batch):
-                    metrics, tree, returns = self._training_step(order[first : first + batch])
-                    self.global_step += 1
-                    step_rewards.append(metrics["reward/mean"])
-                    step_raw_rewards.append(metrics["reward/raw_mean"])
-                    logger.add(metrics)
-                    bar.update(1)
-                    bar.set_postfix(epoch=epoch + 1, reward=f"{metrics['reward/mean']:.3g}")
-                    if self.global_step % args.logging_steps == 0:
-                        bar.write(format_metrics(self.global_step, logger.flush(self.global_step)))
-                        samples = completion_samples(tree, returns, self.train_prompts, args.num_completions_to_log)
-                        logger.log_samples(samples, self.global_step)
-                    if periodic_eval and self.global_step % args.eval_interval == 0:
-                        self._log_evaluation(logger, bar)
-                epoch_rewards.append(sum(step_rewards) / len(step_rewards))
-                epoch_raw_rewards.append(sum(step_raw_rewards) / len(step_raw_rewards))
-            if self.eval_prompts is not None and not (periodic_eval and self.global_step % args.eval_interval == 0):
-                self._log_evaluation(logger, bar)
+            with StopOnSignal() as stop:
+                if periodic_eval and state is None:
+                    self._log_evaluation(logger, bar)
+                for epoch in range(first_epoch, args.num_train_epochs):
+                    epoch_order_state = data_order.get_state()  # checkpoints rebuild the epoch's order from it
+                    if args.shuffle:
+                        order = torch.randperm(len(self.train_prompts), generator=data_order).tolist()
+                    else:
+                        order = list(range(len(self.train_prompts)))
+                    resumed = state is not None and epoch == first_epoch
+                    step_rewards = list(state.step_rewards) if resumed else []
+                    step_raw_rewards = list(state.step_raw_rewards) if resumed else []
+                    for step_in_epoch in range(state.step_in_epoch if resumed else 0, self.steps_per_epoch):
+                        rows = order[step_in_epoch * batch : (step_in_epoch + 1) * batch]
+                        metrics, tree, returns = self._training_step(rows)
+                        self.global_step += 1
+                        step_rewards.append(metrics["reward/mean"])
+                        step_raw_rewards.append(metrics["reward/raw_mean"])
+                        logger.add(metrics)
+                        bar.update(1)
+                        bar.set_postfix(epoch=epoch + 1, reward=f"{metrics['reward/mean']:.3g}")
+                        if self.global_step % args.logging_steps == 0:
+                            bar.write(format_metrics(self.global_step, logger.flush(self.global_step)))
+                            samples = completion_samples(tree, returns, self.train_prompts, args.num_completions_to_log)
+                            logger.log_samples(samples, self.global_step)
+                        if periodic_eval and self.global_step % args.eval_interval == 0:
+                            self._log_evaluation(logger, bar)
+                        if stop.signal is not None or (args.save_steps and self.global_step % args.save_steps == 0):
+                            progress = TrainerState(
+                                global_step=self.global_step,
+                                epoch=epoch,
+                                step_in_epoch=step_in_epoch + 1,
+                                epoch_reward_means=epoch_rewards,
+                                epoch_raw_reward_means=epoch_raw_rewards,
+                                step_rewards=step_rewards,
+                                step_raw_rewards=step_raw_rewards,
+                                metrics_window=logger.window(),
+                                python_rng=[],
+                                numpy_rng=[],
+                                agents=[describe_agent(agent) for agent in self.agents],
+                                num_rows=len(self.train_prompts),
+                                per_device_train_batch_size=batch,
+                            )
+                            folder = self._save_checkpoint(progress, epoch_order_state)
+                            if stop.signal is not None:
+                                bar.write(
+                                    f"stopped by {signal.Signals(stop.signal).name} after step {self.global_step}: "
+                                    f"checkpoint {folder}; continue with train(resume_from_checkpoint=True)"
+                                )
+                                interrupted = True
+                                break
+                    if interrupted:
+                        break
+                    epoch_rewards.append(sum(step_rewards) / len(step_rewards))
+                    epoch_raw_rewards.append(sum(step_raw_rewards) / len(step_raw_rewards))
+                final_eval_done = periodic_eval and self.global_step % args.eval_interval == 0
+                if self.eval_prompts is not None and not interrupted and not final_eval_done:
+                    self._log_evaluation(logger, bar)
         finally:
-            # Whatever stopped training, the metrics of the steps already taken are written.
-            logger.flush(self.global_step)
+            # Whatever stopped training, the metrics of the steps already taken are written;
+            # after a signal they are in the checkpoint, and a resumed run writes them.
+            if not interrupted:
+                logger.flush(self.global_step)
             bar.close()
             logger.close()
-        return TrainResult(self.global_step, epoch_rewards, epoch_raw_rewards, time.perf_counter() - start)
+        return TrainResult(self.global_step, epoch_rewards, epoch_raw_rewards, time.perf_counter() - start, interrupted)
+
+    def _save_checkpoint(self, state: TrainerState, epoch_order_state: torch.Tensor) -> str:
+        state.python_rng = list(random.getstate())
+        numpy_state = np.random.get_state()
+        state.numpy_rng = [numpy_state[0], numpy_state[1].tolist(), *numpy_state[2:]]
+        state.config = asdict(self.args)
+        generators = {"torch": torch.get_rng_state(), "data_order": epoch_order_state}
+        if torch.cuda.is_available():
+            generators["cuda"] = torch.stack(torch.cuda.get_rng_state_all())
+        return save_checkpoint(
+            self.args.output_dir,
+            self.agents,
+            self.tokenizers,
+            self.optimizers,
+            self.schedulers,
+            generators,
+            state,
+            self.args.save_total_limit,
+        )
+
+    def _resume(self, resume_from_checkpoint: bool | str, data_order: torch.Generator) -> TrainerState:
+        """Load a checkpoint into the agents, optimizers, schedulers and generators; returns its state."""
+        path = find_checkpoint(self.args.output_dir, resume_from_checkpoint)
+        state = read_state(path)
+        check_compatible(path, state, self.agents, len(self.train_prompts), self.args.per_device_train_batch_size)
+        optimizer_state, generators = load_training_state(path)
+        load_weights(path, self.agents)
+        for optimizer, saved in zip(self.optimizers, optimizer_state["optimizers"]):
+            optimizer.load_state_dict(saved)
+        for scheduler, saved in zip(self.schedulers, optimizer_state["schedulers"]):
+            scheduler.load_state_dict(saved)
+        random.setstate((state.python_rng[0], tuple(state.python_rng[1]), state.python_rng[2]))
+        name, keys, *rest = state.numpy_rng
+        np.random.set_state((name, np.array(keys, dtype=np.uint32), *rest))
+        torch.set_rng_state(generators["torch"])
+        if "cuda" in generators and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(list(generators["cuda"]))
+        data_order.set_state(generators["data_order"])
+        self.global_step = state.global_step
+        # Lines the stopped run wrote after its checkpoint would otherwise appear twice.
+        for log in ("metrics.jsonl", "samples.jsonl"):
+            truncate_log(os.path.join(self.args.output_dir, log), state.global_step)
+        return state
 
     def training_step(self, row_ids: list[int]) -> dict[str, float]:
         """Sample, score and update every agent on the dataset rows ``row_ids``; returns the step's metrics."""
@@ -567,6 +681,32 @@ def rollout_metrics(
         metrics[f"agent{i}/completion_length_max"] = lengths.max().item()
         metrics[f"agent{i}/truncated_frac"] = torch.cat([t.agents[i].truncated for t in turns]).float().mean().item()
     return metrics
+
+
+class StopOnSignal:
+    """While active, SIGINT and SIGTERM only record the signal (training checks it after each
+    step, saves and stops); the first one puts the previous handlers back, so a second
+    signal acts at once. Outside the main thread, where handlers cannot be set, it does nothing."""
+
+    def __enter__(self) -> StopOnSignal:
+        self.signal: int | None = None
+        self._previous: dict[int, Any] = {}
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                self._previous[signum] = signal.signal(signum, self._record)
+        return self
+
+    def _record(self, signum: int, frame: Any) -> None:
+        self.signal = signum
+        self._restore()
+
+    def _restore(self) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous = {}
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self._restore()
 
 
 def completion_samples(

@@ -1,0 +1,230 @@
+"""Checkpoints: everything needed to continue a run exactly where it stopped.
+
+A checkpoint is ``output_dir/checkpoint-{step}/`` holding, as data only (never pickled code):
+
+    agent_{i}/            each agent's weights (safetensors) and tokenizer, Hugging Face format
+    optimizer.pt          the optimizers' and schedulers' state dicts (tensors and numbers)
+    rng_state.pt          torch generator states: sampling (CPU and CUDA) and data order
+    trainer_state.json    step, epoch, position in the epoch, reward history, pending metric
+                          window, Python and NumPy generator states, what the agents were
+
+It is written under ``checkpoint-{step}.partial`` and renamed when complete, and
+``trainer_state.json`` is written last: a folder without it (a crash mid-save) is never
+taken for a checkpoint. Reading uses ``torch.load(weights_only=True)``, JSON and safetensors
+only, so a tampered file gives an error, not code execution.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import warnings
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from safetensors.torch import load_file
+
+PREFIX = "checkpoint-"
+STATE_FILE = "trainer_state.json"
+OPTIMIZER_FILE = "optimizer.pt"
+RNG_FILE = "rng_state.pt"
+_STEP = re.compile(rf"^{PREFIX}(\d+)$")
+
+
+@dataclass
+class TrainerState:
+    """Where a run stands, in JSON-friendly values."""
+
+    global_step: int
+    epoch: int
+    """The epoch in progress (0-based)."""
+    step_in_epoch: int
+    """Steps of that epoch already taken."""
+    epoch_reward_means: list[float]
+    epoch_raw_reward_means: list[float]
+    step_rewards: list[float]
+    """Mean reward of each step of the epoch in progress."""
+    step_raw_rewards: list[float]
+    metrics_window: dict[str, list[float]]
+    """Metrics of the steps since the last logging step, not yet averaged and written."""
+    python_rng: list[Any]
+    numpy_rng: list[Any]
+    agents: list[dict[str, Any]]
+    """What each agent was (see :func:`describe_agent`), to refuse resuming with other ones."""
+    num_rows: int
+    per_device_train_batch_size: int
+    config: dict[str, Any] = field(default_factory=dict)
+    """The run's config, for reading."""
+
+
+def describe_agent(agent: torch.nn.Module) -> dict[str, Any]:
+    """What must not change between a checkpoint and the trainer that resumes from it."""
+    config = getattr(agent, "config", None)
+    return {
+        "class": type(agent).__name__,
+        "model_type": getattr(config, "model_type", None),
+        "num_parameters": sum(p.numel() for p in agent.parameters()),
+    }
+
+
+def checkpoint_step(path: str) -> int | None:
+    match = _STEP.match(os.path.basename(os.path.normpath(path)))
+    return int(match.group(1)) if match else None
+
+
+def complete_checkpoints(output_dir: str) -> list[str]:
+    """The complete checkpoints of ``output_dir``, oldest first. Folders that look like one but
+    lack ``trainer_state.json`` (a save that was cut short) are skipped with a warning."""
+    if not os.path.isdir(output_dir):
+        return []
+    found = []
+    for name in os.listdir(output_dir):
+        path = os.path.join(output_dir, name)
+        step = checkpoint_step(path)
+        if step is None or not os.path.isdir(path):
+            continue
+        if not os.path.isfile(os.path.join(path, STATE_FILE)):
+            warnings.warn(f"ignoring {path}: it has no {STATE_FILE}, so its save did not finish", stacklevel=2)
+            continue
+        found.append((step, path))
+    return [path for _, path in sorted(found)]
+
+
+def save_checkpoint(
+    output_dir: str,
+    agents: Sequence[torch.nn.Module],
+    tokenizers: Sequence[Any],
+    optimizers: Sequence[torch.optim.Optimizer],
+    schedulers: Sequence[Any],
+    generators: dict[str, torch.Tensor],
+    state: TrainerState,
+    total_limit: int | None = None,
+) -> str:
+    """Write ``output_dir/checkpoint-{global_step}`` atomically; keep the newest ``total_limit``."""
+    final = os.path.join(output_dir, f"{PREFIX}{state.global_step}")
+    partial = final + ".partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    os.makedirs(partial)
+    for i, (agent, tokenizer) in enumerate(zip(agents, tokenizers)):
+        agent.save_pretrained(os.path.join(partial, f"agent_{i}"))
+        tokenizer.save_pretrained(os.path.join(partial, f"agent_{i}"))
+    torch.save(
+        {"optimizers": [o.state_dict() for o in optimizers], "schedulers": [s.state_dict() for s in schedulers]},
+        os.path.join(partial, OPTIMIZER_FILE),
+    )
+    torch.save(generators, os.path.join(partial, RNG_FILE))
+    with open(os.path.join(partial, STATE_FILE), "w", encoding="utf-8") as f:
+        json.dump(asdict(state), f, indent=1)
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(partial, final)
+    if total_limit is not None:
+        for old in complete_checkpoints(output_dir)[:-total_limit]:
+            shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def find_checkpoint(output_dir: str, resume_from_checkpoint: bool | str) -> str:
+    """The checkpoint folder to resume from: the newest complete one in ``output_dir`` when
+    ``resume_from_checkpoint`` is True, else that path (which must be complete)."""
+    if resume_from_checkpoint is True:
+        found = complete_checkpoints(output_dir)
+        if not found:
+            raise ValueError(f"resume_from_checkpoint=True but {output_dir} holds no complete {PREFIX}* folder")
+        return found[-1]
+    path = str(resume_from_checkpoint)
+    if not os.path.isfile(os.path.join(path, STATE_FILE)):
+        raise ValueError(f"{path} is not a complete checkpoint: it has no {STATE_FILE}")
+    return path
+
+
+def _unreadable(path: str, name: str, error: Exception) -> ValueError:
+    return ValueError(
+        f"checkpoint {path}: {name} cannot be read ({type(error).__name__}: {error}); the file is truncated, "
+        "was changed, or was not written by comlrl"
+    )
+
+
+def read_state(path: str) -> TrainerState:
+    try:
+        with open(os.path.join(path, STATE_FILE), encoding="utf-8") as f:
+            return TrainerState(**json.load(f))
+    except (OSError, ValueError, TypeError) as error:
+        raise _unreadable(path, STATE_FILE, error) from error
+
+
+def check_compatible(path: str, state: TrainerState, agents: Sequence[torch.nn.Module], num_rows: int, batch: int):
+    """Refuse to resume with other agents or another data layout, naming what differs."""
+    if len(state.agents) != len(agents):
+        raise ValueError(f"checkpoint {path} holds {len(state.agents)} agents; this trainer has {len(agents)}")
+    for i, (saved, agent) in enumerate(zip(state.agents, agents)):
+        now = describe_agent(agent)
+        for key, value in saved.items():
+            if now.get(key) != value:
+                raise ValueError(
+                    f"checkpoint {path}: agent {i} was {key}={value!r}, this trainer's agent {i} has {now.get(key)!r}"
+                )
+    if (state.num_rows, state.per_device_train_batch_size) != (num_rows, batch):
+        raise ValueError(
+            f"checkpoint {path} was taken with {state.num_rows} training rows and per_device_train_batch_size="
+            f"{state.per_device_train_batch_size}; this trainer has {num_rows} and {batch}, so the data order "
+            "cannot be continued"
+        )
+
+
+def load_weights(path: str, agents: Sequence[torch.nn.Module]) -> None:
+    """Load each agent's saved weights into it (tied weights are saved once and stay tied)."""
+    for i, agent in enumerate(agents):
+        folder = os.path.join(path, f"agent_{i}")
+        files = sorted(f for f in os.listdir(folder) if f.endswith(".safetensors")) if os.path.isdir(folder) else []
+        if not files:
+            raise ValueError(f"checkpoint {path}: agent_{i} holds no .safetensors weights")
+        weights: dict[str, torch.Tensor] = {}
+        for name in files:
+            try:
+                weights.update(load_file(os.path.join(folder, name)))
+            except Exception as error:
+                raise _unreadable(path, f"agent_{i}/{name}", error) from error
+        missing, unexpected = agent.load_state_dict(weights, strict=False)
+        loaded = {t.data_ptr() for key, t in agent.state_dict().items() if key in weights}
+        untied = [key for key in missing if agent.state_dict()[key].data_ptr() not in loaded]
+        if untied or unexpected:
+            raise ValueError(
+                f"checkpoint {path}: agent_{i}'s weights do not fit agent {i} (missing {untied[:3]}, "
+                f"unexpected {unexpected[:3]})"
+            )
+
+
+def load_training_state(path: str) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """The optimizer/scheduler states and the generator states of a checkpoint."""
+    loaded = []
+    for name in (OPTIMIZER_FILE, RNG_FILE):
+        try:
+            loaded.append(torch.load(os.path.join(path, name), weights_only=True))
+        except Exception as error:
+            raise _unreadable(path, name, error) from error
+    return loaded[0], loaded[1]
+
+
+def truncate_log(path: str, step: int) -> None:
+    """Drop the lines of a JSONL log written after ``step`` (by the run that stopped), so a
+    resumed run's log reads as if it never stopped."""
+    if not os.path.isfile(path):
+        return
+    with open(path, encoding="utf-8") as f:
+        lines = f.readlines()
+    kept = []
+    for line in lines:
+        try:
+            if json.loads(line).get("step", 0) > step:
+                continue
+        except ValueError:
+            pass  # an unreadable line is kept; the plot skips it and says so
+        kept.append(line)
+    if len(kept) != len(lines):
+        with open(path + ".tmp", "w", encoding="utf-8") as f:
+            f.writelines(kept)
+        os.replace(path + ".tmp", path)
