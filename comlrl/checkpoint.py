@@ -21,12 +21,14 @@ import os
 import re
 import shutil
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
 from safetensors.torch import load_file
+
+from comlrl.models.lora import is_peft_model, load_adapter_weights
 
 PREFIX = "checkpoint-"
 STATE_FILE = "trainer_state.json"
@@ -96,22 +98,22 @@ def complete_checkpoints(output_dir: str) -> list[str]:
 
 def save_checkpoint(
     output_dir: str,
-    agents: Sequence[torch.nn.Module],
-    tokenizers: Sequence[Any],
+    num_agents: int,
+    write_agent: Callable[[int, str], None],
     optimizers: Sequence[torch.optim.Optimizer],
     schedulers: Sequence[Any],
     generators: dict[str, torch.Tensor],
     state: TrainerState,
     total_limit: int | None = None,
 ) -> str:
-    """Write ``output_dir/checkpoint-{global_step}`` atomically; keep the newest ``total_limit``."""
+    """Write ``output_dir/checkpoint-{global_step}`` atomically; keep the newest ``total_limit``.
+    ``write_agent(i, folder)`` writes agent i's weights (or adapter) and tokenizer."""
     final = os.path.join(output_dir, f"{PREFIX}{state.global_step}")
     partial = final + ".partial"
     shutil.rmtree(partial, ignore_errors=True)
     os.makedirs(partial)
-    for i, (agent, tokenizer) in enumerate(zip(agents, tokenizers)):
-        agent.save_pretrained(os.path.join(partial, f"agent_{i}"))
-        tokenizer.save_pretrained(os.path.join(partial, f"agent_{i}"))
+    for i in range(num_agents):
+        write_agent(i, os.path.join(partial, f"agent_{i}"))
     torch.save(
         {"optimizers": [o.state_dict() for o in optimizers], "schedulers": [s.state_dict() for s in schedulers]},
         os.path.join(partial, OPTIMIZER_FILE),
@@ -175,9 +177,9 @@ def check_compatible(path: str, state: TrainerState, agents: Sequence[torch.nn.M
         )
 
 
-def load_weights(path: str, agents: Sequence[torch.nn.Module]) -> None:
-    """Load each agent's saved weights into it (tied weights are saved once and stay tied)."""
-    for i, agent in enumerate(agents):
+def load_weights(path: str, agents: Sequence[torch.nn.Module], adapters: Sequence[str | None]) -> None:
+    """Load each agent's saved weights (or adapter) into it; tied weights are saved once and stay tied."""
+    for i, (agent, adapter) in enumerate(zip(agents, adapters)):
         folder = os.path.join(path, f"agent_{i}")
         files = sorted(f for f in os.listdir(folder) if f.endswith(".safetensors")) if os.path.isdir(folder) else []
         if not files:
@@ -188,6 +190,11 @@ def load_weights(path: str, agents: Sequence[torch.nn.Module]) -> None:
                 weights.update(load_file(os.path.join(folder, name)))
             except Exception as error:
                 raise _unreadable(path, f"agent_{i}/{name}", error) from error
+        if is_peft_model(agent):
+            unexpected = load_adapter_weights(agent, weights, adapter)
+            if unexpected:
+                raise ValueError(f"checkpoint {path}: agent_{i}'s adapter does not fit agent {i} ({unexpected[:3]})")
+            continue
         missing, unexpected = agent.load_state_dict(weights, strict=False)
         loaded = {t.data_ptr() for key, t in agent.state_dict().items() if key in weights}
         untied = [key for key in missing if agent.state_dict()[key].data_ptr() not in loaded]

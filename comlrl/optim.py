@@ -20,12 +20,12 @@ def per_agent_learning_rates(learning_rate: float | Sequence[float], num_agents:
 
 
 def build_optimizers(
-    agents: Sequence[torch.nn.Module], learning_rates: Sequence[float], weight_decay: float
+    parameters: Sequence[Sequence[torch.nn.Parameter]], learning_rates: Sequence[float], weight_decay: float
 ) -> list[torch.optim.Optimizer]:
-    """AdamW over each agent's trainable parameters."""
+    """One AdamW per agent over that agent's trainable parameters."""
     return [
-        torch.optim.AdamW([p for p in agent.parameters() if p.requires_grad], lr=rate, weight_decay=weight_decay)
-        for agent, rate in zip(agents, learning_rates)
+        torch.optim.AdamW(list(params), lr=rate, weight_decay=weight_decay)
+        for params, rate in zip(parameters, learning_rates)
     ]
 
 

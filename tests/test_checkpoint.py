@@ -22,17 +22,17 @@ def config(tmp_path, **overrides):
     return small_config(tmp_path, **values)
 
 
-def interrupting_reward(at_call):
-    """length_sum that sends this process SIGINT during its ``at_call``-th call (that step still finishes)."""
+def interrupting_reward(at_call, score=length_sum):
+    """``score`` that sends this process SIGINT during its ``at_call``-th call (that step still finishes)."""
     calls = []
 
     def reward(a, b):
         calls.append(1)
         if len(calls) == at_call:
             os.kill(os.getpid(), signal.SIGINT)
-        return length_sum(a, b)
+        return score(a, b)
 
-    reward.__name__ = "length_sum"  # logged under the same name as the straight run's reward
+    reward.__name__ = score.__name__  # logged under the same name as the straight run's reward
     return reward
 
 

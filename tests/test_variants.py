@@ -70,7 +70,7 @@ def test_several_passes_record_old_logprobs_and_log_clipping(tmp_path):
     metrics = trainer.training_step([0, 1])
     assert trainer.optimizers[0].state[trainer.agents[0].lm_head.weight]["step"] == 3  # 3 optimizer steps
     assert 0 < metrics["agent0/clip_fraction"] <= 1  # a large step with a tiny clip range clips
-    assert "agent0/kl" not in metrics and trainer.reference_agents == []
+    assert "agent0/kl" not in metrics and trainer.reference_agents == [None, None]
 
 
 def test_one_pass_logs_no_clip_fraction(tmp_path):

@@ -12,16 +12,36 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from comlrl.utils.per_agent import per_agent
 
 
-def load_agents(agent_model: str, num_agents: int, model_config: dict[str, Any] | None) -> list[torch.nn.Module]:
+def split_model_config(model_config: dict[str, Any] | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``from_pretrained`` keyword arguments for the models and for their tokenizers.
+
+    A flat dict (``{"dtype": "bfloat16", "attn_implementation": "sdpa"}``) is for the
+    models; the original library's ``{"model_kwargs": {...}, "tokenizer_kwargs": {...}}``
+    is accepted too.
+    """
+    config = dict(model_config or {})
+    nested = {"model_kwargs", "tokenizer_kwargs"}
+    if not nested & set(config):
+        return config, {}
+    if set(config) - nested:
+        raise ValueError(
+            f"model_config mixes model_kwargs/tokenizer_kwargs with other keys {sorted(set(config) - nested)}; "
+            "put from_pretrained arguments inside model_kwargs, or pass them all flat"
+        )
+    return dict(config.get("model_kwargs") or {}), dict(config.get("tokenizer_kwargs") or {})
+
+
+def load_agents(agent_model: str, num_agents: int, model_kwargs: dict[str, Any]) -> list[torch.nn.Module]:
     """``num_agents`` independent copies of the model ``agent_model`` (a folder or hub id)."""
     if isinstance(num_agents, bool) or not isinstance(num_agents, int) or num_agents < 1:
         raise ValueError(f"num_agents must be an integer >= 1, got {num_agents!r}")
-    return [AutoModelForCausalLM.from_pretrained(agent_model, **(model_config or {})) for _ in range(num_agents)]
+    return [AutoModelForCausalLM.from_pretrained(agent_model, **model_kwargs) for _ in range(num_agents)]
 
 
-def check_agents(agents: Sequence[torch.nn.Module]) -> list[torch.nn.Module]:
+def check_agents(agents: Sequence[torch.nn.Module], shared_base_allowed: bool = False) -> list[torch.nn.Module]:
     """Each agent must be its own generating model: two agents sharing one object would
-    share parameters while two optimizers update them."""
+    share parameters while two optimizers update them. With adapters
+    (``shared_base_allowed``), the same object for EVERY agent is one shared base model."""
     agents = list(agents)
     if not agents:
         raise ValueError("agents is empty: pass at least one model (or agent_model=<name> and num_agents)")
@@ -29,7 +49,7 @@ def check_agents(agents: Sequence[torch.nn.Module]) -> list[torch.nn.Module]:
     for i, agent in enumerate(agents):
         if not isinstance(agent, torch.nn.Module) or not hasattr(agent, "generate"):
             raise TypeError(f"agents[{i}] must be a causal LM with .generate(), got {type(agent).__name__}")
-        if id(agent) in seen:
+        if id(agent) in seen and not (shared_base_allowed and len({id(a) for a in agents}) == 1):
             raise ValueError(
                 f"agents[{i}] is the same object as agents[{seen[id(agent)]}]; each agent needs its own model instance"
             )
@@ -37,7 +57,9 @@ def check_agents(agents: Sequence[torch.nn.Module]) -> list[torch.nn.Module]:
     return agents
 
 
-def resolve_tokenizers(tokenizer: Any, agents: Sequence[torch.nn.Module]) -> list[Any]:
+def resolve_tokenizers(
+    tokenizer: Any, agents: Sequence[torch.nn.Module], tokenizer_kwargs: dict[str, Any] | None = None
+) -> list[Any]:
     """One tokenizer per agent, each able to pad.
 
     ``tokenizer`` may be one tokenizer for all agents, a list with one per agent, or None
@@ -52,7 +74,7 @@ def resolve_tokenizers(tokenizer: Any, agents: Sequence[torch.nn.Module]) -> lis
                 raise ValueError(
                     f"tokenizer is None and agents[{i}] does not say where it was loaded from; pass tokenizer="
                 )
-            tokenizers.append(AutoTokenizer.from_pretrained(source))
+            tokenizers.append(AutoTokenizer.from_pretrained(source, **(tokenizer_kwargs or {})))
     else:
         tokenizers = per_agent(tokenizer, len(agents), "tokenizers")
     fixed: set[int] = set()

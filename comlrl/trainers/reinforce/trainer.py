@@ -14,6 +14,7 @@ One training step, as the code below reads:
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import math
@@ -53,7 +54,8 @@ from comlrl.checkpoint import (
 from comlrl.metrics import JsonlSink, MetricsLogger, TensorBoardSink, WandbSink
 from comlrl.metrics.evaluation import EvalHooks, evaluation_metrics
 from comlrl.models.forward import completion_logprobs
-from comlrl.models.loading import check_agents, load_agents, resolve_tokenizers
+from comlrl.models.loading import check_agents, load_agents, resolve_tokenizers, split_model_config
+from comlrl.models.lora import attach_adapters, is_peft_model, merged_copy, save_adapter, trainable_parameters
 from comlrl.optim import build_optimizers, build_schedulers, per_agent_learning_rates
 from comlrl.rewards import JointReward
 from comlrl.rollout import AgentRollout, generate_group
@@ -112,7 +114,9 @@ class MAGRPOTrainer:
             (every turn so far, the one just played included), ``row`` and ``turn``; returns
             the next turn's prompt of every agent, or None to end the branch.
         args: the ``MAGRPOConfig``; defaults to ``MAGRPOConfig()``.
-        model_config: ``from_pretrained`` keyword arguments used with ``agent_model``.
+        model_config: ``from_pretrained`` keyword arguments used with ``agent_model`` (e.g.
+            ``{"dtype": "bfloat16", "attn_implementation": "sdpa"}``), or the original
+            library's ``{"model_kwargs": {...}, "tokenizer_kwargs": {...}}``.
         wandb_config: turns on W&B logging: ``wandb.init`` arguments (``project``,
             ``entity``, ``name``, ...). Needs ``pip install 'comlrl[wandb]'``.
         eval_logger: evaluation hook, called with the keyword arguments it names among
@@ -121,6 +125,11 @@ class MAGRPOTrainer:
             columns, as in the original library); returns a dict of metrics, or anything
             ``eval_aggregator`` turns into one.
         eval_aggregator: ``eval_aggregator(eval_logger_output, num_turns=...) -> dict``.
+        peft_config: train LoRA adapters instead of whole models: a ``peft`` config (e.g.
+            ``LoraConfig``) for every agent, or a list with one per agent (needs
+            ``pip install 'comlrl[lora]'``). With ``agent_model``, or with the same model
+            object passed for every agent, the agents share ONE frozen base model, each with
+            its own adapter.
     """
 
     config_class = MAGRPOConfig
@@ -143,6 +152,7 @@ class MAGRPOTrainer:
         wandb_config: dict[str, Any] | None = None,
         eval_logger: Callable[..., Any] | None = None,
         eval_aggregator: Callable[..., dict[str, float]] | None = None,
+        peft_config: Any = None,
     ):
         self.args = args if args is not None else self.config_class()
         if not isinstance(self.args, MAGRPOConfig):
@@ -160,11 +170,23 @@ class MAGRPOTrainer:
                 f"num_turns={self.args.num_turns} needs external_transition=, a function that writes each "
                 "agent's next-turn prompt from the joint action just taken"
             )
+        model_kwargs, tokenizer_kwargs = split_model_config(model_config)
         if agents is None:
-            agents = load_agents(agent_model, num_agents, model_config)
-        self.agents = check_agents(agents)
+            # With adapters, one base model serves every agent.
+            agents = load_agents(agent_model, 1 if peft_config is not None else num_agents, model_kwargs)
+            agents = agents * num_agents if peft_config is not None else agents
+        agents = check_agents(agents, shared_base_allowed=peft_config is not None)
+        if peft_config is not None:
+            agents, self.adapters = attach_adapters(agents, peft_config)
+        else:
+            self.adapters = [None] * len(agents)
+        self.agents = agents
         self.num_agents = len(self.agents)
-        self.tokenizers = resolve_tokenizers(tokenizer, self.agents)
+        if self.args.gradient_checkpointing:
+            for agent in {id(agent): agent for agent in self.agents}.values():
+                agent.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.agent_parameters = [trainable_parameters(a, name) for a, name in zip(self.agents, self.adapters)]
+        self.tokenizers = resolve_tokenizers(tokenizer, self.agents, tokenizer_kwargs)
         self.reward = JointReward(reward_func, self.num_agents, reward_processor, weights=self.args.reward_weights)
         self.transition = None if external_transition is None else Transition(external_transition, self.num_agents)
         self.train_prompts = PromptTable(train_dataset, formatters, self.num_agents, "train_dataset")
@@ -176,15 +198,19 @@ class MAGRPOTrainer:
         self.joint_indices = joint_action_indices(self.num_agents, self.args.num_generations, self.args.joint_mode)
         self._check_tree_budget()
         learning_rates = per_agent_learning_rates(self.args.agent_learning_rate, self.num_agents)
-        self.optimizers = build_optimizers(self.agents, learning_rates, self.args.weight_decay)
+        self.optimizers = build_optimizers(self.agent_parameters, learning_rates, self.args.weight_decay)
         total_optimizer_steps = self.args.num_train_epochs * self.steps_per_epoch * self.args.num_iterations
         self.schedulers = build_schedulers(
             self.optimizers, self.args.lr_scheduler_type, self.args.warmup_ratio, total_optimizer_steps
         )
         # A frozen copy of each agent as it was before training; only when the KL term is on.
-        self.reference_agents = (
-            [copy.deepcopy(agent).eval().requires_grad_(False) for agent in self.agents] if self.args.beta > 0 else []
-        )
+        # An agent with a LoRA adapter needs none: its base model without the adapter is it.
+        self.reference_agents = [
+            copy.deepcopy(agent).eval().requires_grad_(False)
+            if self.args.beta > 0 and not is_peft_model(agent)
+            else None
+            for agent in self.agents
+        ]
         self.global_step = 0
 
     @property
@@ -330,8 +356,8 @@ class MAGRPOTrainer:
             generators["cuda"] = torch.stack(torch.cuda.get_rng_state_all())
         return save_checkpoint(
             self.args.output_dir,
-            self.agents,
-            self.tokenizers,
+            self.num_agents,
+            self.write_agent,
             self.optimizers,
             self.schedulers,
             generators,
@@ -345,7 +371,7 @@ class MAGRPOTrainer:
         state = read_state(path)
         check_compatible(path, state, self.agents, len(self.train_prompts), self.args.per_device_train_batch_size)
         optimizer_state, generators = load_training_state(path)
-        load_weights(path, self.agents)
+        load_weights(path, self.agents, self.adapters)
         for optimizer, saved in zip(self.optimizers, optimizer_state["optimizers"]):
             optimizer.load_state_dict(saved)
         for scheduler, saved in zip(self.schedulers, optimizer_state["schedulers"]):
@@ -422,6 +448,7 @@ class MAGRPOTrainer:
 
     def generate(self, agent: int, prompts: list[str], num_generations: int, sampling: dict[str, Any]) -> AgentRollout:
         """Agent ``agent``'s ``num_generations`` completions of every prompt, in one batched call."""
+        self._activate(agent)
         return generate_group(self.agents[agent], self.tokenizers[agent], prompts, num_generations, sampling)
 
     def _update(self, tree: RolloutTree, advantages: list[list[torch.Tensor]]) -> dict[str, float]:
@@ -437,8 +464,8 @@ class MAGRPOTrainer:
             for i in range(self.num_agents)
         ]
         # Sampling-time log-probs are only needed when the policy moves between passes.
-        old_logps = self._frozen_logprobs(self.agents, tree) if args.num_iterations > 1 else None
-        ref_logps = self._frozen_logprobs(self.reference_agents, tree) if self.reference_agents else None
+        old_logps = self._frozen_logprobs(tree, reference=False) if args.num_iterations > 1 else None
+        ref_logps = self._frozen_logprobs(tree, reference=True) if args.beta > 0 else None
         history: dict[str, list[float]] = defaultdict(list)
         for _ in range(args.num_iterations):
             outputs = [
@@ -468,13 +495,17 @@ class MAGRPOTrainer:
         size = self.args.micro_batch_size or rollout.completion_ids.shape[0]
         return [slice(start, start + size) for start in range(0, rollout.completion_ids.shape[0], size)]
 
-    def _frozen_logprobs(self, models: list[torch.nn.Module], tree: RolloutTree) -> list[list[torch.Tensor]]:
-        """``[agent][turn]`` each model's log-probs of its agent's completions, no gradient."""
+    def _frozen_logprobs(self, tree: RolloutTree, reference: bool) -> list[list[torch.Tensor]]:
+        """``[agent][turn]`` log-probs of each agent's completions without gradient: under the
+        agent as it is now, or under its frozen reference (its base model, for an adapter)."""
         logps = []
-        for i, model in enumerate(models):
+        for i, agent in enumerate(self.agents):
+            self._activate(i)
+            model = self.reference_agents[i] if reference and self.reference_agents[i] is not None else agent
             was_training = model.training
             model.eval()
-            with torch.no_grad():
+            without_adapter = agent.disable_adapter() if reference and model is agent else contextlib.nullcontext()
+            with torch.no_grad(), without_adapter:
                 logps.append(
                     [
                         torch.cat(
@@ -488,6 +519,11 @@ class MAGRPOTrainer:
                 )
             model.train(was_training)
         return logps
+
+    def _activate(self, agent: int) -> None:
+        """Make agent ``agent``'s adapter the active one when agents share a base model."""
+        if self.adapters[agent] is not None:
+            self.agents[agent].set_adapter(self.adapters[agent])
 
     def _logprobs(self, model: torch.nn.Module, rollout: AgentRollout, rows: slice) -> torch.Tensor:
         return completion_logprobs(
@@ -510,6 +546,7 @@ class MAGRPOTrainer:
     ) -> PolicyLoss:
         """Agent ``agent_index``'s loss over all its turns, accumulated micro-batch by
         micro-batch (one batched masked forward and backward each)."""
+        self._activate(agent_index)
         model = self.agents[agent_index]
         model.train()
         self.optimizers[agent_index].zero_grad(set_to_none=True)
@@ -543,8 +580,8 @@ class MAGRPOTrainer:
         training with an error before any weight changes in this step."""
         max_norm = self.args.max_grad_norm if self.args.max_grad_norm is not None else math.inf
         grad_norms = []
-        for i, (agent, loss) in enumerate(zip(self.agents, losses)):
-            norm = torch.nn.utils.clip_grad_norm_(agent.parameters(), max_norm).item()
+        for i, (parameters, loss) in enumerate(zip(self.agent_parameters, losses)):
+            norm = torch.nn.utils.clip_grad_norm_(parameters, max_norm).item()
             if not (math.isfinite(loss.item()) and math.isfinite(norm)):
                 for optimizer in self.optimizers:
                     optimizer.zero_grad(set_to_none=True)
@@ -603,24 +640,37 @@ class MAGRPOTrainer:
         logger.log(metrics, self.global_step)
         bar.write(format_metrics(self.global_step, metrics))
 
-    def save_model(self, output_dir: str) -> list[str]:
-        """Write each agent (weights + tokenizer, Hugging Face format) to ``output_dir/agent_{i}``.
+    def save_model(self, output_dir: str, merge_adapters: bool = False) -> list[str]:
+        """Write each agent to ``output_dir/agent_{i}`` in Hugging Face format, with its tokenizer.
 
-        Each folder is written under a temporary name and renamed, so an interrupted save
-        never leaves a folder that looks complete. Returns the folders.
+        An agent trained with LoRA is written as its adapter (``adapter_model.safetensors``,
+        loadable with ``peft.PeftModel.from_pretrained(base, folder)``), or, with
+        ``merge_adapters=True``, as a whole model with the adapter merged in. Each folder is
+        written under a temporary name and renamed, so an interrupted save never leaves a
+        folder that looks complete. Returns the folders.
         """
         os.makedirs(output_dir, exist_ok=True)
         folders = []
-        for i, (agent, tok) in enumerate(zip(self.agents, self.tokenizers)):
+        for i in range(self.num_agents):
             final = os.path.join(output_dir, f"agent_{i}")
             partial = os.path.join(output_dir, f".agent_{i}.partial")
             shutil.rmtree(partial, ignore_errors=True)
-            agent.save_pretrained(partial)
-            tok.save_pretrained(partial)
+            self.write_agent(i, partial, merge_adapters)
             shutil.rmtree(final, ignore_errors=True)
             os.replace(partial, final)
             folders.append(final)
         return folders
+
+    def write_agent(self, agent: int, folder: str, merge_adapters: bool = False) -> None:
+        """Agent ``agent``'s weights (or adapter) and tokenizer into ``folder``."""
+        model = self.agents[agent]
+        if merge_adapters and is_peft_model(model):
+            model = merged_copy(model, self.adapters[agent])
+        if self.adapters[agent] is not None and not merge_adapters:
+            save_adapter(model, self.adapters[agent], folder)
+        else:
+            model.save_pretrained(folder)
+        self.tokenizers[agent].save_pretrained(folder)
 
     def _sinks(self) -> list:
         sinks: list = [JsonlSink(os.path.join(self.args.output_dir, "metrics.jsonl"))]
