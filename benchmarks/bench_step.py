@@ -8,8 +8,10 @@ run in the same invocation.
 What is measured, per agent and step (2 agents, one dataset row per step, G completions):
   - comlrl: one batched ``generate`` per agent (G samples together, inference mode), one
     batched masked forward + backward per agent, one optimizer step.
-  - baseline: the structure of the original library: one ``generate`` call per sample and
-    one forward + backward per sequence. Same prompts, rewards, advantages and optimizer.
+  - baseline: a naive per-sample loop: one ``generate`` call per sample and one forward +
+    backward per sequence. Same prompts, rewards, advantages and optimizer. (The original
+    library 1.4.3 generates the G samples of a prompt in one call and updates per sequence;
+    benchmarks/compare_original.py runs that library itself.)
 Completions are forced to exactly ``--max-new-tokens`` tokens (``min_new_tokens``) so both
 sides generate the same number of tokens. Printed: generation seconds, update seconds,
 generated tokens per second, peak resident memory, and the baseline/comlrl time ratios.
@@ -85,7 +87,7 @@ def comlrl_step(trainer: MAGRPOTrainer, row: int) -> tuple[float, float, int]:
 
 
 def baseline_step(trainer: MAGRPOTrainer, row: int) -> tuple[float, float, int]:
-    """One generate per sample, one forward/backward per sequence (the original's structure)."""
+    """One generate per sample, one forward/backward per sequence."""
     args, group = trainer.args, trainer.args.num_generations
     started = time.perf_counter()
     samples = []  # per agent: list of (prompt_ids, completion_ids, text)

@@ -1,0 +1,113 @@
+"""Run OUR ``MAGRPOTrainer`` on the fixed workload of benchmarks/workload.py and print one JSON line.
+
+    .venv/bin/python benchmarks/bench_ours.py                    # the embedded SmolLM2-135M-Instruct
+    .venv/bin/python benchmarks/bench_ours.py --threads 2 --model DIR
+    .venv/bin/python benchmarks/bench_ours.py --smoke            # 1 prompt, 2 generations, 4 tokens
+
+Config: one epoch, 2 dataset rows per step (``per_device_train_batch_size=2``: one optimizer
+step per agent per 2 prompts, as the original's rollout buffer of 2), rows in dataset order (the
+original does not shuffle), ``generation_kwargs={"min_new_tokens": ...}``, ``logging_steps=1``,
+metrics written to a temporary folder under /tmp, W&B off.
+
+Measured: ``train_s``, the wall time of ``trainer.train()``; ``generate_s`` and ``update_s``, the
+sums of the per-step ``time/generate_s`` (rollout: tokenising, ``generate``, decoding, rewards)
+and ``time/update_s`` (forward, backward, optimizer steps) metrics read back from the run's
+metrics.jsonl; generated tokens, the sum over steps of ``time/generated_tokens_per_s`` x
+``time/generate_s``; trained tokens, those plus every prompt's tokens once per completion.
+The fields, peak RSS and FLOP utilisation are described in benchmarks/measure.py. The trainer's
+own output goes to stderr: stdout carries only the JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+import tempfile
+import time
+
+import measure
+import torch
+import workload as wl
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from comlrl.trainers.reinforce import MAGRPOConfig, MAGRPOTrainer
+
+
+def build_trainer(model: str, work: wl.Workload, output_dir: str) -> MAGRPOTrainer:
+    config = MAGRPOConfig(
+        num_train_epochs=wl.NUM_EPOCHS,
+        per_device_train_batch_size=wl.PROMPTS_PER_STEP,
+        shuffle=False,
+        agent_learning_rate=wl.LEARNING_RATE,
+        num_generations=work.num_generations,
+        max_new_tokens=work.max_new_tokens,
+        temperature=wl.TEMPERATURE,
+        top_p=wl.TOP_P,
+        top_k=wl.TOP_K,
+        generation_kwargs={"min_new_tokens": work.max_new_tokens},
+        seed=wl.SEED,
+        logging_steps=1,
+        output_dir=output_dir,
+    )
+    return MAGRPOTrainer(
+        agents=[AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32) for _ in range(wl.NUM_AGENTS)],
+        tokenizer=AutoTokenizer.from_pretrained(model),
+        train_dataset=[{"prompt": prompt} for prompt in work.prompts],
+        reward_func=wl.length_ratio_reward,
+        reward_processor=wl.scale_reward,
+        args=config,
+    )
+
+
+def step_metrics(output_dir: str) -> list[dict]:
+    """The training steps' metrics (one line per step with ``logging_steps=1``)."""
+    with open(os.path.join(output_dir, "metrics.jsonl"), encoding="utf-8") as f:
+        return [row for row in map(json.loads, f) if "time/generate_s" in row]
+
+
+def prompt_tokens(trainer: MAGRPOTrainer, work: wl.Workload) -> int:
+    """Prompt tokens of every trained sequence (each prompt once per completion and agent)."""
+    lengths = [len(trainer.tokenizers[0](prompt)["input_ids"]) for prompt in work.prompts]
+    return sum(lengths) * work.num_generations * wl.NUM_AGENTS
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default=None, help="model folder (default: the embedded SmolLM2-135M-Instruct)")
+    measure.add_common_args(parser)
+    args = parser.parse_args(argv)
+    measure.set_threads(args.threads)
+    work = wl.workload(args.smoke)
+    if args.model is None:
+        from comlrl.models import default_model_path
+
+        args.model = str(default_model_path())
+    with tempfile.TemporaryDirectory(prefix="bench_ours_") as output_dir:
+        trainer = build_trainer(args.model, work, output_dir)
+        gflops = measure.matmul_gflops()
+        with contextlib.redirect_stdout(sys.stderr):
+            started = time.perf_counter()
+            trainer.train()
+            train_s = time.perf_counter() - started
+        steps = step_metrics(output_dir)
+    generated = sum(round(s["time/generated_tokens_per_s"] * s["time/generate_s"]) for s in steps)
+    measure.check_generated(generated, work.generated_tokens)
+    measure.print_result(
+        measure.result(
+            "ours",
+            train_s=train_s,
+            generate_s=sum(s["time/generate_s"] for s in steps),
+            update_s=sum(s["time/update_s"] for s in steps),
+            generated_tokens=generated,
+            trained_tokens=generated + prompt_tokens(trainer, work),
+            params_per_agent=measure.parameter_count(trainer.agents[0]),
+            gflops=gflops,
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,105 @@
+"""Compare our trainer with the original library (PyPI comlrl==1.4.3) on the fixed workload of
+benchmarks/workload.py: runs alternate original, ours, original, ours, ... each in a fresh
+process started with its side's Python (benchmarks/bench_original.py in the original's virtual
+environment, benchmarks/bench_ours.py in ours).
+
+    benchmarks/setup_original.sh                                    # once: benchmarks/.venv-original
+    .venv/bin/python benchmarks/compare_original.py                 # 3 pairs
+    .venv/bin/python benchmarks/compare_original.py --pairs 5 --threads 2 --json benchmarks/results/original.json
+    .venv/bin/python benchmarks/compare_original.py --smoke --pairs 1
+
+Printed: per pair, both sides' ``trainer.train()`` seconds and their ratio original / ours;
+the median of those ratios; the median over the runs of every figure of each side (see
+benchmarks/measure.py) and the ratio of the medians. ``--json`` also writes every run's line,
+the pairs and the medians to a file. A run's own output is shown only if it fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SCRIPTS = {"original": "bench_original.py", "ours": "bench_ours.py"}
+
+
+def run_side(python: str, side: str, options: list[str]) -> dict:
+    """One run of one side in a fresh process; returns its JSON line."""
+    done = subprocess.run([python, os.path.join(HERE, SCRIPTS[side]), *options], capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.stderr.write(done.stdout + done.stderr)
+        sys.exit(f"{SCRIPTS[side]} failed with exit status {done.returncode}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def medians(runs: list[dict]) -> dict[str, float]:
+    """The median of every numeric figure over ``runs``."""
+    numeric = [key for key, value in runs[0].items() if isinstance(value, int | float)]
+    return {key: statistics.median(run[key] for run in runs) for key in numeric}
+
+
+def print_medians(median: dict[str, dict[str, float]]) -> None:
+    print(f"\n{'median over runs':<24}{'original':>14}{'ours':>14}{'original/ours':>15}")
+    for key, original in median["original"].items():
+        ours = median["ours"][key]
+        ratio = f"x{original / ours:.2f}" if ours else "-"
+        print(f"{key:<24}{original:>14.4g}{ours:>14.4g}{ratio:>15}")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pairs", type=int, default=3, help="original/ours run pairs (default: %(default)s)")
+    parser.add_argument("--model", default=None, help="model folder (default: the embedded SmolLM2-135M-Instruct)")
+    parser.add_argument("--smoke", action="store_true", help="tiny check: 1 prompt, 2 generations, 4 tokens")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads of both sides")
+    parser.add_argument(
+        "--original-python",
+        default=os.path.join(HERE, ".venv-original", "bin", "python"),
+        help="Python of the original's virtual environment (default: %(default)s)",
+    )
+    parser.add_argument("--ours-python", default=sys.executable, help="Python of ours (default: this one)")
+    parser.add_argument("--json", default=None, help="also write every run and the medians to this JSON file")
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    if not os.path.exists(args.original_python):
+        sys.exit(f"{args.original_python} not found: run benchmarks/setup_original.sh first")
+    if args.model is None:
+        from comlrl.models import default_model_path
+
+        args.model = str(default_model_path())
+    options = ["--model", args.model] + (["--smoke"] if args.smoke else [])
+    options += ["--threads", str(args.threads)] if args.threads else []
+    pythons = {"original": args.original_python, "ours": args.ours_python}
+    pairs = []
+    for pair in range(1, args.pairs + 1):
+        runs = {side: run_side(pythons[side], side, options) for side in SCRIPTS}
+        ratio = runs["original"]["train_s"] / runs["ours"]["train_s"]
+        pairs.append({**runs, "train_s_ratio": ratio})
+        print(
+            f"pair {pair}: original {runs['original']['train_s']:.1f} s, ours {runs['ours']['train_s']:.1f} s, "
+            f"original/ours x{ratio:.2f}",
+            flush=True,
+        )
+    median_ratio = statistics.median(p["train_s_ratio"] for p in pairs)
+    print(f"median original/ours train time: x{median_ratio:.2f}")
+    median = {side: medians([p[side] for p in pairs]) for side in SCRIPTS}
+    print_medians(median)
+    if args.json:
+        os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump(
+                {"args": vars(args), "pairs": pairs, "median_train_s_ratio": median_ratio, "medians": median},
+                f,
+                indent=2,
+            )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,97 @@
+"""What benchmarks/bench_ours.py and benchmarks/bench_original.py measure, and the one JSON line
+each prints. Imports torch, never ``comlrl`` (each runner has its own ``comlrl``).
+
+FLOP utilisation: generation is counted as 2 x P FLOPs per generated token, the update as
+6 x P FLOPs per trained token (forward + backward; trained tokens = prompt + completion tokens
+of every trained sequence), P = one agent's parameter count (tied weights once); both agents'
+tokens are summed. The FLOPs are divided by the rate of fp32 2048 x 2048 ``torch.matmul`` measured
+in the same process, with the same threads, just before training.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import time
+from importlib.metadata import version
+
+import torch
+
+MATMUL_SIZE = 2048
+
+
+def add_common_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--smoke", action="store_true", help="tiny check: 1 prompt, 2 generations, 4 tokens")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+
+
+def set_threads(threads: int | None) -> None:
+    if threads:
+        torch.set_num_threads(threads)
+
+
+def peak_rss_mib() -> float:
+    """Peak resident memory of this process so far (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def matmul_gflops(repeats: int = 8) -> float:
+    """fp32 matrix-product rate of this process (GFLOP/s), after two warm-up products."""
+    a, b = torch.randn(MATMUL_SIZE, MATMUL_SIZE), torch.randn(MATMUL_SIZE, MATMUL_SIZE)
+    for _ in range(2):
+        torch.matmul(a, b)
+    started = time.perf_counter()
+    for _ in range(repeats):
+        torch.matmul(a, b)
+    return 2 * MATMUL_SIZE**3 * repeats / (time.perf_counter() - started) / 1e9
+
+
+def check_generated(generated_tokens: int, expected_tokens: int) -> None:
+    """Both sides must sample the same tokens: every completion forced to ``max_new_tokens``."""
+    if generated_tokens != expected_tokens:
+        raise RuntimeError(f"{generated_tokens} tokens generated, the workload forces {expected_tokens}")
+
+
+def parameter_count(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def result(
+    side: str,
+    *,
+    train_s: float,
+    generate_s: float,
+    update_s: float,
+    generated_tokens: int,
+    trained_tokens: int,
+    params_per_agent: int,
+    gflops: float,
+) -> dict:
+    """The figures of one run, as printed by ``print_result``."""
+    generate_flops = 2 * params_per_agent * generated_tokens
+    update_flops = 6 * params_per_agent * trained_tokens
+    rate = gflops * 1e9
+    return {
+        "side": side,
+        "train_s": train_s,
+        "generate_s": generate_s,
+        "update_s": update_s,
+        "generated_tokens": generated_tokens,
+        "trained_tokens": trained_tokens,
+        "generated_tokens_per_s": generated_tokens / generate_s,
+        "peak_rss_mib": peak_rss_mib(),
+        "params_per_agent": params_per_agent,
+        "matmul_gflops": gflops,
+        "update_flop_util": update_flops / update_s / rate,
+        "run_flop_util": (generate_flops + update_flops) / train_s / rate,
+        "threads": torch.get_num_threads(),
+        "comlrl": version("comlrl"),
+        "torch": torch.__version__,
+        "transformers": version("transformers"),
+    }
+
+
+def print_result(figures: dict) -> None:
+    """The runner's only line on stdout."""
+    print(json.dumps(figures), flush=True)

@@ -1,0 +1,84 @@
+"""The fixed workload that benchmarks/bench_ours.py and benchmarks/bench_original.py both run.
+
+Two agents (SmolLM2-135M-Instruct in fp32, one shared tokenizer, on CPU) are trained for one
+epoch on the first 4 prompts of examples/story-len-ratio.py, fed as raw text (no chat
+template), with the tutorial's length-ratio reward (target ratio 2-3) scaled x100. Each agent
+samples G = 8 completions per prompt (temperature 0.6, top-p 0.6, top-k 50), every one forced
+to exactly 64 tokens (``min_new_tokens``), and takes one optimizer step per 2 prompts (2 steps
+per agent; 2 is the original library's default rollout buffer). Work per run: 4 prompts x 8
+completions x 64 tokens x 2 agents = 4096 generated tokens.
+
+Pure data and the reward function: this module imports neither ``comlrl`` (the two runners
+run in different virtual environments, each with its own ``comlrl``) nor torch. The prompts
+and the reward are frozen copies of the example's, so editing the example does not move the
+benchmark.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+NUM_AGENTS = 2
+TEMPERATURE = 0.6
+TOP_P = 0.6
+TOP_K = 50
+LEARNING_RATE = 5e-5
+NUM_EPOCHS = 1
+SEED = 0
+PROMPTS_PER_STEP = 2
+REWARD_SCALE = 100.0
+
+# The first 4 of examples/story-len-ratio.py's PROMPTS.
+PROMPTS = (
+    "Describe a city in the clouds:",
+    "Invent a new holiday and explain it:",
+    "Write a bedtime story for a dragon:",
+    "Explain how teleportation might work:",
+)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What changes between the real run and the ``--smoke`` check."""
+
+    prompts: tuple[str, ...]
+    num_generations: int
+    max_new_tokens: int
+
+    @property
+    def generated_tokens(self) -> int:
+        """Tokens sampled in one run (every completion is forced to ``max_new_tokens``)."""
+        return len(self.prompts) * self.num_generations * self.max_new_tokens * NUM_AGENTS
+
+
+FULL = Workload(prompts=PROMPTS, num_generations=8, max_new_tokens=64)
+SMOKE = Workload(prompts=PROMPTS[:1], num_generations=2, max_new_tokens=4)
+
+
+def workload(smoke: bool) -> Workload:
+    return SMOKE if smoke else FULL
+
+
+def length_ratio_reward(completions1, completions2, target_min=2.0, target_max=3.0):
+    """1.0 when len(second) / len(first) lies in [target_min, target_max], exp(-distance) outside
+    (``proper_length_ratio_reward`` of examples/story-len-ratio.py)."""
+    rewards = []
+    for c1, c2 in zip(completions1, completions2):
+        len1, len2 = len(c1), len(c2)
+        if len1 == 0:
+            rewards.append(0.0)
+            continue
+        ratio = len2 / len1
+        if target_min <= ratio <= target_max:
+            reward = 1.0
+        else:
+            distance = target_min - ratio if ratio < target_min else ratio - target_max
+            reward = math.exp(-distance)
+        rewards.append(float(reward))
+    return rewards
+
+
+def scale_reward(reward: float) -> float:
+    """The reward processor of both runs: x100."""
+    return REWARD_SCALE * reward
