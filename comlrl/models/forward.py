@@ -73,4 +73,6 @@ def _completion_logprobs(
         kwargs["logits_to_keep"] = num_completion + 1
     logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **kwargs).logits
     logits = logits[:, -num_completion - 1 : -1, :]  # (S, T, V): position t predicts token t+1
-    return selective_log_softmax(logits / temperature, completion_ids)
+    # In float32 even when the model ran in bf16: log-probs and their differences (ratios,
+    # KL) lose too much in 8 bits of mantissa.
+    return selective_log_softmax(logits.float() / temperature, completion_ids)

@@ -97,6 +97,9 @@ class MAGRPOConfig:
     default: no length bias), ``grpo`` (per-sequence mean, then mean), ``dr_grpo`` (sum over
     ``num_sequences * max_new_tokens``)."""
 
+    mixed_precision: str | None = None
+    """``"bf16"``: run generation and the forward passes under bf16 autocast (on GPUs with
+    bf16; weights, gradients and optimizer state keep their dtype); ``None``: full precision."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass instead of keeping them: less memory for
     about a third more update time."""
@@ -216,6 +219,10 @@ class MAGRPOConfig:
         reserved = {"input_ids", "attention_mask", "do_sample", "num_return_sequences"} & set(self.generation_kwargs)
         if reserved:
             raise ValueError(f"generation_kwargs may not set {sorted(reserved)}: the trainer controls them")
+        if self.mixed_precision not in (None, "bf16"):
+            raise ValueError(
+                f"mixed_precision={self.mixed_precision!r}; expected None or 'bf16' (fp16 would need loss scaling)"
+            )
         if not (_is_real(self.discount) and 0 <= self.discount <= 1):
             raise ValueError(f"discount must be in [0, 1], got {self.discount!r}")
         if self.early_termination_threshold is not None and not _is_real(self.early_termination_threshold):

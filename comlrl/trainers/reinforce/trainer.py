@@ -449,7 +449,8 @@ class MAGRPOTrainer:
     def generate(self, agent: int, prompts: list[str], num_generations: int, sampling: dict[str, Any]) -> AgentRollout:
         """Agent ``agent``'s ``num_generations`` completions of every prompt, in one batched call."""
         self._activate(agent)
-        return generate_group(self.agents[agent], self.tokenizers[agent], prompts, num_generations, sampling)
+        with self._precision(self.agents[agent]):
+            return generate_group(self.agents[agent], self.tokenizers[agent], prompts, num_generations, sampling)
 
     def _update(self, tree: RolloutTree, advantages: list[list[torch.Tensor]]) -> dict[str, float]:
         """``num_iterations`` optimizer steps per agent on one rollout tree (every turn of every
@@ -525,15 +526,23 @@ class MAGRPOTrainer:
         if self.adapters[agent] is not None:
             self.agents[agent].set_adapter(self.adapters[agent])
 
+    def _precision(self, model: torch.nn.Module) -> contextlib.AbstractContextManager:
+        """bf16 autocast on the model's device when ``mixed_precision="bf16"``; the weights,
+        gradients and optimizer state stay in their own dtype."""
+        if self.args.mixed_precision is None:
+            return contextlib.nullcontext()
+        return torch.autocast(next(model.parameters()).device.type, dtype=torch.bfloat16)
+
     def _logprobs(self, model: torch.nn.Module, rollout: AgentRollout, rows: slice) -> torch.Tensor:
-        return completion_logprobs(
-            model,
-            rollout.prompt_ids[rows],
-            rollout.prompt_mask[rows],
-            rollout.completion_ids[rows],
-            rollout.completion_mask[rows],
-            temperature=self.args.temperature,
-        )
+        with self._precision(model):
+            return completion_logprobs(
+                model,
+                rollout.prompt_ids[rows],
+                rollout.prompt_mask[rows],
+                rollout.completion_ids[rows],
+                rollout.completion_mask[rows],
+                temperature=self.args.temperature,
+            )
 
     def _backward(
         self,
