@@ -10,8 +10,8 @@ import torch
 import comlrl.trainers.reinforce.trainer as trainer_module
 from comlrl.algorithms import joint_action_indices, token_weights
 from comlrl.algorithms.returns import tree_advantages
+from comlrl.metrics.rollout import completion_samples
 from comlrl.rollout.tree import tree_size
-from comlrl.trainers.reinforce.trainer import completion_samples
 
 from .conftest import char_tokenizer, tiny_llama
 from .test_trainer import DATA, length_sum, make_trainer, small_config, snapshot, unchanged
