@@ -90,3 +90,13 @@ def resolve_tokenizers(
         tok.pad_token = tok.eos_token
         fixed.add(id(tok))
     return tokenizers
+
+
+def enable_activation_checkpointing(agent: torch.nn.Module) -> None:
+    """Recompute activations in the backward pass (non-reentrant: works with frozen bases and
+    adapters). transformers 5.x renamed gradient checkpointing to activation checkpointing."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(agent, "activation_checkpointing_enable"):
+        agent.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        agent.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)

@@ -54,7 +54,13 @@ from comlrl.metrics import JsonlSink, MetricsLogger, TensorBoardSink, WandbSink
 from comlrl.metrics.evaluation import EvalHooks, evaluation_metrics
 from comlrl.metrics.rollout import completion_samples, format_metrics, rollout_metrics
 from comlrl.models.forward import completion_logprobs
-from comlrl.models.loading import check_agents, load_agents, resolve_tokenizers, split_model_config
+from comlrl.models.loading import (
+    check_agents,
+    enable_activation_checkpointing,
+    load_agents,
+    resolve_tokenizers,
+    split_model_config,
+)
 from comlrl.models.lora import attach_adapters, is_peft_model, merged_copy, save_adapter, trainable_parameters
 from comlrl.optim import build_optimizers, build_schedulers, per_agent_learning_rates
 from comlrl.rewards import JointReward
@@ -185,7 +191,7 @@ class MAGRPOTrainer:
         self.num_agents = len(self.agents)
         if self.args.gradient_checkpointing:
             for agent in {id(agent): agent for agent in self.agents}.values():
-                agent.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+                enable_activation_checkpointing(agent)
         self.agent_parameters = [trainable_parameters(a, name) for a, name in zip(self.agents, self.adapters)]
         self.tokenizers = resolve_tokenizers(tokenizer, self.agents, tokenizer_kwargs)
         self.reward = JointReward(reward_func, self.num_agents, reward_processor, weights=self.args.reward_weights)
