@@ -53,12 +53,12 @@ class TrainerState:
     step_raw_rewards: list[float]
     metrics_window: dict[str, list[float]]
     """Metrics of the steps since the last logging step, not yet averaged and written."""
-    python_rng: list[Any]
-    numpy_rng: list[Any]
     agents: list[dict[str, Any]]
     """What each agent was (see :func:`describe_agent`), to refuse resuming with other ones."""
     num_rows: int
     per_device_train_batch_size: int
+    generators: dict[str, Any] = field(default_factory=dict)
+    """Python's and NumPy's generator states (torch's are tensors, in ``rng_state.pt``)."""
     config: dict[str, Any] = field(default_factory=dict)
     """The run's config, for reading."""
 

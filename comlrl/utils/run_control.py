@@ -42,3 +42,28 @@ class StopOnSignal:
 
     def __exit__(self, *exc_info: Any) -> None:
         self._restore()
+
+
+def generator_states() -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """Every generator sampling draws from: Python's and NumPy's as JSON-ready values, torch's
+    (CPU, and CUDA when present) as tensors."""
+    numpy_state = np.random.get_state()
+    json_states = {
+        "python": list(random.getstate()),
+        "numpy": [numpy_state[0], numpy_state[1].tolist(), *numpy_state[2:]],
+    }
+    tensors = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        tensors["cuda"] = torch.stack(torch.cuda.get_rng_state_all())
+    return json_states, tensors
+
+
+def restore_generator_states(json_states: dict[str, Any], tensors: dict[str, torch.Tensor]) -> None:
+    """Put back what :func:`generator_states` captured."""
+    version, internal, gauss = json_states["python"]
+    random.setstate((version, tuple(internal), gauss))
+    name, keys, *rest = json_states["numpy"]
+    np.random.set_state((name, np.array(keys, dtype=np.uint32), *rest))
+    torch.set_rng_state(tensors["torch"])
+    if "cuda" in tensors and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(list(tensors["cuda"]))

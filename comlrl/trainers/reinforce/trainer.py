@@ -19,7 +19,6 @@ import copy
 import functools
 import math
 import os
-import random
 import shutil
 import signal
 import time
@@ -28,7 +27,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-import numpy as np
 import torch
 from tqdm.auto import tqdm
 
@@ -69,7 +67,7 @@ from comlrl.rollout.prompts import Formatter, PromptTable
 from comlrl.rollout.transition import Transition
 from comlrl.rollout.tree import RolloutTree, build_tree, tree_size
 from comlrl.trainers.reinforce.config import MAGRPOConfig
-from comlrl.utils.run_control import StopOnSignal, seed_everything
+from comlrl.utils.run_control import StopOnSignal, generator_states, restore_generator_states, seed_everything
 
 RewardFunction = Callable[..., Sequence[Any]]
 
@@ -323,8 +321,6 @@ class MAGRPOTrainer:
                                 step_rewards=step_rewards,
                                 step_raw_rewards=step_raw_rewards,
                                 metrics_window=logger.window(),
-                                python_rng=[],
-                                numpy_rng=[],
                                 agents=[describe_agent(agent) for agent in self.agents],
                                 num_rows=len(self.train_prompts),
                                 per_device_train_batch_size=batch,
@@ -354,13 +350,9 @@ class MAGRPOTrainer:
         return TrainResult(self.global_step, epoch_rewards, epoch_raw_rewards, time.perf_counter() - start, interrupted)
 
     def _save_checkpoint(self, state: TrainerState, epoch_order_state: torch.Tensor) -> str:
-        state.python_rng = list(random.getstate())
-        numpy_state = np.random.get_state()
-        state.numpy_rng = [numpy_state[0], numpy_state[1].tolist(), *numpy_state[2:]]
+        state.generators, generators = generator_states()
+        generators["data_order"] = epoch_order_state
         state.config = asdict(self.args)
-        generators = {"torch": torch.get_rng_state(), "data_order": epoch_order_state}
-        if torch.cuda.is_available():
-            generators["cuda"] = torch.stack(torch.cuda.get_rng_state_all())
         return save_checkpoint(
             self.args.output_dir,
             self.num_agents,
@@ -383,12 +375,7 @@ class MAGRPOTrainer:
             optimizer.load_state_dict(saved)
         for scheduler, saved in zip(self.schedulers, optimizer_state["schedulers"]):
             scheduler.load_state_dict(saved)
-        random.setstate((state.python_rng[0], tuple(state.python_rng[1]), state.python_rng[2]))
-        name, keys, *rest = state.numpy_rng
-        np.random.set_state((name, np.array(keys, dtype=np.uint32), *rest))
-        torch.set_rng_state(generators["torch"])
-        if "cuda" in generators and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(list(generators["cuda"]))
+        restore_generator_states(state.generators, generators)
         data_order.set_state(generators["data_order"])
         self.global_step = state.global_step
         # Lines the stopped run wrote after its checkpoint would otherwise appear twice.
