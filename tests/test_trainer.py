@@ -295,7 +295,7 @@ def test_rollout_metrics_by_hand():
     rewards = torch.tensor([[[1.0], [3.0]], [[2.0], [2.0]]])  # (B=2, J=2, N=1): row 1's group is constant
     turn = Turn(1, [0, 1], [["p", "q"]], [[["p"]], [["q"]]], [[[]], [[]]], [agent], rewards, rewards / 10,
                 rewards.unsqueeze(0), children=torch.full((2, 2), -1))  # fmt: skip
-    tree = RolloutTree([turn], torch.arange(2).unsqueeze(1), 2, ["score"], generate_calls=1, transition_calls=0)
+    tree = RolloutTree([turn], torch.arange(2).unsqueeze(1), 2, ["score"], transition_calls=0)
     credits = rewards.permute(2, 0, 1)  # (N, B, G)
     metrics = rollout_metrics(tree, [rewards], [credits], [[torch.tensor([-1.0, 1.0, 0.0, 0.0])]])
     assert metrics["reward/mean"] == 2.0 and metrics["reward/raw_mean"] == pytest.approx(0.2)

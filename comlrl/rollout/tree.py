@@ -65,8 +65,12 @@ class RolloutTree:
     """G: samples per agent at each node."""
     reward_names: list[str]
     """F names of the reward functions, for logging."""
-    generate_calls: int
     transition_calls: int
+
+    @property
+    def generate_calls(self) -> int:
+        """One batched call per agent and turn, however many nodes the turn holds."""
+        return len(self.turns) * self.joint_indices.shape[1]
 
 
 @dataclass(frozen=True)
@@ -128,11 +132,10 @@ def build_tree(
     prompt_history = [[[turn_prompts[i][m]] for i in range(num_agents)] for m in range(len(rows))]
     response_history: list[list[list[str]]] = [[[] for _ in range(num_agents)] for _ in rows]
     turns: list[Turn] = []
-    generate_calls = transition_calls = 0
+    transition_calls = 0
     names: list[str] = []
     for number in range(1, num_turns + 1):
         agents = [generate(i, turn_prompts[i]) for i in range(num_agents)]
-        generate_calls += num_agents
         num_nodes = len(rows)
         # completions[i][m*J + j]: agent i's part of joint action j at node m
         sample = (torch.arange(num_nodes).unsqueeze(1) * num_generations).unsqueeze(2) + joint_indices  # (M, J, N)
@@ -159,9 +162,9 @@ def build_tree(
         next_prompt_history: list[list[list[str]]] = []
         next_response_history: list[list[list[str]]] = []
         if number < num_turns:
+            node_means = rewards.mean(dim=(1, 2)).tolist()
             for k, (m, row) in enumerate(zip(joint_nodes, joint_rows)):
-                node_mean = rewards[m].mean().item()
-                if early_termination_threshold is not None and node_mean > early_termination_threshold:
+                if early_termination_threshold is not None and node_means[m] > early_termination_threshold:
                     continue
                 texts = transition(
                     turn=number,
@@ -214,6 +217,5 @@ def build_tree(
         joint_indices=joint_indices,
         num_generations=num_generations,
         reward_names=names,
-        generate_calls=generate_calls,
         transition_calls=transition_calls,
     )
