@@ -14,9 +14,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
+
+import measure
 
 LAYOUTS = ("full", "lora", "lora-shared")
 
@@ -55,7 +56,7 @@ def one_layout(layout: str, num_agents: int, model: str) -> dict[str, float]:
     return {
         "param_mib": sum(p.numel() * p.element_size() for p in distinct.values()) / 2**20,
         "trainable_params": sum(p.numel() for params in trainer.agent_parameters for p in params),
-        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "peak_rss_mib": measure.peak_rss_mib(),
     }
 
 

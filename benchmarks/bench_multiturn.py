@@ -15,9 +15,11 @@ update seconds, generated tokens per second, and the per-node / per-level time r
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
+from unittest import mock
 
 import torch
 
@@ -25,7 +27,7 @@ from comlrl.rollout import AgentRollout
 from comlrl.trainers.reinforce import MAGRPOTrainer
 
 sys.path.insert(0, os.path.dirname(__file__))
-from bench_step import build_trainer, peak_rss_mib  # noqa: E402
+import bench_step  # noqa: E402
 
 
 def show_partner(prompt, agent_completions, num_agents):
@@ -64,37 +66,12 @@ class PerNodeTrainer(MAGRPOTrainer):
 
 
 def run(name: str, trainer: MAGRPOTrainer, steps: int) -> dict[str, float]:
-    generate_s = update_s = tokens = 0.0
-    counting = {"calls": 0}
-    for agent in trainer.agents:
-        original = agent.generate
-
-        def counted(*args, _original=original, **kwargs):
-            counting["calls"] += 1
-            return _original(*args, **kwargs)
-
-        agent.generate = counted
-    for row in range(steps):
-        metrics = trainer.training_step([row])
-        generate_s += metrics["time/generate_s"]
-        update_s += metrics["time/update_s"]
-        tokens += metrics["time/generated_tokens_per_s"] * metrics["time/generate_s"]
-    calls = counting["calls"] / steps
-    for agent in trainer.agents:
-        del agent.generate
-    result = {
-        "generate_calls_per_step": calls,
-        "generate_s": generate_s,
-        "update_s": update_s,
-        "step_s": (generate_s + update_s) / steps,
-        "tokens_per_s": tokens / generate_s,
-        "peak_rss_mib": peak_rss_mib(),
-    }
-    print(
-        f"{name:>9}: {calls:4.0f} generate calls/step | generate {generate_s:6.1f} s | update {update_s:6.1f} s | "
-        f"{result['step_s']:6.1f} s/step | {result['tokens_per_s']:6.1f} generated tok/s",
-        flush=True,
-    )
+    """``bench_step.run`` of the library's step, counting the models' ``generate`` calls."""
+    with contextlib.ExitStack() as stack:
+        counters = [stack.enter_context(mock.patch.object(a, "generate", wraps=a.generate)) for a in trainer.agents]
+        result = bench_step.run(name, bench_step.comlrl_step, trainer, steps)
+    result["generate_calls_per_step"] = sum(counter.call_count for counter in counters) / steps
+    print(f"{name:>8}: {result['generate_calls_per_step']:.0f} generate calls/step", flush=True)
     return result
 
 
@@ -124,7 +101,7 @@ def main(argv=None) -> None:
     multi_turn = dict(num_turns=2, joint_mode=args.joint_mode, external_transition=show_partner)
     results = {}
     for name, trainer_class in (("per level", MAGRPOTrainer), ("per node", PerNodeTrainer)):
-        trainer = build_trainer(model_name, args, trainer_class=trainer_class, **multi_turn)
+        trainer = bench_step.build_trainer(model_name, args, trainer_class=trainer_class, **multi_turn)
         trainer.training_step([len(trainer.train_prompts) - 1])  # warm-up
         results[name] = run(name, trainer, args.steps)
     for phase in ("generate_s", "step_s"):

@@ -23,11 +23,11 @@ import argparse
 import importlib.util
 import json
 import os
-import resource
 import sys
 import time
 from functools import partial
 
+import measure
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -41,11 +41,6 @@ _EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "examples", "story-len-
 _spec = importlib.util.spec_from_file_location("story_len_ratio", _EXAMPLE)
 example = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(example)
-
-
-def peak_rss_mib() -> float:
-    """Peak resident memory of this process so far (Linux reports KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def build_trainer(
@@ -81,9 +76,11 @@ def build_trainer(
 
 
 def comlrl_step(trainer: MAGRPOTrainer, row: int) -> tuple[float, float, int]:
+    """One training step: its generation seconds, update seconds and generated tokens (every
+    agent and turn: the logged rate times the time it was measured over)."""
     metrics = trainer.training_step([row])
-    tokens = sum(metrics[f"agent{i}/completion_length"] for i in range(2)) * trainer.args.num_generations
-    return metrics["time/generate_s"], metrics["time/update_s"], int(tokens)
+    tokens = round(metrics["time/generated_tokens_per_s"] * metrics["time/generate_s"])
+    return metrics["time/generate_s"], metrics["time/update_s"], tokens
 
 
 def baseline_step(trainer: MAGRPOTrainer, row: int) -> tuple[float, float, int]:
@@ -143,7 +140,7 @@ def run(name: str, step_fn, trainer: MAGRPOTrainer, steps: int) -> dict[str, flo
         "step_s": (generate_s + update_s) / steps,
         "generated_tokens": tokens,
         "tokens_per_s": tokens / generate_s,
-        "peak_rss_mib": peak_rss_mib(),
+        "peak_rss_mib": measure.peak_rss_mib(),
     }
     print(
         f"{name:>8}: generate {generate_s:7.1f} s | update {update_s:7.1f} s | {result['step_s']:6.1f} s/step | "
