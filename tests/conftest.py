@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 import types
+from pathlib import Path
 
 import pytest
 import torch
@@ -71,6 +73,15 @@ def tokenizer():
 @pytest.fixture
 def prompts_dataset():
     return [{"prompt": "hello there:"}, {"prompt": "a cat"}, {"prompt": "tell me, why?"}]
+
+
+def load_example(filename: str) -> types.ModuleType:
+    """A script of ``examples/`` (their names have dashes) imported as a module."""
+    path = Path(__file__).resolve().parents[1] / "examples" / filename
+    spec = importlib.util.spec_from_file_location(path.stem.replace("-", "_"), path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.fixture

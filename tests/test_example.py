@@ -1,23 +1,16 @@
 """examples/story-len-ratio.py: its flags, and a short run on a tiny model folder."""
 
-import importlib.util
 import sys
-from pathlib import Path
 
 import pytest
 from transformers import AutoModelForCausalLM
 
-from .conftest import char_tokenizer, tiny_llama
-
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "story-len-ratio.py"
+from .conftest import char_tokenizer, load_example, tiny_llama
 
 
 @pytest.fixture(scope="module")
 def example():
-    spec = importlib.util.spec_from_file_location("story_len_ratio", EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_example("story-len-ratio.py")
 
 
 def test_help_lists_every_flag(example, capsys):

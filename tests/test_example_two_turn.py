@@ -1,25 +1,18 @@
 """examples/two-turn-revision.py: its flags, its reward and transition by hand, and a short
 two-turn run on a tiny model folder."""
 
-import importlib.util
 import json
 import math
 import sys
-from pathlib import Path
 
 import pytest
 
-from .conftest import char_tokenizer, tiny_llama
-
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "two-turn-revision.py"
+from .conftest import char_tokenizer, load_example, tiny_llama
 
 
 @pytest.fixture(scope="module")
 def example():
-    spec = importlib.util.spec_from_file_location("two_turn_revision", EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_example("two-turn-revision.py")
 
 
 def test_help_lists_every_flag(example, capsys):

@@ -30,16 +30,18 @@ def changed(before, model):
     return {name for name, value in before.items() if not torch.equal(value, now[name])}
 
 
+def separate_lora_agents(tmp_path, tok, **config):
+    """Two tiny agents, each its own model with a LoRA adapter, rewarded by content_score."""
+    agents = [tiny_llama(tok, i) for i in range(2)]
+    args = small_config(tmp_path, **config)
+    return make_trainer(
+        tmp_path, agents=agents, tokenizer=tok, reward_func=content_score, peft_config=lora(), args=args
+    )
+
+
 def test_separate_agents_train_only_their_adapters_and_save_them(tmp_path):
     tok = char_tokenizer()
-    trainer = make_trainer(
-        tmp_path,
-        agents=[tiny_llama(tok, i) for i in range(2)],
-        tokenizer=tok,
-        reward_func=content_score,
-        peft_config=lora(),
-        args=small_config(tmp_path),
-    )
+    trainer = separate_lora_agents(tmp_path, tok)
     before = [base_and_adapters(agent) for agent in trainer.agents]
     trainer.training_step([0, 1])
     for (base, adapters), agent in zip(before, trainer.agents):
@@ -103,15 +105,7 @@ def test_agent_model_with_adapters_loads_one_base(tmp_path):
 
 
 def test_kl_reference_of_an_adapter_is_its_base_model(tmp_path):
-    tok = char_tokenizer()
-    trainer = make_trainer(
-        tmp_path,
-        agents=[tiny_llama(tok, i) for i in range(2)],
-        tokenizer=tok,
-        reward_func=content_score,
-        peft_config=lora(),
-        args=small_config(tmp_path, beta=0.1),
-    )
+    trainer = separate_lora_agents(tmp_path, char_tokenizer(), beta=0.1)
     assert trainer.reference_agents == [None, None], "no copy of the model is made for the reference"
     metrics = trainer.training_step([0])
     assert metrics["agent0/kl"] == pytest.approx(0.0, abs=1e-6)  # a fresh LoRA adapter is the identity

@@ -89,6 +89,17 @@ def read_wandb_records(path):
     return records
 
 
+def log_two_steps_and_samples(sink):
+    """What the real-sink tests read back: steps 1 and 2 (loss at step 1 only), SAMPLES at step 2."""
+    logger = MetricsLogger([sink])
+    logger.add({"reward/mean": 0.5, "loss": 2.0})
+    logger.flush(step=1)
+    logger.add({"reward/mean": 0.75})
+    logger.flush(step=2)
+    logger.log_samples(SAMPLES, step=2)
+    logger.close()
+
+
 def test_wandb_offline_run_holds_config_metrics_and_samples(tmp_path, monkeypatch):
     """A real offline run (no network, about 3 s): read back its config, history and samples table."""
     import wandb
@@ -97,14 +108,9 @@ def test_wandb_offline_run_holds_config_metrics_and_samples(tmp_path, monkeypatc
         monkeypatch.setenv(name, value)
     for name in ["WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR"]:  # keep the home folder clean
         monkeypatch.setenv(name, str(tmp_path / name))
-    sink = WandbSink({"project": "p", "dir": str(tmp_path), "config": {"extra": 1}}, run_config={"seed": 3})
-    logger = MetricsLogger([sink])
-    logger.add({"reward/mean": 0.5, "loss": 2.0})
-    logger.flush(step=1)
-    logger.add({"reward/mean": 0.75})
-    logger.flush(step=2)
-    logger.log_samples(SAMPLES, step=2)
-    logger.close()
+    log_two_steps_and_samples(
+        WandbSink({"project": "p", "dir": str(tmp_path), "config": {"extra": 1}}, run_config={"seed": 3})
+    )
     wandb.teardown()  # stops the W&B service process this run started
 
     (run_dir,) = (tmp_path / "wandb").glob("offline-run-*")
@@ -133,13 +139,7 @@ def test_tensorboard_event_files_hold_scalars_and_samples_table(tmp_path):
     from tensorboard.plugin_util import markdown_to_safe_html
     from tensorboard.util.tensor_util import make_ndarray
 
-    logger = MetricsLogger([TensorBoardSink(str(tmp_path))])
-    logger.add({"reward/mean": 0.5, "loss": 2.0})
-    logger.flush(step=1)
-    logger.add({"reward/mean": 0.75})
-    logger.flush(step=2)
-    logger.log_samples(SAMPLES, step=2)
-    logger.close()
+    log_two_steps_and_samples(TensorBoardSink(str(tmp_path)))
 
     events = EventAccumulator(str(tmp_path))
     events.Reload()
