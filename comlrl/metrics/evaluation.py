@@ -3,7 +3,6 @@ and the user's evaluation hooks."""
 
 from __future__ import annotations
 
-import inspect
 import math
 import numbers
 from collections.abc import Callable, Sequence
@@ -12,7 +11,7 @@ from typing import Any
 import torch
 
 from comlrl.algorithms.returns import tree_returns
-from comlrl.rewards.joint_reward import describe
+from comlrl.rewards.joint_reward import describe, keyword_arguments
 from comlrl.rollout.tree import RolloutTree
 
 EVAL_LOGGER_ARGUMENTS = ("agent_completions_turns", "prompts", "rows", "test_cases", "entry_points")
@@ -31,16 +30,9 @@ class EvalHooks:
             raise ValueError("eval_aggregator needs an eval_logger whose output it aggregates")
         self.logger = logger
         self.aggregator = aggregator
-        self.arguments: tuple[str, ...] = ()
-        if logger is not None:
-            try:
-                params = inspect.signature(logger).parameters.values()
-            except (TypeError, ValueError):
-                params = None
-            if params is None or any(p.kind == p.VAR_KEYWORD for p in params):
-                self.arguments = EVAL_LOGGER_ARGUMENTS
-            else:
-                self.arguments = tuple(name for name in EVAL_LOGGER_ARGUMENTS if name in {p.name for p in params})
+        # With **kwargs, the logger gets every argument.
+        names = EVAL_LOGGER_ARGUMENTS
+        self.arguments = () if logger is None else keyword_arguments(logger, names, if_any_keyword=names)
 
     def __call__(
         self,

@@ -44,18 +44,27 @@ REWARD_CONTEXT = ("turn", "prompt_history_per_agent", "response_history_per_agen
 first turn up to and including the current one)."""
 
 
-def _parameters(func: Callable) -> list[inspect.Parameter] | None:
+def signature_parameters(func: Callable) -> list[inspect.Parameter] | None:
+    """``func``'s parameters, or None for builtins and C callables without a signature."""
     try:
         return list(inspect.signature(func).parameters.values())
-    except (TypeError, ValueError):  # builtins and C callables without a signature
+    except (TypeError, ValueError):
         return None
 
 
+def keyword_arguments(func: Callable, names: Sequence[str], if_any_keyword: Sequence[str] = ()) -> tuple[str, ...]:
+    """The ``names`` that ``func`` takes by keyword, in the order of ``names``; a function that
+    takes ``**kwargs`` (or whose signature cannot be read) also gets ``if_any_keyword``."""
+    params = signature_parameters(func)
+    named = {p.name for p in params or [] if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    if params is None or any(p.kind == p.VAR_KEYWORD for p in params):
+        named |= set(if_any_keyword)
+    return tuple(name for name in names if name in named)
+
+
 def context_parameters(func: Callable) -> tuple[str, ...]:
-    """The names of ``REWARD_CONTEXT`` that ``func`` takes by keyword."""
-    params = _parameters(func) or []
-    named = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
-    return tuple(name for name in REWARD_CONTEXT if name in named)
+    """The names of ``REWARD_CONTEXT`` that ``func`` names among its keyword parameters."""
+    return keyword_arguments(func, REWARD_CONTEXT)
 
 
 def takes_prompts(func: Callable, num_agents: int) -> bool:
@@ -65,7 +74,7 @@ def takes_prompts(func: Callable, num_agents: int) -> bool:
     come first; a function that can take N positional arguments gets only completions.
     Parameters named after ``REWARD_CONTEXT`` are passed by keyword and not counted.
     """
-    params = _parameters(func)
+    params = signature_parameters(func)
     if params is None:
         return False
     params = [p for p in params if p.name not in REWARD_CONTEXT]

@@ -4,11 +4,10 @@ prompts (the environment of a multi-turn episode)."""
 from __future__ import annotations
 
 import copy
-import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from comlrl.rewards.joint_reward import describe
+from comlrl.rewards.joint_reward import describe, keyword_arguments, signature_parameters
 
 TRANSITION_ARGUMENTS = (
     "prompt",
@@ -39,18 +38,11 @@ class Transition:
         self.func = func
         self.num_agents = num_agents
         self.name = f"external_transition {describe(func)}"
-        try:
-            params = list(inspect.signature(func).parameters.values())
-        except (TypeError, ValueError):  # a C callable without a signature gets the original five
-            params = None
-        if params is None or any(p.kind == p.VAR_KEYWORD for p in params):
-            named = set(_ORIGINAL_ARGUMENTS) | {p.name for p in params or []}
-        else:
-            named = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
-        self.arguments = tuple(name for name in TRANSITION_ARGUMENTS if name in named)
+        # With **kwargs (or no readable signature) it gets the original five.
+        self.arguments = keyword_arguments(func, TRANSITION_ARGUMENTS, if_any_keyword=_ORIGINAL_ARGUMENTS)
         unknown = [
             p.name
-            for p in params or []
+            for p in signature_parameters(func) or []
             if p.default is p.empty
             and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
             and p.name not in TRANSITION_ARGUMENTS
