@@ -196,8 +196,9 @@ def load_weights(path: str, agents: Sequence[torch.nn.Module], adapters: Sequenc
                 raise ValueError(f"checkpoint {path}: agent_{i}'s adapter does not fit agent {i} ({unexpected[:3]})")
             continue
         missing, unexpected = agent.load_state_dict(weights, strict=False)
-        loaded = {t.data_ptr() for key, t in agent.state_dict().items() if key in weights}
-        untied = [key for key in missing if agent.state_dict()[key].data_ptr() not in loaded]
+        state = agent.state_dict()
+        loaded = {t.data_ptr() for key, t in state.items() if key in weights}
+        untied = [key for key in missing if state[key].data_ptr() not in loaded]
         if untied or unexpected:
             raise ValueError(
                 f"checkpoint {path}: agent_{i}'s weights do not fit agent {i} (missing {untied[:3]}, "
