@@ -98,8 +98,7 @@ def complete_checkpoints(output_dir: str) -> list[str]:
 
 def save_checkpoint(
     output_dir: str,
-    num_agents: int,
-    write_agent: Callable[[int, str], None],
+    write_models: Callable[[str], None],
     optimizers: Sequence[torch.optim.Optimizer],
     schedulers: Sequence[Any],
     generators: dict[str, torch.Tensor],
@@ -107,13 +106,12 @@ def save_checkpoint(
     total_limit: int | None = None,
 ) -> str:
     """Write ``output_dir/checkpoint-{global_step}`` atomically; keep the newest ``total_limit``.
-    ``write_agent(i, folder)`` writes agent i's weights (or adapter) and tokenizer."""
+    ``write_models(folder)`` writes every agent's (and critic's) weights or adapter, and tokenizer."""
     final = os.path.join(output_dir, f"{PREFIX}{state.global_step}")
     partial = final + ".partial"
     shutil.rmtree(partial, ignore_errors=True)
     os.makedirs(partial)
-    for i in range(num_agents):
-        write_agent(i, os.path.join(partial, f"agent_{i}"))
+    write_models(partial)
     torch.save(
         {"optimizers": [o.state_dict() for o in optimizers], "schedulers": [s.state_dict() for s in schedulers]},
         os.path.join(partial, OPTIMIZER_FILE),

@@ -8,12 +8,18 @@ import pytest
 from comlrl.trainers.reinforce import MAGRPOConfig
 
 
-def test_every_field_is_documented():
-    source = inspect.getsource(MAGRPOConfig)
-    for field in dataclasses.fields(MAGRPOConfig):
+def assert_every_field_documented(config_class):
+    """Each field, in whichever class of the hierarchy declares it, has a docstring line."""
+    sources = [inspect.getsource(c) for c in config_class.__mro__ if dataclasses.is_dataclass(c)]
+    for field in dataclasses.fields(config_class):
+        source = next(s for s in sources if f"    {field.name}: " in s)
         declaration = source.index(f"    {field.name}: ")
         following = source[declaration:].split("\n", 2)[1].strip()
-        assert following.startswith('"""'), f"{field.name} has no docstring line"
+        assert following.startswith('"""'), f"{config_class.__name__}.{field.name} has no docstring line"
+
+
+def test_every_field_is_documented():
+    assert_every_field_documented(MAGRPOConfig)
 
 
 def test_tutorial_fields_and_defaults():

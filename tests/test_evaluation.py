@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-import comlrl.trainers.reinforce.trainer as trainer_module
+import comlrl.trainers.base as trainer_module
 
 from .test_multiturn import multi_turn_trainer
 from .test_trainer import DATA, length_sum, make_trainer, small_config, snapshot, unchanged

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-import comlrl.trainers.reinforce.trainer as trainer_module
+import comlrl.trainers.base as trainer_module
 from comlrl.algorithms import joint_action_indices, token_weights
 from comlrl.algorithms.returns import tree_advantages
 from comlrl.metrics.rollout import completion_samples

@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-import comlrl.trainers.reinforce.trainer as trainer_module
+import comlrl.trainers.base as trainer_module
 from comlrl.trainers.reinforce import MAGRPOConfig, MAGRPOTrainer
 
 from .conftest import MIXED, char_tokenizer, tiny_gpt2, tiny_llama

@@ -1,0 +1,262 @@
+"""What every multi-agent trainer's config shares: schedule, optimisation, sampling, the
+rollout tree, the loss normalisation, evaluation and output. Each trainer's config adds the
+fields of its own objective and checks them in its ``__post_init__``, after these."""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass, field
+from typing import Any
+
+from comlrl.algorithms import JOINT_MODES, LOSS_AGGREGATIONS
+from comlrl.optim import LR_SCHEDULES
+
+
+def is_real(value: Any) -> bool:
+    """A number that is not a bool and not NaN."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and not math.isnan(value)
+
+
+def check_int(config: Any, name: str, minimum: int = 1, allow_none: bool = False, note: str = "") -> None:
+    """``config.<name>`` must be an integer >= ``minimum`` (or None when allowed)."""
+    value = getattr(config, name)
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        allowed = f"an integer >= {minimum}" + (" or None" if allow_none else "") + note
+        raise ValueError(f"{name} must be {allowed}, got {value!r}")
+
+
+def check_fraction(config: Any, name: str) -> None:
+    """``config.<name>`` must be a number in [0, 1]."""
+    value = getattr(config, name)
+    if not (is_real(value) and 0 <= value <= 1):
+        raise ValueError(f"{name} must be in [0, 1], got {value!r}")
+
+
+def check_bool(config: Any, *names: str) -> None:
+    for name in names:
+        if not isinstance(getattr(config, name), bool):
+            raise ValueError(f"{name} must be True or False, got {getattr(config, name)!r}")
+
+
+def check_choice(config: Any, name: str, allowed: Any) -> None:
+    if getattr(config, name) not in allowed:
+        raise ValueError(f"{name}={getattr(config, name)!r}; expected one of {sorted(allowed)}")
+
+
+@dataclass
+class TrainerConfig:
+    """The fields every trainer's config has. Every field is checked in ``__post_init__``."""
+
+    # --- schedule -------------------------------------------------------------------------
+    num_train_epochs: int = 20
+    """Passes over the training dataset."""
+    per_device_train_batch_size: int = 2
+    """Dataset rows per training step; all their prompts are generated in one batch
+    (2 matches the original library's rollout buffer)."""
+    shuffle: bool = True
+    """Reshuffle the dataset rows at every epoch (seeded by ``seed``)."""
+    seed: int = 42
+    """Seeds Python, NumPy and torch (sampling and data order) at the start of ``train()``."""
+
+    # --- optimisation ---------------------------------------------------------------------
+    agent_learning_rate: float | list[float] = 5e-6
+    """AdamW learning rate: one value for every agent, or a list with one value per agent."""
+    lr_scheduler_type: str = "constant"
+    """Learning-rate schedule over the run: ``constant``, ``linear`` or ``cosine`` (to 0)."""
+    warmup_ratio: float = 0.0
+    """Fraction of the optimizer steps over which the learning rate rises linearly from 0."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    max_grad_norm: float | None = 1.0
+    """Clip each agent's gradient to this global norm; ``None`` turns clipping off."""
+
+    # --- sampling -------------------------------------------------------------------------
+    num_generations: int = 4
+    """Completions sampled per prompt and agent (the group size G)."""
+    max_new_tokens: int = 256
+    """Most tokens generated per completion."""
+    temperature: float = 0.6
+    """Sampling temperature (> 0; the policy's log-probs use the same temperature)."""
+    top_p: float = 0.6
+    """Nucleus sampling mass, in (0, 1]."""
+    top_k: int | None = 50
+    """Sample among the k most likely tokens; ``None`` or 0 turns it off."""
+    generation_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Extra keyword arguments forwarded to ``generate`` (e.g. ``{"min_new_tokens": 64}``)."""
+
+    # --- multi-agent structure ------------------------------------------------------------
+    num_turns: int = 1
+    """Turns per episode; above 1 the trainer needs an ``external_transition`` and every joint
+    action of a turn starts a branch of the rollout tree."""
+    joint_mode: str = "aligned"
+    """``aligned``: sample j of every agent forms joint action j (G joint actions per node);
+    ``cross``: every combination of the agents' samples (G**N joint actions per node)."""
+    early_termination_threshold: float | None = None
+    """A node whose mean reward is above this is not expanded to the next turn (its joint
+    actions' returns are their rewards); ``None`` expands every node."""
+    external_prompt_passthrough: bool = False
+    """Use the prompts ``external_transition`` returns as they are; by default each replaces
+    the row's ``prompt`` column and goes through that agent's formatter."""
+    max_generations_per_step: int = 4096
+    """Refuse a config whose rollout tree could sample more completions per step than this
+    (all agents and turns, no branch ended early): trees grow as J**turns."""
+
+    # --- objective ------------------------------------------------------------------------
+    epsilon: float = 0.2
+    """Clip range of the ratio: ``[1 - epsilon, 1 + epsilon_high]``."""
+    epsilon_high: float | None = None
+    """Upper clip range (DAPO's clip-higher); ``None`` uses ``epsilon``."""
+    beta: float = 0.0
+    """Weight of the k3 KL penalty to a frozen copy of each agent; 0 creates no reference model."""
+    reward_weights: list[float] | None = None
+    """Weight of each reward function when several are given; ``None`` weighs each 1."""
+    loss_type: str = "dapo"
+    """Token normalisation of the loss: ``dapo`` (mean over all tokens of the batch, the
+    default: no length bias), ``grpo`` (per-sequence mean, then mean), ``dr_grpo`` (sum over
+    ``num_sequences * max_new_tokens``)."""
+
+    mixed_precision: str | None = None
+    """``"bf16"``: run generation and the forward passes under bf16 autocast (on GPUs with
+    bf16; weights, gradients and optimizer state keep their dtype); ``None``: full precision."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass instead of keeping them: less memory for
+    about a third more update time."""
+    micro_batch_size: int | None = 32
+    """Most sequences per forward/backward pass; an agent's sequences of a step are split
+    into pieces of this size whose gradients add up to the whole batch's. ``None``: one pass."""
+
+    # --- evaluation -----------------------------------------------------------------------
+    eval_interval: int = 16
+    """Run ``evaluate()`` before training and every this many steps (0: only after the last
+    step); only with an ``eval_dataset``."""
+    eval_num_samples: int | None = 4
+    """Evaluate the first this many rows of ``eval_dataset`` (``None``: all of them)."""
+    eval_batch_size: int = 8
+    """Evaluation rows generated together (one ``generate`` call per agent and turn)."""
+    eval_do_sample: bool = True
+    """Sample evaluation completions with the training settings; False decodes greedily."""
+
+    # --- output ---------------------------------------------------------------------------
+    output_dir: str = "comlrl_output"
+    """Where the run's logs are written: ``metrics.jsonl``, ``samples.jsonl``, ``tensorboard/``."""
+    logging_steps: int = 50
+    """Write averaged metrics every this many training steps."""
+    num_completions_to_log: int = 4
+    """At every logging step, this many joint actions per turn (prompt, each agent's
+    completion, reward, return) go to ``output_dir/samples.jsonl`` (and a W&B table, a
+    TensorBoard text); 0 logs none."""
+    save_steps: int | None = None
+    """Write a checkpoint (``output_dir/checkpoint-{step}``: weights, optimizers, schedulers,
+    generator states, data position) every this many steps; ``None``: only on SIGINT/SIGTERM."""
+    save_total_limit: int | None = None
+    """Keep only the newest this many checkpoints; ``None`` keeps all."""
+    log_tensorboard: bool = False
+    """Also write metrics and samples as TensorBoard events to ``output_dir/tensorboard``
+    (needs ``pip install 'comlrl[tensorboard]'``)."""
+
+    def __post_init__(self):
+        for name in (
+            "num_train_epochs",
+            "per_device_train_batch_size",
+            "num_generations",
+            "max_new_tokens",
+            "num_turns",
+            "logging_steps",
+            "max_generations_per_step",
+            "eval_batch_size",
+        ):
+            check_int(self, name)
+        check_int(self, "num_completions_to_log", minimum=0)
+        for name in ("micro_batch_size", "eval_num_samples", "save_steps", "save_total_limit"):
+            check_int(self, name, allow_none=True)
+        check_int(self, "eval_interval", minimum=0, note=" (0: only after training)")
+        check_bool(self, "shuffle", "external_prompt_passthrough", "eval_do_sample", "log_tensorboard")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise ValueError(f"seed must be an integer, got {self.seed!r}")
+        rates = self.agent_learning_rate
+        rates = rates if isinstance(rates, list | tuple) else [rates]
+        if not rates or not all(is_real(rate) and rate > 0 for rate in rates):
+            raise ValueError(
+                f"agent_learning_rate must be > 0, or a non-empty list of values > 0 (one per agent), "
+                f"got {self.agent_learning_rate!r}"
+            )
+        if self.lr_scheduler_type not in LR_SCHEDULES:
+            raise ValueError(f"lr_scheduler_type={self.lr_scheduler_type!r}; expected one of {sorted(LR_SCHEDULES)}")
+        if not (is_real(self.warmup_ratio) and 0 <= self.warmup_ratio < 1):
+            raise ValueError(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio!r}")
+        if not (is_real(self.epsilon) and self.epsilon > 0):
+            raise ValueError(f"epsilon must be > 0, got {self.epsilon!r}")
+        if self.epsilon_high is not None and not (is_real(self.epsilon_high) and self.epsilon_high > 0):
+            raise ValueError(f"epsilon_high must be > 0 or None, got {self.epsilon_high!r}")
+        if not (is_real(self.beta) and self.beta >= 0):
+            raise ValueError(f"beta must be >= 0, got {self.beta!r}")
+        if self.reward_weights is not None and (
+            not isinstance(self.reward_weights, list | tuple)
+            or not self.reward_weights
+            or not all(is_real(w) and math.isfinite(w) for w in self.reward_weights)
+        ):
+            raise ValueError(
+                f"reward_weights must be None or a non-empty list of finite numbers, got {self.reward_weights!r}"
+            )
+        if not (is_real(self.weight_decay) and self.weight_decay >= 0):
+            raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay!r}")
+        if self.max_grad_norm is not None and not (is_real(self.max_grad_norm) and self.max_grad_norm > 0):
+            raise ValueError(f"max_grad_norm must be > 0 or None, got {self.max_grad_norm!r}")
+        if not (is_real(self.temperature) and self.temperature > 0):
+            raise ValueError(f"temperature must be > 0 (sampling is required), got {self.temperature!r}")
+        if not (is_real(self.top_p) and 0 < self.top_p <= 1):
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if self.top_k is not None and (
+            isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0
+        ):
+            raise ValueError(f"top_k must be an integer >= 0 or None, got {self.top_k!r}")
+        if not isinstance(self.generation_kwargs, dict):
+            raise ValueError(f"generation_kwargs must be a dict, got {type(self.generation_kwargs).__name__}")
+        reserved = {"input_ids", "attention_mask", "do_sample", "num_return_sequences"} & set(self.generation_kwargs)
+        if reserved:
+            raise ValueError(f"generation_kwargs may not set {sorted(reserved)}: the trainer controls them")
+        if self.mixed_precision not in (None, "bf16"):
+            raise ValueError(
+                f"mixed_precision={self.mixed_precision!r}; expected None or 'bf16' (fp16 would need loss scaling)"
+            )
+        if self.early_termination_threshold is not None and not is_real(self.early_termination_threshold):
+            raise ValueError(
+                f"early_termination_threshold must be a number or None (off), got {self.early_termination_threshold!r}"
+            )
+        check_choice(self, "joint_mode", JOINT_MODES)
+        check_choice(self, "loss_type", LOSS_AGGREGATIONS)
+        if not isinstance(self.output_dir, str) or not self.output_dir:
+            raise ValueError(f"output_dir must be a non-empty path string, got {self.output_dir!r}")
+
+    @property
+    def discount(self) -> float:
+        """Weight of the next turn in a joint action's return (logged and evaluated returns)."""
+        raise NotImplementedError
+
+    @property
+    def updates_per_step(self) -> int:
+        """Optimizer steps each agent takes per training step."""
+        raise NotImplementedError
+
+    def sampling_kwargs(self) -> dict[str, Any]:
+        """The keyword arguments for ``generate`` this config implies."""
+        kwargs = {
+            "do_sample": True,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k or 0,
+            "max_new_tokens": self.max_new_tokens,
+        }
+        kwargs.update(self.generation_kwargs)
+        return kwargs
+
+    def eval_sampling_kwargs(self) -> dict[str, Any]:
+        """The keyword arguments for ``generate`` during evaluation."""
+        if self.eval_do_sample:
+            return self.sampling_kwargs()
+        kwargs = {"do_sample": False, "max_new_tokens": self.max_new_tokens}
+        kwargs.update(self.generation_kwargs)
+        return kwargs
