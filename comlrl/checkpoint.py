@@ -3,6 +3,8 @@
 A checkpoint is ``output_dir/checkpoint-{step}/`` holding, as data only (never pickled code):
 
     agent_{i}/            each agent's weights (safetensors) and tokenizer, Hugging Face format
+                          (and value_head.safetensors when its critic is a head on it)
+    critic_{c}/           each separate critic's model, tokenizer and value head
     optimizer.pt          the optimizers' and schedulers' state dicts (tensors and numbers)
     rng_state.pt          torch generator states: sampling (CPU and CUDA) and data order
     trainer_state.json    step, epoch, position in the epoch, reward history, pending metric
@@ -29,6 +31,7 @@ import torch
 from safetensors.torch import load_file
 
 from comlrl.models.lora import is_peft_model, load_adapter_weights
+from comlrl.models.value import VALUE_HEAD_FILE
 
 PREFIX = "checkpoint-"
 STATE_FILE = "trainer_state.json"
@@ -175,23 +178,33 @@ def check_compatible(path: str, state: TrainerState, agents: Sequence[torch.nn.M
         )
 
 
-def load_weights(path: str, agents: Sequence[torch.nn.Module], adapters: Sequence[str | None]) -> None:
-    """Load each agent's saved weights (or adapter) into it; tied weights are saved once and stay tied."""
+def load_weights(
+    path: str, agents: Sequence[torch.nn.Module], adapters: Sequence[str | None], prefix: str = "agent"
+) -> None:
+    """Load each agent's (or, with ``prefix="critic"``, each critic's) saved weights or adapter
+    into it from ``{prefix}_{i}/``; tied weights are saved once and stay tied. A value head's
+    file in the same folder is not the model's and is left to the value head."""
     for i, (agent, adapter) in enumerate(zip(agents, adapters)):
-        folder = os.path.join(path, f"agent_{i}")
-        files = sorted(f for f in os.listdir(folder) if f.endswith(".safetensors")) if os.path.isdir(folder) else []
+        folder = os.path.join(path, f"{prefix}_{i}")
+        files = (
+            sorted(f for f in os.listdir(folder) if f.endswith(".safetensors") and f != VALUE_HEAD_FILE)
+            if os.path.isdir(folder)
+            else []
+        )
         if not files:
-            raise ValueError(f"checkpoint {path}: agent_{i} holds no .safetensors weights")
+            raise ValueError(f"checkpoint {path}: {prefix}_{i} holds no .safetensors weights")
         weights: dict[str, torch.Tensor] = {}
         for name in files:
             try:
                 weights.update(load_file(os.path.join(folder, name)))
             except Exception as error:
-                raise _unreadable(path, f"agent_{i}/{name}", error) from error
+                raise _unreadable(path, f"{prefix}_{i}/{name}", error) from error
         if is_peft_model(agent):
             unexpected = load_adapter_weights(agent, weights, adapter)
             if unexpected:
-                raise ValueError(f"checkpoint {path}: agent_{i}'s adapter does not fit agent {i} ({unexpected[:3]})")
+                raise ValueError(
+                    f"checkpoint {path}: {prefix}_{i}'s adapter does not fit {prefix} {i} ({unexpected[:3]})"
+                )
             continue
         missing, unexpected = agent.load_state_dict(weights, strict=False)
         state = agent.state_dict()
@@ -199,7 +212,7 @@ def load_weights(path: str, agents: Sequence[torch.nn.Module], adapters: Sequenc
         untied = [key for key in missing if state[key].data_ptr() not in loaded]
         if untied or unexpected:
             raise ValueError(
-                f"checkpoint {path}: agent_{i}'s weights do not fit agent {i} (missing {untied[:3]}, "
+                f"checkpoint {path}: {prefix}_{i}'s weights do not fit {prefix} {i} (missing {untied[:3]}, "
                 f"unexpected {unexpected[:3]})"
             )
 

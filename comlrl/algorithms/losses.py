@@ -68,6 +68,8 @@ class PolicyLoss(NamedTuple):
     """Fraction of completion tokens whose ratio was clipped (the clipped term was active)."""
     kl: Tensor
     """Mean k3 KL to the reference over completion tokens (0 without a reference)."""
+    entropy: Tensor
+    """Mean entropy of the policy over completion tokens (0 when not given)."""
 
 
 def k3_kl(token_logps: Tensor, ref_logps: Tensor) -> Tensor:
@@ -89,11 +91,13 @@ def policy_gradient_loss(
     ref_logps: Tensor | None = None,
     beta: float = 0.0,
     sequence_weights: Tensor | None = None,
+    entropy: Tensor | None = None,
+    entropy_coef: float = 0.0,
 ) -> PolicyLoss:
     """Clipped policy-gradient loss over the completion tokens (PPO / GRPO surrogate).
 
-    Per token: ``-min(r * A, clip(r, 1 - epsilon, 1 + epsilon_high) * A) + beta * KL`` with
-    ``r = exp(logp - old_logp)``. Without ``old_logps`` the ratio is taken against the
+    Per token: ``-min(r * A, clip(r, 1 - epsilon, 1 + epsilon_high) * A) + beta * KL
+    - entropy_coef * H`` with ``r = exp(logp - old_logp)``. Without ``old_logps`` the ratio is taken against the
     detached current log-probs: r = 1, nothing is clipped, and the gradient is exactly that of
     REINFORCE, ``-A * grad log pi``.
 
@@ -112,6 +116,9 @@ def policy_gradient_loss(
         sequence_weights: ``(S,)`` token weight of each sequence from :func:`token_weights`
             over a larger batch this one is a piece of; by default ``loss_type`` is applied
             to this batch alone.
+        entropy: ``(S, T)`` entropy of the policy at each completion token (with gradient),
+            for the entropy bonus.
+        entropy_coef: weight of the entropy bonus.
     """
     weights = mask.to(token_logps.dtype)
     if sequence_weights is None:
@@ -126,7 +133,12 @@ def policy_gradient_loss(
     kl = torch.zeros_like(token_logps) if ref_logps is None else k3_kl(token_logps, ref_logps)
     if beta:
         per_token_loss = per_token_loss + beta * kl
+    if entropy_coef:
+        if entropy is None:
+            raise ValueError("entropy_coef > 0 needs the entropy of each token")
+        per_token_loss = per_token_loss - entropy_coef * entropy
     loss = (per_token_loss * weights * sequence_weights.to(weights.dtype).unsqueeze(1)).sum()
     tokens = weights.sum().clamp(min=1)
     clip_fraction = ((clipped < unclipped).to(weights.dtype) * weights).sum() / tokens
-    return PolicyLoss(loss, clip_fraction.detach(), ((kl * weights).sum() / tokens).detach())
+    mean_entropy = torch.zeros(()) if entropy is None else ((entropy * weights).sum() / tokens).detach()
+    return PolicyLoss(loss, clip_fraction.detach(), ((kl * weights).sum() / tokens).detach(), mean_entropy)

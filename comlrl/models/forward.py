@@ -9,10 +9,11 @@ import torch
 from torch import Tensor
 
 from comlrl.algorithms import selective_log_softmax
+from comlrl.algorithms.logprobs import token_entropy
 
 
 @functools.cache
-def _accepts(model_class: type, argument: str) -> bool:
+def accepts_argument(model_class: type, argument: str) -> bool:
     return argument in inspect.signature(model_class.forward).parameters
 
 
@@ -23,8 +24,10 @@ def completion_logprobs(
     completion_ids: Tensor,
     completion_mask: Tensor,
     temperature: float = 1.0,
-) -> Tensor:
-    """``(S, T)`` log-probability of each completion token under ``model``.
+    with_entropy: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]:
+    """``(S, T)`` log-probability of each completion token under ``model``; with
+    ``with_entropy``, also the ``(S, T)`` entropy of the (tempered) distribution it was drawn from.
 
     Prompts are left-padded, so positions are computed from the attention mask (as
     ``generate`` does); otherwise a padded prompt would see shifted positions and the
@@ -40,17 +43,17 @@ def completion_logprobs(
     kept_completion = completion_mask.any(dim=0).nonzero()
     first = kept_prompt[0].item() if len(kept_prompt) else prompt_ids.shape[1]
     last = kept_completion[-1].item() + 1 if len(kept_completion) else 0
-    if first > 0 or last < width:
-        logps = _completion_logprobs(
-            model,
-            prompt_ids[:, first:],
-            prompt_mask[:, first:],
-            completion_ids[:, :last],
-            completion_mask[:, :last],
-            temperature,
-        )
-        return torch.nn.functional.pad(logps, (0, width - last))
-    return _completion_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask, temperature)
+    outputs = _completion_logprobs(
+        model,
+        prompt_ids[:, first:],
+        prompt_mask[:, first:],
+        completion_ids[:, :last],
+        completion_mask[:, :last],
+        temperature,
+        with_entropy,
+    )
+    outputs = tuple(torch.nn.functional.pad(out, (0, width - last)) for out in outputs)
+    return outputs if with_entropy else outputs[0]
 
 
 def _completion_logprobs(
@@ -60,19 +63,22 @@ def _completion_logprobs(
     completion_ids: Tensor,
     completion_mask: Tensor,
     temperature: float,
-) -> Tensor:
+    with_entropy: bool,
+) -> tuple[Tensor, ...]:
     input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
     attention_mask = torch.cat([prompt_mask, completion_mask.to(prompt_mask.dtype)], dim=1)
     kwargs = {}
     model_class = type(model)
-    if _accepts(model_class, "position_ids"):
+    if accepts_argument(model_class, "position_ids"):
         kwargs["position_ids"] = (attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)
     num_completion = completion_ids.shape[1]
-    if _accepts(model_class, "logits_to_keep"):
+    if accepts_argument(model_class, "logits_to_keep"):
         # +1: the logit that predicts the first completion token sits on the last prompt token.
         kwargs["logits_to_keep"] = num_completion + 1
     logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **kwargs).logits
     logits = logits[:, -num_completion - 1 : -1, :]  # (S, T, V): position t predicts token t+1
     # In float32 even when the model ran in bf16: log-probs and their differences (ratios,
     # KL) lose too much in 8 bits of mantissa.
-    return selective_log_softmax(logits.float() / temperature, completion_ids)
+    logits = logits.float() / temperature
+    logps = selective_log_softmax(logits, completion_ids)
+    return (logps, token_entropy(logits)) if with_entropy else (logps,)

@@ -58,9 +58,12 @@ def check_agents(agents: Sequence[torch.nn.Module], shared_base_allowed: bool = 
 
 
 def resolve_tokenizers(
-    tokenizer: Any, agents: Sequence[torch.nn.Module], tokenizer_kwargs: dict[str, Any] | None = None
+    tokenizer: Any,
+    agents: Sequence[torch.nn.Module],
+    tokenizer_kwargs: dict[str, Any] | None = None,
+    role: str = "agent",
 ) -> list[Any]:
-    """One tokenizer per agent, each able to pad.
+    """One tokenizer per agent (or per ``role``: "critic"), each able to pad.
 
     ``tokenizer`` may be one tokenizer for all agents, a list with one per agent, or None
     (each agent's tokenizer is then loaded from the folder or id it was loaded from).
@@ -72,19 +75,19 @@ def resolve_tokenizers(
             source = getattr(agent, "name_or_path", "") or ""
             if not source:
                 raise ValueError(
-                    f"tokenizer is None and agents[{i}] does not say where it was loaded from; pass tokenizer="
+                    f"tokenizer is None and {role}s[{i}] does not say where it was loaded from; pass a tokenizer"
                 )
             tokenizers.append(AutoTokenizer.from_pretrained(source, **(tokenizer_kwargs or {})))
     else:
-        tokenizers = per_agent(tokenizer, len(agents), "tokenizers")
+        tokenizers = per_agent(tokenizer, len(agents), "tokenizers" if role == "agent" else f"{role} tokenizers")
     fixed: set[int] = set()
     for i, tok in enumerate(tokenizers):
         if tok.pad_token_id is not None or id(tok) in fixed:
             continue
         if tok.eos_token is None:
-            raise ValueError(f"the tokenizer of agent {i} has neither a pad token nor an EOS token")
+            raise ValueError(f"the tokenizer of {role} {i} has neither a pad token nor an EOS token")
         warnings.warn(
-            f"the tokenizer of agent {i} has no pad token; padding with its EOS token {tok.eos_token!r}",
+            f"the tokenizer of {role} {i} has no pad token; padding with its EOS token {tok.eos_token!r}",
             stacklevel=3,
         )
         tok.pad_token = tok.eos_token

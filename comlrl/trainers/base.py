@@ -184,10 +184,10 @@ class MultiAgentTrainer:
                 f"num_turns={self.args.num_turns} needs external_transition=, a function that writes each "
                 "agent's next-turn prompt from the joint action just taken"
             )
-        model_kwargs, tokenizer_kwargs = split_model_config(model_config)
+        self.model_kwargs, self.tokenizer_kwargs = split_model_config(model_config)
         if agents is None:
             # With adapters, one base model serves every agent.
-            agents = load_agents(agent_model, 1 if peft_config is not None else num_agents, model_kwargs)
+            agents = load_agents(agent_model, 1 if peft_config is not None else num_agents, self.model_kwargs)
             agents = agents * num_agents if peft_config is not None else agents
         agents = check_agents(agents, shared_base_allowed=peft_config is not None)
         if peft_config is not None:
@@ -200,7 +200,7 @@ class MultiAgentTrainer:
             for agent in {id(agent): agent for agent in self.agents}.values():
                 enable_activation_checkpointing(agent)
         self.agent_parameters = [trainable_parameters(a, name) for a, name in zip(self.agents, self.adapters)]
-        self.tokenizers = resolve_tokenizers(tokenizer, self.agents, tokenizer_kwargs)
+        self.tokenizers = resolve_tokenizers(tokenizer, self.agents, self.tokenizer_kwargs)
         self.reward = JointReward(reward_func, self.num_agents, reward_processor, weights=self.args.reward_weights)
         self.transition = None if external_transition is None else Transition(external_transition, self.num_agents)
         self.train_prompts = PromptTable(train_dataset, formatters, self.num_agents, "train_dataset")
@@ -415,9 +415,9 @@ class MultiAgentTrainer:
         return self._training_step(row_ids)[0]
 
     def _write_models(self, folder: str) -> None:
-        """Every trained model of a checkpoint into ``folder``: ``agent_{i}/`` per agent."""
-        for i in range(self.num_agents):
-            self.write_agent(i, os.path.join(folder, f"agent_{i}"))
+        """Every trained model of a checkpoint into ``folder`` (``agent_{i}/``, ...)."""
+        for name, write in self._model_writers():
+            write(os.path.join(folder, name))
 
     def _load_models(self, path: str) -> None:
         """The weights ``_write_models`` wrote into checkpoint ``path``, loaded in place."""
@@ -522,6 +522,8 @@ class MultiAgentTrainer:
                     history[f"agent{i}/clip_fraction"].append(out.clip_fraction.item())
                 if args.beta > 0:
                     history[f"agent{i}/kl"].append(out.kl.item())
+                if args.entropy_coef > 0:
+                    history[f"agent{i}/entropy"].append(out.entropy.item())
         for name, optimizer in zip(self.learners, self.optimizers):
             history[f"{name.replace(' ', '')}/learning_rate"].append(optimizer.param_groups[0]["lr"])
         return {key: sum(values) / len(values) for key, values in history.items()}
@@ -567,7 +569,9 @@ class MultiAgentTrainer:
             return contextlib.nullcontext()
         return torch.autocast(next(model.parameters()).device.type, dtype=torch.bfloat16)
 
-    def _logprobs(self, model: torch.nn.Module, rollout: AgentRollout, rows: slice) -> torch.Tensor:
+    def _logprobs(
+        self, model: torch.nn.Module, rollout: AgentRollout, rows: slice, with_entropy: bool = False
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         with self._precision(model):
             return completion_logprobs(
                 model,
@@ -576,6 +580,7 @@ class MultiAgentTrainer:
                 rollout.completion_ids[rows],
                 rollout.completion_mask[rows],
                 temperature=self.args.temperature,
+                with_entropy=with_entropy,
             )
 
     def _backward(
@@ -593,10 +598,15 @@ class MultiAgentTrainer:
         model = self.agents[agent_index]
         model.train()
         self.optimizers[agent_index].zero_grad(set_to_none=True)
-        total = clipped = kl = tokens = 0.0
+        total = clipped = kl = entropy = tokens = 0.0
+        with_entropy = self.args.entropy_coef > 0
         for t, rollout in enumerate(rollouts):
             for rows in self._micro_batches(rollout):
-                token_logps = self._logprobs(model, rollout, rows)
+                token_logps, token_entropy = (
+                    self._logprobs(model, rollout, rows, with_entropy=True)
+                    if with_entropy
+                    else (self._logprobs(model, rollout, rows), None)
+                )
                 mask = rollout.completion_mask[rows]
                 out = policy_gradient_loss(
                     token_logps,
@@ -607,6 +617,8 @@ class MultiAgentTrainer:
                     epsilon_high=self.args.epsilon_high,
                     ref_logps=None if ref_logps is None else ref_logps[t][rows],
                     beta=self.args.beta,
+                    entropy=token_entropy,
+                    entropy_coef=self.args.entropy_coef,
                     sequence_weights=weights[t][rows].to(token_logps.device),
                 )
                 out.loss.backward()
@@ -614,9 +626,10 @@ class MultiAgentTrainer:
                 total += out.loss.item()
                 clipped += out.clip_fraction.item() * count
                 kl += out.kl.item() * count
+                entropy += out.entropy.item() * count
                 tokens += count
         tokens = max(tokens, 1)
-        return PolicyLoss(torch.tensor(total), torch.tensor(clipped / tokens), torch.tensor(kl / tokens))
+        return PolicyLoss(*(torch.tensor(value) for value in (total, clipped / tokens, kl / tokens, entropy / tokens)))
 
     def _optimizer_steps(self) -> list[float]:
         """Clip and apply every learner's gradient, or none: a non-finite gradient stops
@@ -694,15 +707,22 @@ class MultiAgentTrainer:
         """
         os.makedirs(output_dir, exist_ok=True)
         folders = []
-        for i in range(self.num_agents):
-            final = os.path.join(output_dir, f"agent_{i}")
-            partial = os.path.join(output_dir, f".agent_{i}.partial")
+        for name, write in self._model_writers(merge_adapters):
+            final = os.path.join(output_dir, name)
+            partial = os.path.join(output_dir, f".{name}.partial")
             shutil.rmtree(partial, ignore_errors=True)
-            self.write_agent(i, partial, merge_adapters)
+            write(partial)
             shutil.rmtree(final, ignore_errors=True)
             os.replace(partial, final)
             folders.append(final)
         return folders
+
+    def _model_writers(self, merge_adapters: bool = False) -> list[tuple[str, Callable[[str], None]]]:
+        """Folder name and writer of every trained model, for ``save_model`` and checkpoints."""
+        return [
+            (f"agent_{i}", functools.partial(self.write_agent, i, merge_adapters=merge_adapters))
+            for i in range(self.num_agents)
+        ]
 
     def write_agent(self, agent: int, folder: str, merge_adapters: bool = False) -> None:
         """Agent ``agent``'s weights (or adapter) and tokenizer into ``folder``."""

@@ -111,6 +111,9 @@ class TrainerConfig:
     """Upper clip range (DAPO's clip-higher); ``None`` uses ``epsilon``."""
     beta: float = 0.0
     """Weight of the k3 KL penalty to a frozen copy of each agent; 0 creates no reference model."""
+    entropy_coef: float = 0.0
+    """Weight of an entropy bonus on each agent's token distributions (0: off; above 0 the
+    update computes a softmax over the whole vocabulary at every completion token)."""
     reward_weights: list[float] | None = None
     """Weight of each reward function when several are given; ``None`` weighs each 1."""
     loss_type: str = "dapo"
@@ -191,8 +194,9 @@ class TrainerConfig:
             raise ValueError(f"epsilon must be > 0, got {self.epsilon!r}")
         if self.epsilon_high is not None and not (is_real(self.epsilon_high) and self.epsilon_high > 0):
             raise ValueError(f"epsilon_high must be > 0 or None, got {self.epsilon_high!r}")
-        if not (is_real(self.beta) and self.beta >= 0):
-            raise ValueError(f"beta must be >= 0, got {self.beta!r}")
+        for name in ("beta", "entropy_coef"):
+            if not (is_real(getattr(self, name)) and getattr(self, name) >= 0):
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
         if self.reward_weights is not None and (
             not isinstance(self.reward_weights, list | tuple)
             or not self.reward_weights

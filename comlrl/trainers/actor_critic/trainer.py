@@ -1,0 +1,348 @@
+"""Actor-critic trainers with PPO-style updates: IAC (one critic per agent) and MAAC (one
+centralized critic). Rollouts, rewards, the policy loss, logging and checkpoints are
+``MultiAgentTrainer``'s; this module adds the critics.
+
+One training step:
+
+    rollout tree (as MAGRPO: G completions per prompt and agent, joint actions, turns)
+    ─critic (no gradient)─▶ value of every node V (a Q-critic: of every action; V = their mean)
+    ─GAE over the tree (gamma, gae_lambda)─▶ lambda-returns G of the joint actions
+    ─credit per agent sample, minus V of its node─▶ advantages (whitened per agent)
+    ─ppo_epochs passes: clipped policy loss per agent + clipped value loss per critic
+      ─▶ one optimizer step per actor and per critic each pass
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from comlrl.algorithms import per_agent_returns
+from comlrl.algorithms.critic import clipped_value_loss, explained_variance, tree_lambda_returns, whiten
+from comlrl.algorithms.returns import tree_returns
+from comlrl.checkpoint import load_weights
+from comlrl.models.loading import check_agents, enable_activation_checkpointing, load_agents, resolve_tokenizers
+from comlrl.models.value import Critic, EncodedInputs, ValueHead, hidden_size
+from comlrl.rollout.tree import RolloutTree, Turn
+from comlrl.trainers.actor_critic.config import ActorCriticConfig, IACConfig, MAACConfig
+from comlrl.trainers.base import MultiAgentTrainer
+
+
+@dataclass
+class CriticEstimate:
+    """Advantages of a step's rollout tree and what its critics learn from."""
+
+    returns: list[Tensor]
+    """Per turn, ``(M_t, J, N)`` discounted return of each joint action (logged)."""
+    credits: list[Tensor]
+    """Per turn, ``(N, M_t, G)`` lambda-return credited to each agent's sample."""
+    advantages: list[list[Tensor]]
+    """``[agent][turn]`` ``(M_t * G,)`` advantage of each sample."""
+    inputs: list[list[EncodedInputs]]
+    """``[critic][turn]`` the critic's tokenized inputs."""
+    old_values: list[list[Tensor]]
+    """``[critic][turn]`` ``(S, K)`` the critic's values at rollout time."""
+    targets: list[list[Tensor]]
+    """``[critic][turn]`` ``(S, K)`` what the critic learns to predict (lambda-returns)."""
+
+
+def joint_critic_text(prompts: Sequence[str], completions: Sequence[str] | None = None) -> str:
+    """A centralized critic's input: every agent's prompt, then (for a Q-critic) every agent's action."""
+    parts = [f"[Agent {i}]\n{prompt}" for i, prompt in enumerate(prompts)]
+    if completions is not None:
+        parts += [f"[Agent {i} action]\n{completion}" for i, completion in enumerate(completions)]
+    return "\n\n".join(parts)
+
+
+class ActorCriticTrainer(MultiAgentTrainer):
+    """What IAC and MAAC share. Arguments: those of
+    :class:`~comlrl.trainers.base.MultiAgentTrainer`, plus
+
+    Args:
+        critic_model: a separate critic model: a folder or hub id (loaded once per critic
+            with ``model_config``), or a causal LM instance when there is one critic.
+        critics: separate critic models, a list with one causal LM per critic.
+        critic_tokenizer: the separate critics' tokenizer (one, or one per critic); None loads
+            each critic's from where it was loaded.
+    """
+
+    config_class: type[ActorCriticConfig] = ActorCriticConfig
+    centralized = False
+    """One critic for all agents (MAAC) instead of one per agent (IAC)."""
+
+    def __init__(
+        self,
+        *args: Any,
+        critic_model: str | torch.nn.Module | None = None,
+        critics: Sequence[torch.nn.Module] | None = None,
+        critic_tokenizer: Any = None,
+        **kwargs: Any,
+    ):
+        super().__init__(*args, **kwargs)
+        self.critics = self._build_critics(critic_model, critics, critic_tokenizer)
+        self.add_learners(
+            [critic.name for critic in self.critics],
+            [critic.parameters() for critic in self.critics],
+            [self.args.critic_learning_rate] * len(self.critics),
+        )
+
+    # ----------------------------------------------------------------------------------------
+    # critics
+    # ----------------------------------------------------------------------------------------
+    @property
+    def num_critics(self) -> int:
+        return 1 if self.centralized else self.num_agents
+
+    def _build_critics(
+        self, critic_model: str | torch.nn.Module | None, critics: Sequence[torch.nn.Module] | None, tokenizer: Any
+    ) -> list[Critic]:
+        count = self.num_critics
+        kind = "MAAC's centralized critic" if self.centralized else "IAC (one critic per agent)"
+        if critic_model is not None and critics is not None:
+            raise ValueError("pass either critic_model or critics, not both")
+        if critics is not None:
+            critics = list(critics)
+            if len(critics) != count:
+                raise ValueError(f"critics holds {len(critics)} models; {kind} needs {count}")
+        elif isinstance(critic_model, str):
+            critics = load_agents(critic_model, count, self.model_kwargs)
+        elif critic_model is not None:
+            if count != 1:
+                raise ValueError(
+                    f"critic_model is one model instance but {kind} needs {count}: pass critics=[...] with one "
+                    "per agent, or critic_model=<folder or hub id> to load a copy per agent"
+                )
+            critics = [critic_model]
+        elif self.centralized:
+            raise ValueError(
+                "MAAC needs a centralized critic model: critic_model=<folder or hub id or model> or critics=[model]"
+            )
+        if critics is None:
+            # IAC without a separate critic: a value head on each agent's own model.
+            return [
+                self._critic(f"critic {i}", agent, self.tokenizers[i], agent=i) for i, agent in enumerate(self.agents)
+            ]
+        critics = check_agents(critics)
+        agent_ids = {id(agent) for agent in self.agents}
+        for c, model in enumerate(critics):
+            if id(model) in agent_ids:
+                raise ValueError(
+                    f"critics[{c}] is an agent's model; for value heads on the agents, pass no critic_model/critics"
+                )
+        if self.centralized and isinstance(tokenizer, list | tuple):
+            raise ValueError(f"critic_tokenizer is a list of {len(tokenizer)}; MAAC's one critic takes one tokenizer")
+        tokenizers = resolve_tokenizers(tokenizer, critics, self.tokenizer_kwargs, role="critic")
+        if self.args.gradient_checkpointing:
+            for model in critics:
+                enable_activation_checkpointing(model)
+        return [self._critic(f"critic {c}", model, tok) for c, (model, tok) in enumerate(zip(critics, tokenizers))]
+
+    def _critic(self, name: str, backbone: torch.nn.Module, tokenizer: Any, agent: int | None = None) -> Critic:
+        num_values = self.num_agents if self.centralized else 1
+        head = ValueHead(hidden_size(backbone), num_values, self.args.value_head_hidden_dim)
+        head.to(next(backbone.parameters()).device)
+        return Critic(name, backbone, head, tokenizer, agent)
+
+    def _critic_texts(self, turn: Turn, joint_indices: Tensor) -> list[list[str]]:
+        """``[critic][input]`` texts of one turn, in the order ``_node_values`` reads them."""
+        raise NotImplementedError
+
+    def _node_values(self, values: list[Tensor], turn: Turn) -> Tensor:
+        """``(M, N)`` value of each node, per agent, from each critic's ``(S, K)`` outputs."""
+        raise NotImplementedError
+
+    def _value_targets(self, lambda_returns: Tensor, credit: Tensor) -> list[Tensor]:
+        """Per critic, ``(S, K)`` targets of its inputs, from the turn's ``(M, J, N)``
+        lambda-returns and their ``(N, M, G)`` credit per agent sample."""
+        raise NotImplementedError
+
+    def _critic_values(self, critic: Critic, inputs: EncodedInputs) -> Tensor:
+        """``(S, K)`` values of all ``inputs``, micro-batched, without gradient."""
+        if critic.agent is not None:
+            self._activate(critic.agent)
+        was_training = critic.backbone.training
+        critic.backbone.eval()
+        with torch.no_grad(), self._precision(critic.backbone):
+            values = torch.cat([critic.values(inputs, rows) for rows in self._row_slices(len(inputs))])
+        critic.backbone.train(was_training)
+        return values
+
+    def _row_slices(self, count: int) -> list[slice]:
+        size = self.args.micro_batch_size or count
+        return [slice(start, start + size) for start in range(0, count, size)]
+
+    # ----------------------------------------------------------------------------------------
+    # the estimate and the critics' update
+    # ----------------------------------------------------------------------------------------
+    def _estimate(self, tree: RolloutTree) -> CriticEstimate:
+        args = self.args
+        inputs: list[list[EncodedInputs]] = [[] for _ in self.critics]
+        old_values: list[list[Tensor]] = [[] for _ in self.critics]
+        node_values = []
+        for turn in tree.turns:
+            texts = self._critic_texts(turn, tree.joint_indices)
+            for c, critic in enumerate(self.critics):
+                encoded = critic.encode(texts[c], functools.partial(self._describe_input, turn, len(texts[c])))
+                inputs[c].append(encoded)
+                old_values[c].append(self._critic_values(critic, encoded).cpu())
+            node_values.append(self._node_values([v[-1] for v in old_values], turn))
+        rewards = [turn.rewards for turn in tree.turns]
+        children = [turn.children for turn in tree.turns]
+        lambda_returns = tree_lambda_returns(rewards, children, node_values, args.gamma, args.gae_lambda)
+        credits = [per_agent_returns(g, tree.joint_indices, tree.num_generations) for g in lambda_returns]
+        advantages = [
+            [(credit[i] - values[:, i : i + 1]).reshape(-1) for credit, values in zip(credits, node_values)]
+            for i in range(self.num_agents)
+        ]
+        if args.advantage_normalization:
+            advantages = [list(whiten(torch.cat(a)).split([x.numel() for x in a])) for a in advantages]
+        targets_per_turn = [self._value_targets(g, credit) for g, credit in zip(lambda_returns, credits)]
+        return CriticEstimate(
+            returns=tree_returns(rewards, children, args.gamma),
+            credits=credits,
+            advantages=advantages,
+            inputs=inputs,
+            old_values=old_values,
+            targets=[[turn_targets[c] for turn_targets in targets_per_turn] for c in range(len(self.critics))],
+        )
+
+    def _describe_input(self, turn: Turn, count: int, k: int) -> str:
+        """Which turn, dataset row (and agent) critic input ``k`` of a turn comes from."""
+        per_node = count // turn.num_nodes
+        return f"turn {turn.number}, dataset row {turn.rows[k // per_node]}"
+
+    def _auxiliary_backward(self, tree: RolloutTree, estimate: CriticEstimate) -> dict[str, float]:
+        """Each critic's clipped value loss, accumulated micro-batch by micro-batch."""
+        args = self.args
+        metrics = {}
+        for c, critic in enumerate(self.critics):
+            key = critic.name.replace(" ", "")
+            self.optimizers[self.num_agents + c].zero_grad(set_to_none=True)
+            if critic.agent is not None:
+                self._activate(critic.agent)
+            critic.backbone.train()
+            count = sum(t.numel() for t in estimate.targets[c])
+            total = clipped = 0.0
+            for inputs, old, targets in zip(estimate.inputs[c], estimate.old_values[c], estimate.targets[c]):
+                for rows in self._row_slices(len(inputs)):
+                    with self._precision(critic.backbone):
+                        values = critic.values(inputs, rows)
+                    losses, was_clipped = clipped_value_loss(
+                        values, old[rows].to(values.device), targets[rows].to(values.device), args.value_clip_range
+                    )
+                    (args.value_loss_coef * losses.sum() / count).backward()
+                    total += losses.sum().item()
+                    clipped += was_clipped.sum().item()
+            old_values = torch.cat([v.reshape(-1) for v in estimate.old_values[c]])
+            all_targets = torch.cat([t.reshape(-1) for t in estimate.targets[c]])
+            metrics[f"{key}/value_loss"] = total / count
+            metrics[f"{key}/value_clip_fraction"] = clipped / count
+            metrics[f"{key}/value_mean"] = old_values.mean().item()
+            metrics[f"{key}/target_mean"] = all_targets.mean().item()
+            metrics[f"{key}/explained_variance"] = explained_variance(old_values, all_targets)
+        return metrics
+
+    # ----------------------------------------------------------------------------------------
+    # saving and loading
+    # ----------------------------------------------------------------------------------------
+    def write_agent(self, agent: int, folder: str, merge_adapters: bool = False) -> None:
+        """Agent ``agent``'s weights (or adapter) and tokenizer, and its value head when the
+        critic sits on the agent's model (``value_head.safetensors``)."""
+        super().write_agent(agent, folder, merge_adapters)
+        for critic in self.critics:
+            if critic.agent == agent:
+                critic.head.save(folder)
+
+    def write_critic(self, index: int, folder: str) -> None:
+        """A separate critic's model, tokenizer and value head into ``folder``."""
+        critic = self.critics[index]
+        critic.backbone.save_pretrained(folder)
+        critic.tokenizer.save_pretrained(folder)
+        critic.head.save(folder)
+
+    def _model_writers(self, merge_adapters: bool = False) -> list[tuple[str, Callable[[str], None]]]:
+        separate = [
+            (f"critic_{c}", functools.partial(self.write_critic, c))
+            for c, critic in enumerate(self.critics)
+            if critic.agent is None
+        ]
+        return super()._model_writers(merge_adapters) + separate
+
+    def _load_models(self, path: str) -> None:
+        super()._load_models(path)
+        separate = [critic for critic in self.critics if critic.agent is None]
+        load_weights(path, [critic.backbone for critic in separate], [None] * len(separate), prefix="critic")
+        for c, critic in enumerate(self.critics):
+            folder = f"agent_{critic.agent}" if critic.agent is not None else f"critic_{c}"
+            critic.head.load(os.path.join(path, folder))
+
+
+class IACTrainer(ActorCriticTrainer):
+    """Independent actor-critic: each agent has its own critic, a value head on the agent's
+    model (the default) or a separate critic model (``critic_model`` / ``critics``), that
+    reads only that agent's prompt (and, with ``critic_type="q"``, its completion)."""
+
+    config_class = IACConfig
+    algorithm_name = "IAC"
+
+    def _critic_texts(self, turn: Turn, joint_indices: Tensor) -> list[list[str]]:
+        if self.args.critic_type == "v":
+            return [list(turn.prompts[i]) for i in range(self.num_agents)]
+        group = turn.agents[0].completion_ids.shape[0] // turn.num_nodes
+        return [
+            [turn.prompts[i][k // group] + text for k, text in enumerate(turn.agents[i].texts)]
+            for i in range(self.num_agents)
+        ]
+
+    def _node_values(self, values: list[Tensor], turn: Turn) -> Tensor:
+        per_agent = [v[:, 0].reshape(turn.num_nodes, -1).mean(dim=1) for v in values]
+        return torch.stack(per_agent, dim=1)
+
+    def _value_targets(self, lambda_returns: Tensor, credit: Tensor) -> list[Tensor]:
+        if self.args.critic_type == "v":
+            node_targets = lambda_returns.mean(dim=1)  # (M, N)
+            return [node_targets[:, i : i + 1] for i in range(self.num_agents)]
+        return [credit[i].reshape(-1, 1) for i in range(self.num_agents)]
+
+
+class MAACTrainer(ActorCriticTrainer):
+    """Multi-agent actor-critic with one centralized critic (``critic_model`` / ``critics``)
+    that reads every agent's prompt (and, with ``critic_type="q"``, the joint action) and
+    gives one value per agent."""
+
+    config_class = MAACConfig
+    algorithm_name = "MAAC"
+    centralized = True
+
+    def _critic_texts(self, turn: Turn, joint_indices: Tensor) -> list[list[str]]:
+        prompts = [[turn.prompts[i][m] for i in range(self.num_agents)] for m in range(turn.num_nodes)]
+        if self.args.critic_type == "v":
+            return [[joint_critic_text(p) for p in prompts]]
+        group = turn.agents[0].completion_ids.shape[0] // turn.num_nodes
+        return [
+            [
+                joint_critic_text(
+                    prompts[m],
+                    [turn.agents[i].texts[m * group + joint_indices[j, i].item()] for i in range(self.num_agents)],
+                )
+                for m in range(turn.num_nodes)
+                for j in range(joint_indices.shape[0])
+            ]
+        ]
+
+    def _node_values(self, values: list[Tensor], turn: Turn) -> Tensor:
+        return values[0].reshape(turn.num_nodes, -1, self.num_agents).mean(dim=1)
+
+    def _value_targets(self, lambda_returns: Tensor, credit: Tensor) -> list[Tensor]:
+        if self.args.critic_type == "v":
+            return [lambda_returns.mean(dim=1)]
+        return [lambda_returns.reshape(-1, self.num_agents)]
+
+
+__all__ = ["ActorCriticTrainer", "CriticEstimate", "IACTrainer", "MAACTrainer", "joint_critic_text"]
