@@ -62,6 +62,10 @@ class ValueHead(nn.Module):
     def load(self, folder: str) -> None:
         """Load the head ``save`` wrote into ``folder``; an error names the file and what differs."""
         path = os.path.join(folder, VALUE_HEAD_FILE)
+        if not os.path.isfile(path):
+            raise ValueError(
+                f"{folder} holds no value head ({VALUE_HEAD_FILE}): it was written with another critic layout"
+            )
         try:
             weights = load_file(path)
         except Exception as error:
@@ -131,12 +135,14 @@ class Critic:
 
     def encode(self, texts: Sequence[str], describe: Any) -> EncodedInputs:
         """Tokenize ``texts`` (left-padded); ``describe(k)`` names input k in errors: an input
-        the tokenizer cannot encode (nothing, unknown tokens) or too long for the backbone."""
+        that encodes to nothing, is too long for the backbone, or (for a separate critic) holds
+        what its tokenizer cannot encode."""
         encoded = self.tokenizer(list(texts), return_tensors="pt", padding=True, padding_side="left")
         mask = encoded["attention_mask"]
         lengths = mask.sum(dim=1).tolist()
         limit = self.max_length()
-        unknown = getattr(self.tokenizer, "unk_token_id", None)
+        # A value head on an agent reads what that agent was prompted with, however it encodes it.
+        unknown = getattr(self.tokenizer, "unk_token_id", None) if self.agent is None else None
         for k, length in enumerate(lengths):
             problem = None
             if length == 0:
