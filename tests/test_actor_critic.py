@@ -18,7 +18,7 @@ from .test_config import assert_every_field_documented
 from .test_multiturn import revise
 from .test_trainer import DATA, length_sum
 
-CRITIC_TOKENIZER = char_tokenizer(MIXED + "[]\n")  # encodes MAAC's joint inputs "[Agent 0]\n..."
+CRITIC_TOKENIZER = char_tokenizer(MIXED + "[]|\n")  # encodes the joint inputs "[Agent 0]\n..." and revisions "a | b"
 
 
 def ac_config(config_class, tmp_path, **overrides):
@@ -302,3 +302,19 @@ def test_value_heads_on_agents_sharing_one_lora_base(tmp_path):
     saved = trainer.save_model(str(tmp_path / "saved"))
     assert all(os.path.isfile(os.path.join(f, "adapter_model.safetensors")) for f in saved)
     assert all(os.path.isfile(os.path.join(f, VALUE_HEAD_FILE)) for f in saved)
+
+
+@pytest.mark.parametrize("trainer_class", [IACTrainer, MAACTrainer])
+@pytest.mark.parametrize("num_turns", [1, 2])
+def test_one_generation_per_prompt_trains_single_and_multi_turn(tmp_path, trainer_class, num_turns):
+    config_class = IACConfig if trainer_class is IACTrainer else MAACConfig
+    args = ac_config(config_class, tmp_path, num_generations=1, num_turns=num_turns, critic_type="q")
+    trainer = make_ac_trainer(
+        tmp_path, trainer_class, "separate", args=args, external_transition=revise if num_turns > 1 else None
+    )
+    before = all_weights(trainer)
+    result = trainer.train()
+    assert result.global_step == 2
+    assert all(not torch.equal(a, b) for a, b in zip(before, all_weights(trainer)))
+    line = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert (f"turn{num_turns}/reward_mean" in line) and "critic0/value_loss" in line

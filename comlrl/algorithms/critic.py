@@ -62,11 +62,10 @@ def tree_lambda_returns(
 
 
 def whiten(values: Tensor, eps: float = 1e-8) -> Tensor:
-    """``(values - mean) / (std + eps)`` over all elements: advantages normalised per agent."""
-    if values.numel() < 2:
-        raise ValueError(f"whitening needs at least 2 values, got {values.numel()}")
+    """``(values - mean) / (std + eps)`` over all elements: advantages normalised per agent.
+    A single value has no spread to scale by: it is only centred, to 0."""
     centred = values - values.mean()
-    return centred / (centred.std() + eps)
+    return centred / (centred.std() + eps) if values.numel() > 1 else centred
 
 
 def clipped_value_loss(

@@ -41,7 +41,8 @@ class ActorCriticConfig(TrainerConfig):
     value_loss_coef: float = 0.5
     """Weight of the value loss (matters where the critic shares the agent's model)."""
     advantage_normalization: bool = True
-    """Whiten each agent's advantages over its samples of the step (mean 0, std 1)."""
+    """Whiten each agent's advantages over its samples of the step (mean 0, std 1); a step
+    with one sample per agent (a short last batch) gives it advantage 0."""
 
     def __post_init__(self):
         super().__post_init__()
