@@ -1,5 +1,5 @@
-"""IAC and MAAC: advantages from the critics as the formulas say, learning, multi-turn,
-checkpoints and saved models that carry the critics, and clear errors for bad input."""
+"""IAC and MAAC: advantages from the critics as the formulas say, multi-turn, checkpoints
+and saved models that carry the critics, clear errors for bad input (learning: test_learning.py)."""
 
 import json
 import os
@@ -124,46 +124,6 @@ def test_two_turn_estimate_bootstraps_from_the_next_turns_value(tmp_path):
     torch.testing.assert_close(
         estimate.returns[0], tree_returns([first.rewards, second.rewards], [first.children, second.children], 0.9)[0]
     )
-
-
-@pytest.mark.parametrize(
-    "trainer_class,critics", [(IACTrainer, "head"), (MAACTrainer, "separate")], ids=["iac-head", "maac"]
-)
-def test_actor_critic_raises_a_length_reward(tmp_path, trainer_class, critics):
-    tok = char_tokenizer("ab")  # 5 tokens: EOS is likely enough that lengths vary at first
-    config_class = IACConfig if trainer_class is IACTrainer else MAACConfig
-    args = config_class(
-        num_train_epochs=20,
-        per_device_train_batch_size=2,
-        num_generations=6,
-        max_new_tokens=12,
-        temperature=1.0,
-        top_p=1.0,
-        top_k=0,
-        agent_learning_rate=3e-3,
-        critic_learning_rate=3e-3,
-        logging_steps=1000,
-        seed=0,
-        output_dir=str(tmp_path),
-    )
-
-    def length_gap(short, long):
-        """Cooperative: agent 0 should stop early, agent 1 should go on (at most 12 each)."""
-        return [len(b) - len(a) for a, b in zip(short, long)]
-
-    trainer = make_ac_trainer(
-        tmp_path,
-        trainer_class,
-        critics,
-        tokenizer=tok,
-        args=args,
-        train_dataset=[{"prompt": "a"}, {"prompt": "b"}],
-        reward_func=length_gap,
-    )
-    result = trainer.train()
-    first, last = result.epoch_reward_means[:3], result.epoch_reward_means[-3:]
-    print(f"first epochs {first}, last epochs {last}")
-    assert sum(last) / 3 > sum(first) / 3 + 6  # the reward ranges over [-12, 12]
 
 
 def test_metrics_name_every_critic_and_the_ppo_terms(tmp_path):

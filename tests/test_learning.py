@@ -3,9 +3,10 @@ tiny random model's mean reward must rise clearly within a bounded number of ste
 
 import pytest
 
+from comlrl.trainers.actor_critic import IACConfig, IACTrainer, MAACConfig, MAACTrainer
 from comlrl.trainers.reinforce import MAGRPOConfig, MAGRPOTrainer, MARLOOConfig, MARLOOTrainer
 
-from .conftest import char_tokenizer, tiny_llama
+from .conftest import char_tokenizer, tiny_gpt2, tiny_llama
 
 
 def length_reward(short, long):
@@ -13,15 +14,27 @@ def length_reward(short, long):
     return [len(b) - len(a) for a, b in zip(short, long)]
 
 
+def critic_kwargs(trainer_class, tok):
+    """MAAC's centralized critic (a model of its own, whose tokenizer reads the joint input);
+    IAC's critics are value heads on the agents."""
+    if trainer_class is not MAACTrainer:
+        return {}
+    critic_tok = char_tokenizer("ab[]\n Agent0123456789")
+    return {"critics": [tiny_gpt2(critic_tok, seed=2)], "critic_tokenizer": critic_tok}
+
+
 @pytest.mark.parametrize(
-    "trainer_class,config_class,joint_mode",
+    "trainer_class,config_class,joint_mode,extra",
     [
-        (MAGRPOTrainer, MAGRPOConfig, "aligned"),
-        (MAGRPOTrainer, MAGRPOConfig, "cross"),
-        (MARLOOTrainer, MARLOOConfig, "aligned"),
+        (MAGRPOTrainer, MAGRPOConfig, "aligned", {}),
+        (MAGRPOTrainer, MAGRPOConfig, "cross", {}),
+        (MARLOOTrainer, MARLOOConfig, "aligned", {}),
+        (IACTrainer, IACConfig, "aligned", {"critic_learning_rate": 3e-3}),
+        (MAACTrainer, MAACConfig, "aligned", {"critic_learning_rate": 3e-3}),
     ],
+    ids=["magrpo", "magrpo-cross", "marloo", "iac", "maac"],
 )
-def test_mean_reward_rises_on_a_length_reward(tmp_path, trainer_class, config_class, joint_mode):
+def test_mean_reward_rises_on_a_length_reward(tmp_path, trainer_class, config_class, joint_mode, extra):
     tok = char_tokenizer("ab")  # 5 tokens: EOS is likely enough that lengths vary at first
     agents = [tiny_llama(tok, seed=0), tiny_llama(tok, seed=1)]
     config = config_class(
@@ -37,6 +50,7 @@ def test_mean_reward_rises_on_a_length_reward(tmp_path, trainer_class, config_cl
         logging_steps=1000,
         seed=0,
         output_dir=str(tmp_path),
+        **extra,
     )
     trainer = trainer_class(
         agents=agents,
@@ -44,6 +58,7 @@ def test_mean_reward_rises_on_a_length_reward(tmp_path, trainer_class, config_cl
         train_dataset=[{"prompt": "a"}, {"prompt": "b"}],
         reward_func=length_reward,
         args=config,
+        **critic_kwargs(trainer_class, tok),
     )
     result = trainer.train()
     first, last = result.epoch_reward_means[:3], result.epoch_reward_means[-3:]
