@@ -91,6 +91,7 @@ class ActorCriticTrainer(MultiAgentTrainer):
             [critic.parameters() for critic in self.critics],
             [self.args.critic_learning_rate] * len(self.critics),
         )
+        self._check_first_turn_inputs()
 
     # ----------------------------------------------------------------------------------------
     # critics
@@ -142,6 +143,16 @@ class ActorCriticTrainer(MultiAgentTrainer):
             for model in critics:
                 enable_activation_checkpointing(model)
         return [self._critic(f"critic {c}", model, tok) for c, (model, tok) in enumerate(zip(critics, tokenizers))]
+
+    def _check_first_turn_inputs(self) -> None:
+        """Encode every training row's first-turn prompts with each separate critic's
+        tokenizer, so a critic that cannot read them fails here, before any training."""
+        rows = list(range(len(self.train_prompts)))
+        prompts = [self.train_prompts.agent_prompts(i, rows) for i in range(self.num_agents)]
+        for c, critic in enumerate(self.critics):
+            if critic.agent is None:
+                texts = [joint_critic_text(joint) for joint in zip(*prompts)] if self.centralized else prompts[c]
+                critic.encode(texts, lambda k: f"dataset row {k} (turn 1)")
 
     def _critic(self, name: str, backbone: torch.nn.Module, tokenizer: Any, agent: int | None = None) -> Critic:
         num_values = self.num_agents if self.centralized else 1
