@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-import comlrl.trainers.base as trainer_module
+import comlrl.rollout.backends as backends_module
 
 from .test_multiturn import multi_turn_trainer
 from .test_trainer import DATA, length_sum, make_trainer, small_config, snapshot, unchanged
@@ -81,13 +81,13 @@ def test_multi_turn_rewards_returns_and_ended_episodes(tmp_path):
 
 def test_eval_num_samples_and_batch_size_shape_the_generate_calls(tmp_path, monkeypatch):
     calls = []
-    real = trainer_module.generate_group
+    real = backends_module.generate_group
 
     def counting(model, tokenizer, prompts, num_generations, sampling):
         calls.append((len(prompts), num_generations, sampling["do_sample"]))
         return real(model, tokenizer, prompts, num_generations, sampling)
 
-    monkeypatch.setattr(trainer_module, "generate_group", counting)
+    monkeypatch.setattr(backends_module, "generate_group", counting)
     trainer = make_trainer(
         tmp_path,
         eval_dataset=DATA,

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-import comlrl.trainers.base as trainer_module
+import comlrl.rollout.backends as backends_module
 from comlrl.algorithms import joint_action_indices, token_weights
 from comlrl.algorithms.returns import tree_advantages
 from comlrl.metrics.rollout import completion_samples
@@ -55,13 +55,13 @@ def test_generate_and_transition_calls_match_the_tree(tmp_path, monkeypatch, num
         return revise(**kwargs)
 
     trainer = multi_turn_trainer(tmp_path, num_agents, counting_transition, joint_mode=joint_mode)
-    real = trainer_module.generate_group
+    real = backends_module.generate_group
 
     def counting_generate(model, tokenizer, prompts, num_generations, sampling):
         generate_calls.append((trainer.agents.index(model), len(prompts)))
         return real(model, tokenizer, prompts, num_generations, sampling)
 
-    monkeypatch.setattr(trainer_module, "generate_group", counting_generate)
+    monkeypatch.setattr(backends_module, "generate_group", counting_generate)
     rows = [0, 2]
     tree = trainer.rollout(trainer.train_prompts, rows)
     num_joint = 2 if joint_mode == "aligned" else 2**num_agents

@@ -57,7 +57,8 @@ from comlrl.models.loading import (
 from comlrl.models.lora import attach_adapters, is_peft_model, merged_copy, save_adapter, trainable_parameters
 from comlrl.optim import build_optimizers, build_schedulers, per_agent_learning_rates
 from comlrl.rewards import JointReward
-from comlrl.rollout import AgentRollout, generate_group
+from comlrl.rollout import AgentRollout
+from comlrl.rollout.backends import GenerationBackend, HFBackend
 from comlrl.rollout.prompts import Formatter, PromptTable
 from comlrl.rollout.transition import Transition
 from comlrl.rollout.tree import RolloutTree, build_tree, tree_size
@@ -226,7 +227,15 @@ class MultiAgentTrainer:
             else None
             for agent in self.agents
         ]
+        self.backend = self._build_backend()
         self.global_step = 0
+
+    def _build_backend(self) -> GenerationBackend:
+        if self.args.generation_backend == "vllm":
+            from comlrl.rollout.vllm_backend import VLLMBackend
+
+            return VLLMBackend(self.agents, self.tokenizers, self.adapters, self.args.vllm_gpu_memory_utilization)
+        return HFBackend(self.agents, self.tokenizers, self._activate, self._precision)
 
     @property
     def steps_per_epoch(self) -> int:
@@ -477,10 +486,9 @@ class MultiAgentTrainer:
         )
 
     def generate(self, agent: int, prompts: list[str], num_generations: int, sampling: dict[str, Any]) -> AgentRollout:
-        """Agent ``agent``'s ``num_generations`` completions of every prompt, in one batched call."""
-        self._activate(agent)
-        with self._precision(self.agents[agent]):
-            return generate_group(self.agents[agent], self.tokenizers[agent], prompts, num_generations, sampling)
+        """Agent ``agent``'s ``num_generations`` completions of every prompt, in one batched
+        call of the generation backend (``generation_backend``)."""
+        return self.backend.generate(agent, prompts, num_generations, sampling)
 
     def _update(self, tree: RolloutTree, estimate: Estimate) -> dict[str, float]:
         """``updates_per_step`` optimizer steps per learner on one rollout tree (every turn of
@@ -649,6 +657,8 @@ class MultiAgentTrainer:
         for optimizer, scheduler in zip(self.optimizers, self.schedulers):
             optimizer.step()
             scheduler.step()
+        for i in range(self.num_agents):
+            self.backend.sync_weights(i)
         return grad_norms
 
     # ----------------------------------------------------------------------------------------

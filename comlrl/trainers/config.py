@@ -11,6 +11,7 @@ from typing import Any
 
 from comlrl.algorithms import JOINT_MODES, LOSS_AGGREGATIONS
 from comlrl.optim import LR_SCHEDULES
+from comlrl.rollout.backends import BACKENDS
 
 
 def is_real(value: Any) -> bool:
@@ -86,6 +87,12 @@ class TrainerConfig:
     """Sample among the k most likely tokens; ``None`` or 0 turns it off."""
     generation_kwargs: dict[str, Any] = field(default_factory=dict)
     """Extra keyword arguments forwarded to ``generate`` (e.g. ``{"min_new_tokens": 64}``)."""
+    generation_backend: str = "hf"
+    """What samples completions: ``hf`` (the training model's own ``generate``) or ``vllm``
+    (a vLLM engine per agent on its GPU, weights copied in after every optimizer step; needs
+    ``pip install 'comlrl[vllm]'`` and a GPU)."""
+    vllm_gpu_memory_utilization: float = 0.3
+    """Share in (0, 1) of each GPU's memory a vLLM engine may take (the rest is training's)."""
 
     # --- multi-agent structure ------------------------------------------------------------
     num_turns: int = 1
@@ -231,6 +238,9 @@ class TrainerConfig:
                 f"early_termination_threshold must be a number or None (off), got {self.early_termination_threshold!r}"
             )
         check_choice(self, "joint_mode", JOINT_MODES)
+        check_choice(self, "generation_backend", BACKENDS)
+        if not (is_real(self.vllm_gpu_memory_utilization) and 0 < self.vllm_gpu_memory_utilization < 1):
+            raise ValueError(f"vllm_gpu_memory_utilization must be in (0, 1), got {self.vllm_gpu_memory_utilization!r}")
         check_choice(self, "loss_type", LOSS_AGGREGATIONS)
         if not isinstance(self.output_dir, str) or not self.output_dir:
             raise ValueError(f"output_dir must be a non-empty path string, got {self.output_dir!r}")
