@@ -60,8 +60,11 @@ class TrainerState:
     """What each agent was (see :func:`describe_agent`), to refuse resuming with other ones."""
     num_rows: int
     per_device_train_batch_size: int
+    world_size: int = 1
+    """Data-parallel ranks of the run (each rank's generator states are kept)."""
     generators: dict[str, Any] = field(default_factory=dict)
-    """Python's and NumPy's generator states (torch's are tensors, in ``rng_state.pt``)."""
+    """Python's and NumPy's generator states (torch's are tensors, in ``rng_state.pt``);
+    rank r > 0's under ``rank{r}/``."""
     config: dict[str, Any] = field(default_factory=dict)
     """The run's config, for reading."""
 
@@ -159,22 +162,24 @@ def read_state(path: str) -> TrainerState:
         raise _unreadable(path, STATE_FILE, error) from error
 
 
-def check_compatible(path: str, state: TrainerState, agents: Sequence[torch.nn.Module], num_rows: int, batch: int):
-    """Refuse to resume with other agents or another data layout, naming what differs."""
-    if len(state.agents) != len(agents):
-        raise ValueError(f"checkpoint {path} holds {len(state.agents)} agents; this trainer has {len(agents)}")
-    for i, (saved, agent) in enumerate(zip(state.agents, agents)):
-        now = describe_agent(agent)
+def check_compatible(path: str, state: TrainerState, now: TrainerState) -> None:
+    """Refuse to resume with other agents or another data layout than ``now`` (a fresh
+    trainer's starting state), naming what differs."""
+    if len(state.agents) != len(now.agents):
+        raise ValueError(f"checkpoint {path} holds {len(state.agents)} agents; this trainer has {len(now.agents)}")
+    for i, (saved, agent) in enumerate(zip(state.agents, now.agents)):
         for key, value in saved.items():
-            if now.get(key) != value:
+            if agent.get(key) != value:
                 raise ValueError(
-                    f"checkpoint {path}: agent {i} was {key}={value!r}, this trainer's agent {i} has {now.get(key)!r}"
+                    f"checkpoint {path}: agent {i} was {key}={value!r}, this trainer's agent {i} has {agent.get(key)!r}"
                 )
-    if (state.num_rows, state.per_device_train_batch_size) != (num_rows, batch):
+    layout = ("num_rows", "per_device_train_batch_size", "world_size")
+    saved_layout, now_layout = [getattr(state, k) for k in layout], [getattr(now, k) for k in layout]
+    if saved_layout != now_layout:
         raise ValueError(
-            f"checkpoint {path} was taken with {state.num_rows} training rows and per_device_train_batch_size="
-            f"{state.per_device_train_batch_size}; this trainer has {num_rows} and {batch}, so the data order "
-            "cannot be continued"
+            f"checkpoint {path} was taken with {saved_layout[0]} training rows, per_device_train_batch_size="
+            f"{saved_layout[1]} and {saved_layout[2]} rank(s); this trainer has {now_layout[0]}, {now_layout[1]} and "
+            f"{now_layout[2]}, so the data order cannot be continued"
         )
 
 

@@ -128,7 +128,7 @@ def test_resuming_with_other_agents_names_what_differs(tmp_path):
     ):
         other.train(resume_from_checkpoint=True)
     fewer_rows = make_trainer(tmp_path, train_dataset=DATA[:2], args=config(tmp_path))
-    with pytest.raises(ValueError, match=r"taken with 3 training rows .* this trainer has 2"):
+    with pytest.raises(ValueError, match=r"taken with 3 training rows.*this trainer has 2,"):
         fewer_rows.train(resume_from_checkpoint=True)
 
 

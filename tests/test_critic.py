@@ -72,6 +72,18 @@ def test_whiten():
     assert whiten(torch.tensor([5.0])).tolist() == [0.0]
 
 
+def test_whitening_over_processes_equals_whitening_everything():
+    values = torch.tensor([1.0, 2.0, 3.0, 6.0, -1.0])
+    parts = [values[:2], values[2:]]
+    totals = [[p.numel(), p.sum().item(), (p.double() ** 2).sum().item()] for p in parts]
+
+    def sum_over_processes(_):
+        return [a + b for a, b in zip(*totals)]
+
+    whitened = torch.cat([whiten(p, reduce=sum_over_processes) for p in parts])
+    torch.testing.assert_close(whitened, whiten(values))
+
+
 def test_clipped_value_loss_by_hand():
     values, old, targets = torch.tensor([1.0, 0.4]), torch.tensor([0.5, 0.5]), torch.tensor([2.0, 0.0])
     losses, clipped = clipped_value_loss(values, old, targets, clip_range=0.2)

@@ -9,7 +9,7 @@ branch), GAE bootstraps from that child; each node has J joint actions, so the c
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -61,11 +61,21 @@ def tree_lambda_returns(
     return returns
 
 
-def whiten(values: Tensor, eps: float = 1e-8) -> Tensor:
+def whiten(values: Tensor, eps: float = 1e-8, reduce: Callable[[list[float]], list[float]] | None = None) -> Tensor:
     """``(values - mean) / (std + eps)`` over all elements: advantages normalised per agent.
-    A single value has no spread to scale by: it is only centred, to 0."""
-    centred = values - values.mean()
-    return centred / (centred.std() + eps) if values.numel() > 1 else centred
+    A single value has no spread to scale by: it is only centred, to 0.
+
+    ``reduce`` sums a list of numbers over the processes of a data-parallel run, so the mean
+    and the (unbiased) std are those of every process's values together.
+    """
+    totals = [values.numel(), values.sum().item(), (values.double() ** 2).sum().item()]
+    count, total, squares = reduce(totals) if reduce is not None else totals
+    mean = total / count
+    centred = values - mean
+    if count < 2:
+        return centred
+    std = max((squares - count * mean**2) / (count - 1), 0.0) ** 0.5
+    return centred / (std + eps)
 
 
 def clipped_value_loss(

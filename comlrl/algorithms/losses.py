@@ -1,9 +1,10 @@
 """Policy-gradient loss (clipped, with an optional KL term) and the ways to normalise it
 over tokens.
 
-Every aggregation takes the completion lengths ``(S,)`` and ``max_new_tokens`` and gives the
-weight of each sequence's tokens, so ``loss_type`` is chosen through one table and the loss
-of a batch can be computed in pieces.
+Every aggregation takes the completion lengths ``(S,)``, ``max_new_tokens`` and the batch's
+totals (sequences and tokens, which may span several processes) and gives the weight of each
+sequence's tokens, so ``loss_type`` is chosen through one table and the loss of a batch can
+be computed in pieces.
 """
 
 from __future__ import annotations
@@ -14,25 +15,25 @@ import torch
 from torch import Tensor
 
 
-def sequence_mean(lengths: Tensor, max_new_tokens: int) -> Tensor:
+def sequence_mean(lengths: Tensor, max_new_tokens: int, num_sequences: float, num_tokens: float) -> Tensor:
     """GRPO (Shao et al., 2024): mean over each sequence's tokens, then over sequences.
 
     Each sequence weighs the same whatever its length, so a token of a long completion
     counts less than a token of a short one.
     """
-    return 1.0 / (lengths.clamp(min=1) * lengths.numel())
+    return 1.0 / (lengths.clamp(min=1) * num_sequences)
 
 
-def token_mean(lengths: Tensor, max_new_tokens: int) -> Tensor:
+def token_mean(lengths: Tensor, max_new_tokens: int, num_sequences: float, num_tokens: float) -> Tensor:
     """DAPO (Yu et al., 2025): mean over all completion tokens of the batch; every token
     weighs the same, which removes the length bias of the per-sequence mean."""
-    return torch.full_like(lengths, 1.0 / max(lengths.sum().item(), 1))
+    return torch.full_like(lengths, 1.0 / max(num_tokens, 1))
 
 
-def constant_normalizer(lengths: Tensor, max_new_tokens: int) -> Tensor:
+def constant_normalizer(lengths: Tensor, max_new_tokens: int, num_sequences: float, num_tokens: float) -> Tensor:
     """Dr. GRPO (Liu et al., 2025): sum over tokens divided by a constant,
     ``num_sequences * max_new_tokens``, so no length enters the normaliser."""
-    return torch.full_like(lengths, 1.0 / (lengths.numel() * max_new_tokens))
+    return torch.full_like(lengths, 1.0 / (num_sequences * max_new_tokens))
 
 
 LOSS_AGGREGATIONS = {
@@ -42,7 +43,13 @@ LOSS_AGGREGATIONS = {
 }
 
 
-def token_weights(lengths: Tensor, loss_type: str, max_new_tokens: int) -> Tensor:
+def token_weights(
+    lengths: Tensor,
+    loss_type: str,
+    max_new_tokens: int,
+    num_sequences: float | None = None,
+    num_tokens: float | None = None,
+) -> Tensor:
     """``(S,)`` weight of each token of each sequence, such that the loss is the weighted sum
     of the per-token losses.
 
@@ -53,10 +60,15 @@ def token_weights(lengths: Tensor, loss_type: str, max_new_tokens: int) -> Tenso
         lengths: ``(S,)`` completion tokens counted by the loss in each sequence.
         loss_type: key of ``LOSS_AGGREGATIONS``.
         max_new_tokens: the constant of ``dr_grpo``.
+        num_sequences: sequences of the whole batch when ``lengths`` are a share of it (one
+            process's, in data-parallel training); default ``S``.
+        num_tokens: tokens of the whole batch; default ``lengths.sum()``.
     """
     if loss_type not in LOSS_AGGREGATIONS:
         raise ValueError(f"loss_type={loss_type!r}; expected one of {sorted(LOSS_AGGREGATIONS)}")
-    return LOSS_AGGREGATIONS[loss_type](lengths.double(), max_new_tokens).float()
+    num_sequences = lengths.numel() if num_sequences is None else num_sequences
+    num_tokens = lengths.sum().item() if num_tokens is None else num_tokens
+    return LOSS_AGGREGATIONS[loss_type](lengths.double(), max_new_tokens, num_sequences, num_tokens).float()
 
 
 class PolicyLoss(NamedTuple):

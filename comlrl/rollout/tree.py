@@ -9,6 +9,7 @@ call per agent per turn, however wide the tree.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -96,6 +97,10 @@ def tree_size(num_rows: int, num_agents: int, num_generations: int, num_joint: i
     )
 
 
+def _generate_agent(generate: GenerateFn, prompts: list[list[str]], agent: int) -> AgentRollout:
+    return generate(agent, prompts[agent])
+
+
 def build_tree(
     prompts: PromptTable,
     row_ids: Sequence[int],
@@ -107,6 +112,7 @@ def build_tree(
     transition: Transition | None = None,
     prompt_passthrough: bool = False,
     early_termination_threshold: float | None = None,
+    map_agents: Callable[[Callable[[int], AgentRollout]], list[AgentRollout]] | None = None,
 ) -> RolloutTree:
     """Sample, score and expand the rollout tree of ``row_ids`` turn by turn.
 
@@ -122,6 +128,8 @@ def build_tree(
         prompt_passthrough: use the transition's prompts as they are, instead of formatting
             them (the ``prompt`` column of the row replaced by them) with each agent's formatter.
         early_termination_threshold: a node whose mean reward is above it is not expanded.
+        map_agents: runs ``work(i)`` for every agent i and returns the results in order (the
+            trainer's runs agents on different GPUs at the same time); default: one by one.
     """
     if num_turns > 1 and transition is None:
         raise ValueError("num_turns > 1 needs an external_transition to write the next turns' prompts")
@@ -135,7 +143,8 @@ def build_tree(
     transition_calls = 0
     names: list[str] = []
     for number in range(1, num_turns + 1):
-        agents = [generate(i, turn_prompts[i]) for i in range(num_agents)]
+        generate_turn = functools.partial(_generate_agent, generate, turn_prompts)
+        agents = map_agents(generate_turn) if map_agents else [generate_turn(i) for i in range(num_agents)]
         num_nodes = len(rows)
         # completions[i][m*J + j]: agent i's part of joint action j at node m
         sample = (torch.arange(num_nodes).unsqueeze(1) * num_generations).unsqueeze(2) + joint_indices  # (M, J, N)

@@ -43,6 +43,7 @@ from comlrl.checkpoint import (
     save_checkpoint,
     truncate_log,
 )
+from comlrl.distributed import DataParallel
 from comlrl.metrics import JsonlSink, MetricsLogger, TensorBoardSink, WandbSink
 from comlrl.metrics.evaluation import EvalHooks, evaluation_metrics
 from comlrl.metrics.rollout import completion_samples, format_metrics, rollout_metrics
@@ -55,6 +56,7 @@ from comlrl.models.loading import (
     split_model_config,
 )
 from comlrl.models.lora import attach_adapters, is_peft_model, merged_copy, save_adapter, trainable_parameters
+from comlrl.models.placement import map_agents, place_agents
 from comlrl.optim import build_optimizers, build_schedulers, per_agent_learning_rates
 from comlrl.rewards import JointReward
 from comlrl.rollout import AgentRollout
@@ -63,7 +65,14 @@ from comlrl.rollout.prompts import Formatter, PromptTable
 from comlrl.rollout.transition import Transition
 from comlrl.rollout.tree import RolloutTree, build_tree, tree_size
 from comlrl.trainers.config import TrainerConfig
-from comlrl.utils.run_control import StopOnSignal, generator_states, restore_generator_states, seed_everything
+from comlrl.utils.run_control import (
+    StopOnSignal,
+    generator_states,
+    rank_generator_states,
+    restore_generator_states,
+    seed_everything,
+    states_of_rank,
+)
 
 RewardFunction = Callable[..., Sequence[Any]]
 
@@ -185,12 +194,14 @@ class MultiAgentTrainer:
                 f"num_turns={self.args.num_turns} needs external_transition=, a function that writes each "
                 "agent's next-turn prompt from the joint action just taken"
             )
+        self.parallel = DataParallel.from_environment()
         self.model_kwargs, self.tokenizer_kwargs = split_model_config(model_config)
         if agents is None:
             # With adapters, one base model serves every agent.
             agents = load_agents(agent_model, 1 if peft_config is not None else num_agents, self.model_kwargs)
             agents = agents * num_agents if peft_config is not None else agents
         agents = check_agents(agents, shared_base_allowed=peft_config is not None)
+        place_agents(agents, self.args.agent_devices, self.parallel.local_rank if self.parallel.enabled else None)
         if peft_config is not None:
             agents, self.adapters = attach_adapters(agents, peft_config)
         else:
@@ -205,6 +216,7 @@ class MultiAgentTrainer:
         self.reward = JointReward(reward_func, self.num_agents, reward_processor, weights=self.args.reward_weights)
         self.transition = None if external_transition is None else Transition(external_transition, self.num_agents)
         self.train_prompts = PromptTable(train_dataset, formatters, self.num_agents, "train_dataset")
+        self._check_rank_shares()
         self.eval_prompts = (
             None if eval_dataset is None else PromptTable(eval_dataset, formatters, self.num_agents, "eval_dataset")
         )
@@ -239,8 +251,22 @@ class MultiAgentTrainer:
 
     @property
     def steps_per_epoch(self) -> int:
-        """Training steps per epoch (the last batch of an epoch may hold fewer rows)."""
-        return math.ceil(len(self.train_prompts) / self.args.per_device_train_batch_size)
+        """Training steps per epoch (the last batch of an epoch may hold fewer rows); a step
+        takes ``per_device_train_batch_size`` rows on each data-parallel rank."""
+        return math.ceil(len(self.train_prompts) / (self.args.per_device_train_batch_size * self.parallel.world_size))
+
+    def _check_rank_shares(self) -> None:
+        """Under data parallelism every rank needs a row at every step, the last one included."""
+        ranks = self.parallel.world_size
+        rows_per_step = self.args.per_device_train_batch_size * ranks
+        last = len(self.train_prompts) % rows_per_step
+        if 0 < last < ranks or len(self.train_prompts) < ranks:
+            raise ValueError(
+                f"train_dataset has {len(self.train_prompts)} rows; with {ranks} ranks x per_device_train_batch_size="
+                f"{self.args.per_device_train_batch_size} = {rows_per_step} rows per step, the last step of each epoch "
+                f"holds {last or len(self.train_prompts)}, fewer than the {ranks} ranks. Use a row count whose "
+                f"remainder modulo {rows_per_step} is 0 or at least {ranks}"
+            )
 
     def add_learners(
         self, names: Sequence[str], parameters: Sequence[Sequence[torch.nn.Parameter]], learning_rates: Sequence[float]
@@ -252,6 +278,7 @@ class MultiAgentTrainer:
         total_steps = args.num_train_epochs * self.steps_per_epoch * args.updates_per_step
         self.learners.extend(names)
         self.learner_parameters.extend(list(p) for p in parameters)
+        self.parallel.broadcast_parameters(p for group in parameters for p in group)
         self.optimizers.extend(optimizers)
         self.schedulers.extend(build_schedulers(optimizers, args.lr_scheduler_type, args.warmup_ratio, total_steps))
 
@@ -291,20 +318,17 @@ class MultiAgentTrainer:
         writes one after the current step and returns early (a second signal stops at once).
         """
         args = self.args
-        batch = args.per_device_train_batch_size
         data_order = torch.Generator()
         if resume_from_checkpoint:
-            state = self._resume(resume_from_checkpoint, data_order)
+            progress = self._resume(resume_from_checkpoint, data_order)
         else:
-            state = None
-            seed_everything(args.seed)
+            progress = self._start_progress()
+            # Ranks sample differently; they all shuffle the data alike.
+            seed_everything(args.seed + self.parallel.rank)
             data_order.manual_seed(args.seed)
-        logger = MetricsLogger(self._sinks())
-        if state is not None:
-            logger.add_window(state.metrics_window)
-        epoch_rewards = [] if state is None else list(state.epoch_reward_means)
-        epoch_raw_rewards = [] if state is None else list(state.epoch_raw_reward_means)
-        first_epoch = 0 if state is None else state.epoch
+        main = self.parallel.is_main
+        logger = MetricsLogger(self._sinks() if main else [])
+        logger.add_window(progress.metrics_window)
         start = time.perf_counter()
         bar = tqdm(
             total=args.num_train_epochs * self.steps_per_epoch,
@@ -312,65 +336,62 @@ class MultiAgentTrainer:
             desc=self.algorithm_name,
             unit="step",
             dynamic_ncols=True,
+            disable=not main,
         )
-        periodic_eval = self.eval_prompts is not None and args.eval_interval > 0
+        periodic_eval = self.eval_prompts is not None and args.eval_interval > 0 and main
+        rows_per_step = args.per_device_train_batch_size * self.parallel.world_size
         interrupted = False
         try:
             with StopOnSignal() as stop:
-                if periodic_eval and state is None:
+                if periodic_eval and self.global_step == 0:
                     self._log_evaluation(logger, bar)
-                for epoch in range(first_epoch, args.num_train_epochs):
+                for epoch in range(progress.epoch, args.num_train_epochs):
+                    progress.epoch = epoch
                     epoch_order_state = data_order.get_state()  # checkpoints rebuild the epoch's order from it
                     if args.shuffle:
                         order = torch.randperm(len(self.train_prompts), generator=data_order).tolist()
                     else:
                         order = list(range(len(self.train_prompts)))
-                    resumed = state is not None and epoch == first_epoch
-                    step_rewards = list(state.step_rewards) if resumed else []
-                    step_raw_rewards = list(state.step_raw_rewards) if resumed else []
-                    for step_in_epoch in range(state.step_in_epoch if resumed else 0, self.steps_per_epoch):
-                        rows = order[step_in_epoch * batch : (step_in_epoch + 1) * batch]
-                        metrics, tree, returns = self._training_step(rows)
-                        self.global_step += 1
-                        step_rewards.append(metrics["reward/mean"])
-                        step_raw_rewards.append(metrics["reward/raw_mean"])
+                    for step_in_epoch in range(progress.step_in_epoch, self.steps_per_epoch):
+                        rows = order[step_in_epoch * rows_per_step : (step_in_epoch + 1) * rows_per_step]
+                        metrics, tree, returns = self._training_step(self.parallel.shard(rows))
+                        metrics = self.parallel.mean_metrics(metrics)
+                        self.global_step = progress.global_step = self.global_step + 1
+                        progress.step_in_epoch = step_in_epoch + 1
+                        progress.step_rewards.append(metrics["reward/mean"])
+                        progress.step_raw_rewards.append(metrics["reward/raw_mean"])
                         logger.add(metrics)
                         bar.update(1)
                         bar.set_postfix(epoch=epoch + 1, reward=f"{metrics['reward/mean']:.3g}")
                         if self.global_step % args.logging_steps == 0:
-                            bar.write(format_metrics(self.global_step, logger.flush(self.global_step)))
+                            flushed = logger.flush(self.global_step)
+                            if main:
+                                bar.write(format_metrics(self.global_step, flushed))
                             samples = completion_samples(tree, returns, self.train_prompts, args.num_completions_to_log)
                             logger.log_samples(samples, self.global_step)
                         if periodic_eval and self.global_step % args.eval_interval == 0:
                             self._log_evaluation(logger, bar)
-                        if stop.signal is not None or (args.save_steps and self.global_step % args.save_steps == 0):
-                            progress = TrainerState(
-                                global_step=self.global_step,
-                                epoch=epoch,
-                                step_in_epoch=step_in_epoch + 1,
-                                epoch_reward_means=epoch_rewards,
-                                epoch_raw_reward_means=epoch_raw_rewards,
-                                step_rewards=step_rewards,
-                                step_raw_rewards=step_raw_rewards,
-                                metrics_window=logger.window(),
-                                agents=[describe_agent(agent) for agent in self.agents],
-                                num_rows=len(self.train_prompts),
-                                per_device_train_batch_size=batch,
-                            )
+                        interrupted = self.parallel.any(stop.signal is not None)
+                        if interrupted or (args.save_steps and self.global_step % args.save_steps == 0):
+                            progress.metrics_window = logger.window()
                             folder = self._save_checkpoint(progress, epoch_order_state)
-                            if stop.signal is not None:
+                        if interrupted:
+                            if main:
+                                cause = signal.Signals(stop.signal).name if stop.signal else "a signal to another rank"
                                 bar.write(
-                                    f"stopped by {signal.Signals(stop.signal).name} after step {self.global_step}: "
-                                    f"checkpoint {folder}; continue with train(resume_from_checkpoint=True)"
+                                    f"stopped by {cause} after step {self.global_step}: checkpoint {folder}; "
+                                    "continue with train(resume_from_checkpoint=True)"
                                 )
-                                interrupted = True
-                                break
+                            break
                     if interrupted:
                         break
-                    epoch_rewards.append(sum(step_rewards) / len(step_rewards))
-                    epoch_raw_rewards.append(sum(step_raw_rewards) / len(step_raw_rewards))
+                    progress.epoch_reward_means.append(sum(progress.step_rewards) / len(progress.step_rewards))
+                    progress.epoch_raw_reward_means.append(
+                        sum(progress.step_raw_rewards) / len(progress.step_raw_rewards)
+                    )
+                    progress.step_rewards, progress.step_raw_rewards, progress.step_in_epoch = [], [], 0
                 final_eval_done = periodic_eval and self.global_step % args.eval_interval == 0
-                if self.eval_prompts is not None and not interrupted and not final_eval_done:
+                if self.eval_prompts is not None and main and not interrupted and not final_eval_done:
                     self._log_evaluation(logger, bar)
         finally:
             # Whatever stopped training, the metrics of the steps already taken are written;
@@ -379,27 +400,59 @@ class MultiAgentTrainer:
                 logger.flush(self.global_step)
             bar.close()
             logger.close()
-        return TrainResult(self.global_step, epoch_rewards, epoch_raw_rewards, time.perf_counter() - start, interrupted)
-
-    def _save_checkpoint(self, state: TrainerState, epoch_order_state: torch.Tensor) -> str:
-        state.generators, generators = generator_states()
-        generators["data_order"] = epoch_order_state
-        state.config = asdict(self.args)
-        return save_checkpoint(
-            self.args.output_dir,
-            self._write_models,
-            self.optimizers,
-            self.schedulers,
-            generators,
-            state,
-            self.args.save_total_limit,
+        return TrainResult(
+            self.global_step,
+            progress.epoch_reward_means,
+            progress.epoch_raw_reward_means,
+            time.perf_counter() - start,
+            interrupted,
         )
+
+    def _start_progress(self) -> TrainerState:
+        """Where a new run stands: nothing done yet."""
+        return TrainerState(
+            global_step=0,
+            epoch=0,
+            step_in_epoch=0,
+            epoch_reward_means=[],
+            epoch_raw_reward_means=[],
+            step_rewards=[],
+            step_raw_rewards=[],
+            metrics_window={},
+            agents=[describe_agent(agent) for agent in self.agents],
+            num_rows=len(self.train_prompts),
+            per_device_train_batch_size=self.args.per_device_train_batch_size,
+            world_size=self.parallel.world_size,
+        )
+
+    def _save_checkpoint(self, progress: TrainerState, epoch_order_state: torch.Tensor) -> str:
+        """Rank 0 writes ``output_dir/checkpoint-{step}``, with every rank's generator states
+        (each rank samples its own); returns the folder on every rank."""
+        json_states, tensors = generator_states()
+        gathered = self.parallel.gather((json_states, tensors))
+        folder = os.path.join(self.args.output_dir, f"checkpoint-{self.global_step}")
+        if self.parallel.is_main:
+            progress.generators = rank_generator_states([json for json, _ in gathered])
+            generators = rank_generator_states([tensors for _, tensors in gathered])
+            generators["data_order"] = epoch_order_state
+            progress.config = asdict(self.args)
+            folder = save_checkpoint(
+                self.args.output_dir,
+                self._write_models,
+                self.optimizers,
+                self.schedulers,
+                generators,
+                progress,
+                self.args.save_total_limit,
+            )
+        self.parallel.barrier()
+        return folder
 
     def _resume(self, resume_from_checkpoint: bool | str, data_order: torch.Generator) -> TrainerState:
         """Load a checkpoint into the agents, optimizers, schedulers and generators; returns its state."""
         path = find_checkpoint(self.args.output_dir, resume_from_checkpoint)
         state = read_state(path)
-        check_compatible(path, state, self.agents, len(self.train_prompts), self.args.per_device_train_batch_size)
+        check_compatible(path, state, self._start_progress())
         optimizer_state, generators = load_training_state(path)
         self._load_models(path)
         if len(optimizer_state["optimizers"]) != len(self.optimizers):
@@ -411,7 +464,8 @@ class MultiAgentTrainer:
             optimizer.load_state_dict(saved)
         for scheduler, saved in zip(self.schedulers, optimizer_state["schedulers"]):
             scheduler.load_state_dict(saved)
-        restore_generator_states(state.generators, generators)
+        rank = self.parallel.rank
+        restore_generator_states(states_of_rank(state.generators, rank), states_of_rank(generators, rank))
         data_order.set_state(generators["data_order"])
         self.global_step = state.global_step
         # Lines the stopped run wrote after its checkpoint would otherwise appear twice.
@@ -483,6 +537,7 @@ class MultiAgentTrainer:
             transition=self.transition,
             prompt_passthrough=args.external_prompt_passthrough,
             early_termination_threshold=args.early_termination_threshold,
+            map_agents=functools.partial(map_agents, self.agents),
         )
 
     def generate(self, agent: int, prompts: list[str], num_generations: int, sampling: dict[str, Any]) -> AgentRollout:
@@ -496,29 +551,30 @@ class MultiAgentTrainer:
         args = self.args
         # Token weights over ALL of an agent's sequences of the step, so the micro-batches'
         # losses add up to the loss of the whole batch whatever their sizes.
-        weights = [
-            token_weights(
-                torch.cat([turn.agents[i].lengths for turn in tree.turns]), args.loss_type, args.max_new_tokens
-            ).split([turn.agents[i].lengths.numel() for turn in tree.turns])
-            for i in range(self.num_agents)
-        ]
+        weights = []
+        for i in range(self.num_agents):
+            lengths = torch.cat([turn.agents[i].lengths for turn in tree.turns])
+            # Normalised over every rank's sequences: summed gradients are the global batch's.
+            sequences, tokens = self.parallel.sum_values([lengths.numel(), lengths.sum().item()])
+            agent_weights = token_weights(lengths, args.loss_type, args.max_new_tokens, sequences, tokens)
+            weights.append(agent_weights.split([turn.agents[i].lengths.numel() for turn in tree.turns]))
         # Sampling-time log-probs are only needed when the policy moves between passes.
         passes = args.updates_per_step
         old_logps = self._frozen_logprobs(tree, reference=False) if passes > 1 else None
         ref_logps = self._frozen_logprobs(tree, reference=True) if args.beta > 0 else None
         history: dict[str, list[float]] = defaultdict(list)
         for _ in range(passes):
-            outputs = [
-                self._backward(
+            outputs = map_agents(
+                self.agents,
+                lambda i: self._backward(
                     i,
                     [turn.agents[i] for turn in tree.turns],
                     estimate.advantages[i],
                     weights[i],
                     None if old_logps is None else old_logps[i],
                     None if ref_logps is None else ref_logps[i],
-                )
-                for i in range(self.num_agents)
-            ]
+                ),
+            )
             for key, value in self._auxiliary_backward(tree, estimate).items():
                 history[key].append(value)
             grad_norms = self._optimizer_steps()
@@ -645,6 +701,7 @@ class MultiAgentTrainer:
         max_norm = self.args.max_grad_norm if self.args.max_grad_norm is not None else math.inf
         grad_norms = []
         for name, parameters in zip(self.learners, self.learner_parameters):
+            self.parallel.sum_gradients(parameters)
             norm = torch.nn.utils.clip_grad_norm_(parameters, max_norm).item()
             if not math.isfinite(norm):
                 for optimizer in self.optimizers:
@@ -713,8 +770,11 @@ class MultiAgentTrainer:
         loadable with ``peft.PeftModel.from_pretrained(base, folder)``), or, with
         ``merge_adapters=True``, as a whole model with the adapter merged in. Each folder is
         written under a temporary name and renamed, so an interrupted save never leaves a
-        folder that looks complete. Returns the folders.
+        folder that looks complete. Returns the folders. Under data parallelism only rank 0
+        writes (every rank holds the same weights); the others return an empty list.
         """
+        if not self.parallel.is_main:
+            return []
         os.makedirs(output_dir, exist_ok=True)
         folders = []
         for name, write in self._model_writers(merge_adapters):

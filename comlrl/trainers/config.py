@@ -128,6 +128,11 @@ class TrainerConfig:
     default: no length bias), ``grpo`` (per-sequence mean, then mean), ``dr_grpo`` (sum over
     ``num_sequences * max_new_tokens``)."""
 
+    agent_devices: str | list[str] | None = None
+    """Where each agent (and its reference model) lives: ``None`` leaves them where they are
+    (under torchrun on GPUs: the rank's GPU), ``"auto"`` spreads them over the visible GPUs
+    (the CPU without one), one device for all (``"cuda:1"``), or a list with one per agent.
+    Agents on different GPUs generate and update at the same time."""
     mixed_precision: str | None = None
     """``"bf16"``: run generation and the forward passes under bf16 autocast (on GPUs with
     bf16; weights, gradients and optimizer state keep their dtype); ``None``: full precision."""
@@ -236,6 +241,13 @@ class TrainerConfig:
         if self.early_termination_threshold is not None and not is_real(self.early_termination_threshold):
             raise ValueError(
                 f"early_termination_threshold must be a number or None (off), got {self.early_termination_threshold!r}"
+            )
+        devices = self.agent_devices
+        listed = isinstance(devices, list | tuple) and devices and all(isinstance(d, str) for d in devices)
+        if not (devices is None or isinstance(devices, str) or listed):
+            raise ValueError(
+                "agent_devices must be None, 'auto', a device name or a list of device names (one per agent), "
+                f"got {devices!r}"
             )
         check_choice(self, "joint_mode", JOINT_MODES)
         check_choice(self, "generation_backend", BACKENDS)

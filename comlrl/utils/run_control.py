@@ -67,3 +67,20 @@ def restore_generator_states(json_states: dict[str, Any], tensors: dict[str, tor
     torch.set_rng_state(tensors["torch"])
     if "cuda" in tensors and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(list(tensors["cuda"]))
+
+
+def rank_generator_states(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
+    """Every rank's generator states in one mapping: rank 0's under their own names (the
+    layout of a one-process checkpoint), rank r's under ``rank{r}/<name>``."""
+    merged = dict(per_rank[0])
+    for rank, states in enumerate(per_rank[1:], start=1):
+        merged.update({f"rank{rank}/{name}": value for name, value in states.items()})
+    return merged
+
+
+def states_of_rank(merged: dict[str, Any], rank: int) -> dict[str, Any]:
+    """Rank ``rank``'s part of what :func:`rank_generator_states` merged."""
+    if rank == 0:
+        return {name: value for name, value in merged.items() if not name.startswith("rank")}
+    prefix = f"rank{rank}/"
+    return {name[len(prefix) :]: value for name, value in merged.items() if name.startswith(prefix)}

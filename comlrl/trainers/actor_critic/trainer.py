@@ -212,7 +212,10 @@ class ActorCriticTrainer(MultiAgentTrainer):
             for i in range(self.num_agents)
         ]
         if args.advantage_normalization:
-            advantages = [list(whiten(torch.cat(a)).split([x.numel() for x in a])) for a in advantages]
+            advantages = [
+                list(whiten(torch.cat(a), reduce=self.parallel.sum_values).split([x.numel() for x in a]))
+                for a in advantages
+            ]
         targets_per_turn = [self._value_targets(g, credit) for g, credit in zip(lambda_returns, credits)]
         return CriticEstimate(
             returns=tree_returns(rewards, children, args.gamma),
@@ -238,7 +241,8 @@ class ActorCriticTrainer(MultiAgentTrainer):
             if critic.agent is not None:
                 self._activate(critic.agent)
             critic.backbone.train()
-            count = sum(t.numel() for t in estimate.targets[c])
+            # Over every rank's inputs: summed gradients are those of the global batch.
+            count = self.parallel.sum_values([sum(t.numel() for t in estimate.targets[c])])[0]
             total = clipped = 0.0
             for inputs, old, targets in zip(estimate.inputs[c], estimate.old_values[c], estimate.targets[c]):
                 for rows in self._row_slices(len(inputs)):

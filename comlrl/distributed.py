@@ -1,0 +1,118 @@
+"""Data parallelism across processes: ``torchrun --nproc_per_node K script.py`` (or across
+machines with torchrun's rendezvous) runs K copies of a training script; each rank samples
+and scores its share of every step's rows, and the gradients of every agent (and critic)
+are summed across ranks before each optimizer step, so all ranks keep identical weights.
+
+The loss of a step is normalised over the tokens (or sequences) of ALL ranks, and the
+gradients are summed, not averaged: K ranks compute exactly the gradient a single process
+would over the same global batch. NCCL is used on GPUs, gloo on CPUs.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class DataParallel:
+    """This process's place among the ranks; with one rank every operation is a no-op."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @classmethod
+    def from_environment(cls) -> DataParallel:
+        """The ranks torchrun started (``WORLD_SIZE``, ``RANK``, ``LOCAL_RANK``), joining the
+        process group if the script has not; one rank when not launched by torchrun."""
+        if int(os.environ.get("WORLD_SIZE", "1")) == 1 and not dist.is_initialized():
+            return cls()
+        if not dist.is_initialized():
+            if torch.cuda.is_available():
+                torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+            dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        return cls(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0: the one that logs, saves and writes checkpoints."""
+        return self.rank == 0
+
+    def shard(self, rows: list[int]) -> list[int]:
+        """This rank's contiguous share of a step's rows (shares differ by at most one row)."""
+        if not self.enabled:
+            return rows
+        share, extra = divmod(len(rows), self.world_size)
+        start = self.rank * share + min(self.rank, extra)
+        return rows[start : start + share + (self.rank < extra)]
+
+    def sum_values(self, values: list[float]) -> list[float]:
+        """Each number summed over the ranks (counts, totals), in float64."""
+        if not self.enabled:
+            return list(values)
+        tensor = torch.tensor(values, dtype=torch.float64, device=self._device())
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        return tensor.tolist()
+
+    def any(self, flag: bool) -> bool:
+        """True on every rank when it is True on one (e.g. a rank received SIGTERM)."""
+        return self.sum_values([float(flag)])[0] > 0
+
+    def sum_gradients(self, parameters: Iterable[torch.nn.Parameter]) -> None:
+        """Sum every parameter's gradient over the ranks, one flat buffer per device and dtype."""
+        if not self.enabled:
+            return
+        buckets: dict[tuple[torch.device, torch.dtype], list[torch.nn.Parameter]] = {}
+        for parameter in parameters:
+            if parameter.grad is None:
+                parameter.grad = torch.zeros_like(parameter)
+            buckets.setdefault((parameter.grad.device, parameter.grad.dtype), []).append(parameter)
+        for group in buckets.values():
+            flat = torch.cat([p.grad.reshape(-1) for p in group])
+            dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+            for parameter, summed in zip(group, flat.split([p.numel() for p in group])):
+                parameter.grad.copy_(summed.view_as(parameter.grad))
+
+    def broadcast_parameters(self, parameters: Iterable[torch.nn.Parameter]) -> None:
+        """Every rank starts from rank 0's weights (models initialised at random differ)."""
+        if not self.enabled:
+            return
+        with torch.no_grad():
+            for parameter in parameters:
+                dist.broadcast(parameter.data, src=0)
+
+    def gather(self, value: Any) -> list[Any]:
+        """Every rank's ``value`` (any picklable object), in rank order."""
+        if not self.enabled:
+            return [value]
+        gathered: list[Any] = [None] * self.world_size
+        dist.all_gather_object(gathered, value)
+        return gathered
+
+    def mean_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
+        """Each metric averaged over the ranks that report it."""
+        if not self.enabled:
+            return metrics
+        gathered = self.gather(metrics)
+        keys = list(dict.fromkeys(key for rank_metrics in gathered for key in rank_metrics))
+        return {key: sum(values) / len(values) for key in keys for values in [[m[key] for m in gathered if key in m]]}
+
+    def barrier(self) -> None:
+        if self.enabled:
+            dist.barrier()
+
+    def _device(self) -> torch.device:
+        """Where collective operations' tensors live: NCCL only moves GPU tensors."""
+        if dist.get_backend() == "nccl":
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")

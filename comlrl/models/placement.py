@@ -1,0 +1,80 @@
+"""Where each agent lives (``agent_devices``), and running per-agent work concurrently when
+the agents sit on different GPUs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
+import torch
+
+T = TypeVar("T")
+
+
+def resolve_agent_devices(
+    spec: str | Sequence[str] | None, num_agents: int, local_rank: int | None = None
+) -> list[torch.device] | None:
+    """One device per agent from ``agent_devices``, or None to leave the agents where they are.
+
+    Args:
+        spec: None (leave them; under data parallelism on GPUs, the rank's GPU), ``"auto"``
+            (round-robin over the visible GPUs; this rank's GPU under data parallelism; the CPU
+            when there is no GPU), one device for every agent (``"cuda:1"``), or a list with one
+            device per agent.
+        num_agents: N.
+        local_rank: this process's rank on its machine under data parallelism, else None.
+    """
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if spec is None or spec == "auto":
+        if gpus and local_rank is not None:
+            return [torch.device("cuda", local_rank)] * num_agents
+        if spec is None:
+            return None
+        return (
+            [torch.device("cuda", i % gpus) for i in range(num_agents)] if gpus else [torch.device("cpu")] * num_agents
+        )
+    names = [spec] * num_agents if isinstance(spec, str) else list(spec)
+    if len(names) != num_agents:
+        raise ValueError(
+            f"agent_devices lists {len(names)} devices for {num_agents} agents; give one per agent, one for all, "
+            "or 'auto'"
+        )
+    devices = []
+    for i, name in enumerate(names):
+        where = "agent_devices" if isinstance(spec, str) else f"agent_devices[{i}]"
+        try:
+            device = torch.device(name)
+        except (RuntimeError, TypeError) as error:
+            raise ValueError(f"{where}={name!r} is not a device ({error})") from error
+        if device.type == "cuda" and (device.index or 0) >= gpus:
+            visible = f"{gpus} CUDA devices are visible" if gpus else "no CUDA device is visible"
+            raise ValueError(f"{where}={name!r} but {visible}")
+        devices.append(device)
+    return devices
+
+
+def place_agents(agents: Sequence[torch.nn.Module], spec: str | Sequence[str] | None, local_rank: int | None) -> None:
+    """Move each agent to its device from ``agent_devices`` (see :func:`resolve_agent_devices`).
+    Agents sharing one base model (adapters) must share one device."""
+    devices = resolve_agent_devices(spec, len(agents), local_rank)
+    if devices is None:
+        return
+    placed: dict[int, torch.device] = {}
+    for i, (agent, device) in enumerate(zip(agents, devices)):
+        if placed.setdefault(id(agent), device) != device:
+            raise ValueError(
+                f"agents share one base model, so they need one device; agent_devices puts agent {i} on {device} "
+                f"and an earlier agent on {placed[id(agent)]}"
+            )
+        agent.to(device)
+
+
+def map_agents(agents: Sequence[torch.nn.Module], work: Callable[[int], T]) -> list[T]:
+    """``[work(i) for each agent i]``, in threads when the agents sit on two or more different
+    GPUs (their kernels then run at the same time; the GIL is released while they do)."""
+    gpus = {p.device for agent in agents for p in [next(agent.parameters())] if p.device.type == "cuda"}
+    if len(gpus) < 2:
+        return [work(i) for i in range(len(agents))]
+    with ThreadPoolExecutor(max_workers=len(agents)) as pool:
+        return list(pool.map(work, range(len(agents))))

@@ -1,0 +1,107 @@
+"""Data parallelism on CPU (gloo): two ranks launched with torchrun keep identical weights,
+match one process over the same global batch, write files from rank 0 only, and resume."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from comlrl.distributed import DataParallel
+from comlrl.models.placement import resolve_agent_devices
+from comlrl.trainers.reinforce import MAGRPOConfig
+
+from .ddp_worker import build_trainer, weights
+from .ddp_worker import main as run_worker
+from .test_trainer import make_trainer
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def torchrun(algorithm: str, out: Path, ranks: int, per_device_rows: int) -> None:
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}"]
+    command += ["-m", "tests.ddp_worker", algorithm, str(out), str(per_device_rows)]
+    finished = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+
+
+@pytest.mark.parametrize("algorithm", ["magrpo", "iac"])
+def test_two_ranks_equal_one_process_over_the_same_global_batch(tmp_path, algorithm, monkeypatch):
+    torchrun(algorithm, tmp_path / "ddp", ranks=2, per_device_rows=2)
+    for variable in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
+        monkeypatch.delenv(variable, raising=False)
+    run_worker(algorithm, str(tmp_path / "single"), per_device_rows=4)
+
+    rank0, rank1 = (torch.load(tmp_path / "ddp" / f"rank{r}.pt") for r in (0, 1))
+    single = torch.load(tmp_path / "single" / "rank0.pt")
+    for a, b in zip(rank0["straight"], rank1["straight"]):
+        assert torch.equal(a, b)  # the ranks hold identical weights
+    initial = weights(build_trainer(algorithm, tmp_path / "unused", per_device_rows=4))
+    for a, b, start in zip(rank0["straight"], single["straight"], initial):
+        assert not torch.equal(a, start)  # training moved every agent (and value head)
+        torch.testing.assert_close(a, b, atol=2e-5, rtol=0)
+    for a, b in zip(rank0["resumed"], rank0["straight"]):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
+
+    info = [json.loads((tmp_path / "ddp" / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert [i["world_size"] for i in info] == [2, 2] and [i["steps"] for i in info] == [4, 4]
+    assert info[0]["saved"] and info[1]["saved"] == []  # only rank 0 writes models
+    run = tmp_path / "ddp" / "run"
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == [1, 2, 3, 4]  # one writer, the resumed steps once
+    assert sorted(p.name for p in run.iterdir() if p.name.startswith("checkpoint-")) == ["checkpoint-2", "checkpoint-4"]
+    generators = torch.load(run / "checkpoint-2" / "rng_state.pt")
+    assert "torch" in generators and "rank1/torch" in generators
+    single_lines = (tmp_path / "single" / "run" / "metrics.jsonl").read_text().splitlines()
+    for ours, theirs in zip(lines, single_lines):  # metrics are reduced over the ranks
+        assert json.loads(ours)["reward/mean"] == pytest.approx(json.loads(theirs)["reward/mean"])
+
+
+def test_shards_of_a_step_cover_its_rows_once():
+    rows = list(range(7))
+    shares = [DataParallel(rank=r, world_size=3).shard(rows) for r in range(3)]
+    assert shares == [[0, 1, 2], [3, 4], [5, 6]]
+    assert DataParallel().shard(rows) == rows
+
+
+def test_a_last_step_with_fewer_rows_than_ranks_is_refused_at_start_up(tmp_path, monkeypatch):
+    monkeypatch.setattr(DataParallel, "from_environment", classmethod(lambda cls: cls(rank=0, world_size=2)))
+    # 3 rows, 2 ranks x 1 row per step: the second step holds 1 row for 2 ranks.
+    args = MAGRPOConfig(per_device_train_batch_size=1, num_generations=2, output_dir=str(tmp_path))
+    with pytest.raises(ValueError, match=r"train_dataset has 3 rows; with 2 ranks x per_device_train_batch_size=1"):
+        make_trainer(tmp_path, args=args)
+
+
+def test_agent_devices_on_cpu(tmp_path):
+    assert resolve_agent_devices(None, 2) is None
+    if not torch.cuda.is_available():
+        assert resolve_agent_devices("auto", 2) == [torch.device("cpu")] * 2
+    assert resolve_agent_devices("cpu", 3) == [torch.device("cpu")] * 3
+    args = MAGRPOConfig(
+        agent_devices=["cpu", "cpu"], num_train_epochs=1, num_generations=2, max_new_tokens=4, output_dir=str(tmp_path)
+    )
+    trainer = make_trainer(tmp_path, args=args)
+    assert trainer.train().global_step == 2
+    assert all(next(agent.parameters()).device.type == "cpu" for agent in trainer.agents)
+
+
+@pytest.mark.parametrize(
+    "devices,match",
+    [
+        (["cpu"], r"agent_devices lists 1 devices for 2 agents"),
+        (["cpu", "tpu:9"], r"agent_devices\[1\]='tpu:9' is not a device"),
+        (["cpu", "cuda:7"], r"agent_devices\[1\]='cuda:7' but .*visible"),
+    ],
+)
+def test_bad_agent_devices_are_named(devices, match):
+    with pytest.raises(ValueError, match=match):
+        resolve_agent_devices(devices, 2)
+
+
+def test_agent_devices_type_is_checked():
+    with pytest.raises(ValueError, match="agent_devices must be None, 'auto', a device name or a list"):
+        MAGRPOConfig(agent_devices=[0, 1])
