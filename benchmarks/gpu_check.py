@@ -92,8 +92,8 @@ def compare_greedy(hf: AgentRollout, vllm: AgentRollout) -> dict:
 def sample_with_logprobs(
     backend: VLLMBackend, agent: int, texts: list[str], num_generations: int, sampling: dict
 ) -> tuple[AgentRollout, torch.Tensor]:
-    """The backend's ``generate``, also asking vLLM for the log-prob of each chosen token
-    (``logprobs=0``); returns the rollout and those log-probs laid out like its completions."""
+    """What the backend's ``generate`` does, also asking vLLM for the log-prob of each chosen
+    token (``logprobs=0``); returns the rollout and those log-probs laid out like its completions."""
     model, tokenizer = backend.agents[agent], backend.tokenizers[agent]
     eos_ids = completion_eos_ids(sampling, model, tokenizer)
     kwargs = vllm_sampling_kwargs(sampling, num_generations, eos_ids)
@@ -154,7 +154,7 @@ def main(argv=None) -> int:
     parser.add_argument("--model", default=None, help="model folder (default: the embedded SmolLM2-135M-Instruct)")
     parser.add_argument("--dtype", choices=sorted(TOLERANCES), default="bfloat16", help="default: %(default)s")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.25, help="per engine (default: %(default)s)")
-    parser.add_argument("--perturbation", type=float, default=0.05, help="relative noise in (d) (default: %(default)s)")
+    parser.add_argument("--perturbation", type=float, default=0.1, help="relative noise in (d) (default: %(default)s)")
     parser.add_argument("--json", default=None, help="also write the JSON object to this file")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():

@@ -8,7 +8,9 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import time
 import types
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -48,7 +50,7 @@ class FakeLLM:
         self.calls.append((prompts, sampling_params))
         replies = self.replies or [[ids("a") + [EOS]] * params.n for params in sampling_params]
         return [
-            types.SimpleNamespace(outputs=[types.SimpleNamespace(token_ids=tuple(ids)) for ids in reply])
+            types.SimpleNamespace(outputs=[types.SimpleNamespace(token_ids=tuple(tokens)) for tokens in reply])
             for reply in replies
         ]
 
@@ -283,6 +285,39 @@ def test_each_agent_gets_an_engine_built_from_its_weights(fake_vllm):
             assert torch.equal(saved.state_dict()[name], tensor), name
     assert backend.devices == [torch.device("cuda", 0), torch.device("cuda", 1)]
     assert all(name not in os.environ for name in LAUNCH_VARIABLES)  # restored after construction
+
+
+def test_under_torchrun_the_engine_keeps_the_launchers_process_group(fake_vllm, monkeypatch):
+    torchrun = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}
+    for name, value in torchrun.items():
+        monkeypatch.setenv(name, value)
+    backend_for()
+    # Only the GPU is the agent's (cuda:0 here); the rest is torchrun's, restored afterwards.
+    assert fake_vllm.engines[0].env == {**torchrun, "LOCAL_RANK": "0"}
+    assert {name: os.environ[name] for name in torchrun} == torchrun
+
+
+def test_engines_run_one_at_a_time_even_when_called_from_threads(fake_vllm):
+    backend = backend_for(num_agents=2)
+    running, seen = [0], []
+
+    def slowed(generate):
+        def slow_generate(*args, **kwargs):
+            running[0] += 1
+            seen.append(running[0])
+            time.sleep(0.05)
+            running[0] -= 1
+            return generate(*args, **kwargs)
+
+        return slow_generate
+
+    for engine in fake_vllm.engines:
+        engine.generate = slowed(engine.generate)
+    sampling = {"do_sample": True, "max_new_tokens": 2}
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        rollouts = list(pool.map(lambda agent: backend.generate(agent, ["ab"], 2, sampling), range(2)))
+    assert seen == [1, 1]
+    assert [r.texts for r in rollouts] == [["a", "a"], ["a", "a"]]
 
 
 def test_trainer_samples_through_the_engines_and_syncs_every_agent_after_a_step(fake_vllm, tmp_path):

@@ -14,6 +14,7 @@ import contextlib
 import os
 import socket
 import tempfile
+import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -135,11 +136,14 @@ def _engine_placement(device: torch.device) -> Iterator[None]:
 
     vLLM's ``external_launcher`` executor (what TRL's colocate mode uses) runs the engine in
     the calling process rather than a subprocess, so :meth:`VLLMBackend.sync_weights` can
-    reach its model, and takes its GPU from the torchrun variables set here (a one-process
-    world). They are restored afterwards, and so is the current CUDA device, which vLLM sets.
+    reach its model, and reads torchrun's variables: ``LOCAL_RANK`` names the GPU; the others
+    describe the process group, and are torchrun's own when it launched us (data
+    parallelism), else those of a one-process world. They are restored afterwards, and so is
+    the current CUDA device, which vLLM sets.
     """
-    values = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": str(device.index)}
-    values["MASTER_ADDR"] = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    values = {"LOCAL_RANK": str(device.index)}
+    for name, default in (("RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")):
+        values[name] = os.environ.get(name, default)
     values["MASTER_PORT"] = os.environ.get("MASTER_PORT") or str(_free_port())
     saved = {name: os.environ.get(name) for name in values}
     os.environ.update(values)
@@ -162,7 +166,12 @@ def _free_port() -> int:
 
 class VLLMBackend:
     """One ``vllm.LLM`` per agent, on the agent's GPU, with the agent's dtype; the engines take
-    ``gpu_memory_utilization`` of their GPU each, the rest stays for training."""
+    ``gpu_memory_utilization`` of their GPU each, the rest stays for training.
+
+    The engines run one at a time, even when agents on different GPUs are served from
+    different threads: vLLM keeps the state of the forward pass under way in module globals,
+    which two engines of one process running at once would overwrite.
+    """
 
     def __init__(
         self,
@@ -194,6 +203,7 @@ class VLLMBackend:
         # vLLM loads a model from a folder: each engine starts from a copy of its agent saved
         # here, kept as long as the backend (the engine may read the folder again).
         self._folder = tempfile.TemporaryDirectory(prefix="comlrl-vllm-")
+        self._lock = threading.Lock()
         self.engines = [self._build_engine(i, gpu_memory_utilization) for i in range(len(agents))]
 
     def _build_engine(self, index: int, gpu_memory_utilization: float) -> Any:
@@ -207,7 +217,7 @@ class VLLMBackend:
                 dtype=str(next(agent.parameters()).dtype).removeprefix("torch."),
                 gpu_memory_utilization=gpu_memory_utilization,
                 distributed_executor_backend="external_launcher",
-                # No CUDA graph capture: start-up in seconds rather than minutes.
+                # Eager mode: no compilation or CUDA-graph capture, so each engine starts quickly.
                 enforce_eager=True,
             )
 
@@ -222,7 +232,7 @@ class VLLMBackend:
         base = None if greedy else int(torch.randint(0, 2**31 - 1, ()).item())
         seeds = [None if greedy else base + b * kwargs["n"] for b in range(len(prompts))]
         params = [self.vllm.SamplingParams(**kwargs, seed=seed) for seed in seeds]
-        with torch.cuda.device(self.devices[agent]):
+        with self._lock, torch.cuda.device(self.devices[agent]):
             outputs = self.engines[agent].generate(
                 [{"prompt_token_ids": ids} for ids in prompt_token_ids(encoded)], params, use_tqdm=False
             )
@@ -237,6 +247,6 @@ class VLLMBackend:
         prompt prefixes: their keys and values were computed with the old weights."""
         engine = self.engines[agent]
         weights = list(self.agents[agent].state_dict().items())
-        with torch.cuda.device(self.devices[agent]):
+        with self._lock, torch.cuda.device(self.devices[agent]):
             engine.collective_rpc(_load_weights, args=(weights,))
             engine.reset_prefix_cache()
