@@ -53,7 +53,7 @@ def build_trainer(
     """The benchmark workload's trainer; ``config_overrides`` change ``MAGRPOConfig`` fields."""
     tokenizer = AutoTokenizer.from_pretrained(model_name)
     agents = [AutoModelForCausalLM.from_pretrained(model_name) for _ in range(2)]
-    config = MAGRPOConfig(
+    values = dict(
         num_train_epochs=1,
         per_device_train_batch_size=1,
         agent_learning_rate=5e-5,
@@ -62,8 +62,8 @@ def build_trainer(
         generation_kwargs={"min_new_tokens": args.max_new_tokens},
         seed=0,
         output_dir=os.path.join("benchmarks", "results", "run"),
-        **config_overrides,
     )
+    config = MAGRPOConfig(**{**values, **config_overrides})
     return trainer_class(
         agents=agents,
         tokenizer=tokenizer,

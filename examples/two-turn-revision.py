@@ -269,6 +269,8 @@ def main(argv=None) -> None:
     result = trainer.train()
     models_dir = os.path.join(args.output_dir, "models")
     trainer.save_model(models_dir)
+    if not trainer.parallel.is_main:  # under torchrun, rank 0 reports
+        return
 
     try:
         curves = f"curves in {plot_run(args.output_dir).resolve()}"
