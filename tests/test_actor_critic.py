@@ -279,3 +279,10 @@ def test_one_generation_per_prompt_trains_single_and_multi_turn(tmp_path, traine
     assert all(not torch.equal(a, b) for a, b in zip(before, all_weights(trainer)))
     line = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
     assert (f"turn{num_turns}/reward_mean" in line) and "critic0/value_loss" in line
+
+
+def test_separate_critics_follow_their_agents_devices(tmp_path):
+    args = ac_config(IACConfig, tmp_path, agent_devices="cpu")
+    trainer = make_ac_trainer(tmp_path, layout="separate", args=args)
+    assert trainer.agents_placed
+    assert all(next(c.backbone.parameters()).device.type == "cpu" for c in trainer.critics)

@@ -54,12 +54,13 @@ def resolve_agent_devices(
     return devices
 
 
-def place_agents(agents: Sequence[torch.nn.Module], spec: str | Sequence[str] | None, local_rank: int | None) -> None:
-    """Move each agent to its device from ``agent_devices`` (see :func:`resolve_agent_devices`).
-    Agents sharing one base model (adapters) must share one device."""
+def place_agents(agents: Sequence[torch.nn.Module], spec: str | Sequence[str] | None, local_rank: int | None) -> bool:
+    """Move each agent to its device from ``agent_devices`` (see :func:`resolve_agent_devices`);
+    returns whether any placement was asked for. Agents sharing one base model (adapters)
+    must share one device."""
     devices = resolve_agent_devices(spec, len(agents), local_rank)
     if devices is None:
-        return
+        return False
     placed: dict[int, torch.device] = {}
     for i, (agent, device) in enumerate(zip(agents, devices)):
         if placed.setdefault(id(agent), device) != device:
@@ -68,6 +69,7 @@ def place_agents(agents: Sequence[torch.nn.Module], spec: str | Sequence[str] | 
                 f"and an earlier agent on {placed[id(agent)]}"
             )
         agent.to(device)
+    return True
 
 
 def map_agents(agents: Sequence[torch.nn.Module], work: Callable[[int], T]) -> list[T]:

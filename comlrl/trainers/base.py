@@ -201,7 +201,10 @@ class MultiAgentTrainer:
             agents = load_agents(agent_model, 1 if peft_config is not None else num_agents, self.model_kwargs)
             agents = agents * num_agents if peft_config is not None else agents
         agents = check_agents(agents, shared_base_allowed=peft_config is not None)
-        place_agents(agents, self.args.agent_devices, self.parallel.local_rank if self.parallel.enabled else None)
+        self.agents_placed = place_agents(
+            agents, self.args.agent_devices, self.parallel.local_rank if self.parallel.enabled else None
+        )
+        """Whether ``agent_devices`` (or torchrun on GPUs) chose the agents' devices."""
         if peft_config is not None:
             agents, self.adapters = attach_adapters(agents, peft_config)
         else:

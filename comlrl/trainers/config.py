@@ -132,7 +132,8 @@ class TrainerConfig:
     """Where each agent (and its reference model) lives: ``None`` leaves them where they are
     (under torchrun on GPUs: the rank's GPU), ``"auto"`` spreads them over the visible GPUs
     (the CPU without one), one device for all (``"cuda:1"``), or a list with one per agent.
-    Agents on different GPUs generate and update at the same time."""
+    Agents on different GPUs generate and update at the same time; a separate critic goes
+    with its agent (MAAC's with agent 0)."""
     mixed_precision: str | None = None
     """``"bf16"``: run generation and the forward passes under bf16 autocast (on GPUs with
     bf16; weights, gradients and optimizer state keep their dtype); ``None``: full precision."""

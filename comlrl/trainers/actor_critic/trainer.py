@@ -139,6 +139,9 @@ class ActorCriticTrainer(MultiAgentTrainer):
         if self.centralized and isinstance(tokenizer, list | tuple):
             raise ValueError(f"critic_tokenizer is a list of {len(tokenizer)}; MAAC's one critic takes one tokenizer")
         tokenizers = resolve_tokenizers(tokenizer, critics, self.tokenizer_kwargs, role="critic")
+        if self.agents_placed:  # a separate critic follows its agent (MAAC's, agent 0)
+            for c, model in enumerate(critics):
+                model.to(next(self.agents[c].parameters()).device)
         if self.args.gradient_checkpointing:
             for model in critics:
                 enable_activation_checkpointing(model)
