@@ -472,7 +472,7 @@ class MultiAgentTrainer:
         data_order.set_state(generators["data_order"])
         self.global_step = state.global_step
         # Lines the stopped run wrote after its checkpoint would otherwise appear twice.
-        for log in ("metrics.jsonl", "samples.jsonl"):
+        for log in ("metrics.jsonl", "samples.jsonl") if self.parallel.is_main else ():
             truncate_log(os.path.join(self.args.output_dir, log), state.global_step)
         return state
 
