@@ -8,12 +8,15 @@ reward (``revision_reward``, in [0, 1] at every turn) needs both turns: at turn 
 tutorial's length-ratio score (the paragraph 2-3 times longer than the title); at turn 2
 half that score of the revisions, half how many of the partner's turn-1 content words each
 revision reuses (reading the partner's work pays). MAGRPO credits turn 1 with its reward
-plus ``discount`` times the mean reward of the revisions it led to. Held-out topics are
+plus ``discount`` times the mean reward of the revisions it led to; with ``--trainer iac``
+each agent instead learns a value head on its own model and is trained with GAE and PPO
+(independent actor-critic), ``discount`` being GAE's gamma. Held-out topics are
 evaluated before and after training (``eval/turn1/...``, ``eval/turn2/...``). Runs offline
 on the embedded SmolLM2-135M-Instruct in a few minutes on a 2-core CPU.
 
     python examples/two-turn-revision.py               # W&B off
     python examples/two-turn-revision.py --wandb --wandb-project my-project
+    python examples/two-turn-revision.py --trainer iac
 """
 
 from __future__ import annotations
@@ -32,7 +35,10 @@ from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from comlrl.metrics.plot import plot_run
+from comlrl.trainers.actor_critic import IACConfig, IACTrainer
 from comlrl.trainers.reinforce import MAGRPOConfig, MAGRPOTrainer
+
+TRAINERS = {"magrpo": (MAGRPOTrainer, MAGRPOConfig), "iac": (IACTrainer, IACConfig)}
 
 TRAIN_TOPICS = [
     "a city in the clouds",
@@ -204,6 +210,18 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="weight of turn 2 in turn 1's return, in [0, 1] (default: %(default)s)",
     )
     parser.add_argument("--learning-rate", type=float, default=5e-5, help="AdamW learning rate (default: %(default)s)")
+    parser.add_argument(
+        "--trainer",
+        choices=sorted(TRAINERS),
+        default="magrpo",
+        help="magrpo (group baselines) or iac (a value head on each agent, GAE, PPO) (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--critic-learning-rate",
+        type=float,
+        default=1e-4,
+        help="with --trainer iac: AdamW learning rate of the value heads (default: %(default)s)",
+    )
     parser.add_argument("--seed", type=int, default=42, help="random seed (default: %(default)s)")
     parser.add_argument(
         "--threads",
@@ -232,7 +250,13 @@ def main(argv=None) -> None:
     agents = [AutoModelForCausalLM.from_pretrained(model_name) for _ in range(2)]
     batch = 2
     total_steps = args.epochs * math.ceil(len(TRAIN_TOPICS) / batch)
-    config = MAGRPOConfig(
+    trainer_class, config_class = TRAINERS[args.trainer]
+    objective = (
+        {"discount": args.discount}
+        if args.trainer == "magrpo"
+        else {"gamma": args.discount, "critic_learning_rate": args.critic_learning_rate}
+    )
+    config = config_class(
         num_train_epochs=args.epochs,
         per_device_train_batch_size=batch,
         agent_learning_rate=args.learning_rate,
@@ -241,18 +265,22 @@ def main(argv=None) -> None:
         max_new_tokens=args.max_new_tokens,
         num_turns=2,
         joint_mode="aligned",
-        discount=args.discount,
         eval_interval=total_steps,  # evaluate before the first step and after the last
         eval_num_samples=len(EVAL_TOPICS),
         seed=args.seed,
         output_dir=args.output_dir,
+        **objective,
     )
     wandb_config = None
     if args.wandb:
-        wandb_config = {"project": args.wandb_project, "entity": args.wandb_entity, "name": "two-turn-revision"}
+        wandb_config = {
+            "project": args.wandb_project,
+            "entity": args.wandb_entity,
+            "name": f"two-turn-revision-{args.trainer}",
+        }
 
     episodes = LastEpisodes()
-    trainer = MAGRPOTrainer(
+    trainer = trainer_class(
         agents=agents,
         tokenizer=tokenizer,
         formatters=[partial(agent_prompt, tokenizer=tokenizer, role=role) for role in ROLES],

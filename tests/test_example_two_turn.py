@@ -21,7 +21,7 @@ def test_help_lists_every_flag(example, capsys):
     text = capsys.readouterr().out
     for flag in ["--wandb", "--wandb-project", "--wandb-entity", "--model", "--output-dir", "--epochs",
                  "--num-generations", "--max-new-tokens", "--seed", "--discount", "--learning-rate",
-                 "--threads"]:  # fmt: skip
+                 "--threads", "--trainer", "--critic-learning-rate"]:  # fmt: skip
         assert flag in text
 
 
@@ -158,3 +158,14 @@ def test_wandb_flags_reach_wandb_init(example, fake_wandb, tiny_model_args):
     assert fake_wandb["init"]["project"] == "proj" and fake_wandb["init"]["entity"] == "team"
     assert fake_wandb["init"]["config"]["num_turns"] == 2
     assert fake_wandb["log"] and fake_wandb["finished"]
+
+
+def test_short_run_with_the_actor_critic_trainer(example, tmp_path, capsys, tiny_model_args):
+    example.main([*tiny_model_args, "--trainer", "iac", "--discount", "0.9"])
+    assert "held-out evaluation" in capsys.readouterr().out
+    records = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if "turn2/reward_mean" in r]
+    assert [r["step"] for r in train] == [1, 2]
+    assert all("critic0/value_loss" in r and "critic1/explained_variance" in r for r in train)
+    saved = tmp_path / "out" / "models"
+    assert (saved / "agent_0" / "value_head.safetensors").is_file()

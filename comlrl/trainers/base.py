@@ -595,9 +595,10 @@ class MultiAgentTrainer:
             history[f"{name.replace(' ', '')}/learning_rate"].append(optimizer.param_groups[0]["lr"])
         return {key: sum(values) / len(values) for key, values in history.items()}
 
-    def _micro_batches(self, rollout: AgentRollout) -> list[slice]:
-        size = self.args.micro_batch_size or rollout.completion_ids.shape[0]
-        return [slice(start, start + size) for start in range(0, rollout.completion_ids.shape[0], size)]
+    def _micro_batches(self, count: int) -> list[slice]:
+        """Rows of a batch of ``count`` sequences, ``micro_batch_size`` at a time."""
+        size = self.args.micro_batch_size or count
+        return [slice(start, start + size) for start in range(0, count, size)]
 
     def _frozen_logprobs(self, tree: RolloutTree, reference: bool) -> list[list[torch.Tensor]]:
         """``[agent][turn]`` log-probs of each agent's completions without gradient: under the
@@ -615,7 +616,7 @@ class MultiAgentTrainer:
                         torch.cat(
                             [
                                 self._logprobs(model, turn.agents[i], rows)
-                                for rows in self._micro_batches(turn.agents[i])
+                                for rows in self._micro_batches(len(turn.agents[i].texts))
                             ]
                         )
                         for turn in tree.turns
@@ -668,7 +669,7 @@ class MultiAgentTrainer:
         total = clipped = kl = entropy = tokens = 0.0
         with_entropy = self.args.entropy_coef > 0
         for t, rollout in enumerate(rollouts):
-            for rows in self._micro_batches(rollout):
+            for rows in self._micro_batches(len(rollout.texts)):
                 token_logps, token_entropy = (
                     self._logprobs(model, rollout, rows, with_entropy=True)
                     if with_entropy

@@ -183,13 +183,9 @@ class ActorCriticTrainer(MultiAgentTrainer):
         was_training = critic.backbone.training
         critic.backbone.eval()
         with torch.no_grad(), self._precision(critic.backbone):
-            values = torch.cat([critic.values(inputs, rows) for rows in self._row_slices(len(inputs))])
+            values = torch.cat([critic.values(inputs, rows) for rows in self._micro_batches(len(inputs))])
         critic.backbone.train(was_training)
         return values
-
-    def _row_slices(self, count: int) -> list[slice]:
-        size = self.args.micro_batch_size or count
-        return [slice(start, start + size) for start in range(0, count, size)]
 
     # ----------------------------------------------------------------------------------------
     # the estimate and the critics' update
@@ -248,7 +244,7 @@ class ActorCriticTrainer(MultiAgentTrainer):
             count = self.parallel.sum_values([sum(t.numel() for t in estimate.targets[c])])[0]
             total = clipped = 0.0
             for inputs, old, targets in zip(estimate.inputs[c], estimate.old_values[c], estimate.targets[c]):
-                for rows in self._row_slices(len(inputs)):
+                for rows in self._micro_batches(len(inputs)):
                     with self._precision(critic.backbone):
                         values = critic.values(inputs, rows)
                     losses, was_clipped = clipped_value_loss(
