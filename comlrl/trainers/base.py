@@ -603,26 +603,27 @@ class MultiAgentTrainer:
     def _frozen_logprobs(self, tree: RolloutTree, reference: bool) -> list[list[torch.Tensor]]:
         """``[agent][turn]`` log-probs of each agent's completions without gradient: under the
         agent as it is now, or under its frozen reference (its base model, for an adapter)."""
-        logps = []
-        for i, agent in enumerate(self.agents):
-            self._activate(i)
-            model = self.reference_agents[i] if reference and self.reference_agents[i] is not None else agent
-            was_training = model.training
-            model.eval()
-            without_adapter = agent.disable_adapter() if reference and model is agent else contextlib.nullcontext()
-            with torch.no_grad(), without_adapter:
-                logps.append(
+        return map_agents(self.agents, functools.partial(self._frozen_agent_logprobs, tree, reference))
+
+    def _frozen_agent_logprobs(self, tree: RolloutTree, reference: bool, i: int) -> list[torch.Tensor]:
+        """Agent ``i``'s part of :meth:`_frozen_logprobs`: one tensor per turn."""
+        agent = self.agents[i]
+        self._activate(i)
+        model = self.reference_agents[i] if reference and self.reference_agents[i] is not None else agent
+        was_training = model.training
+        model.eval()
+        without_adapter = agent.disable_adapter() if reference and model is agent else contextlib.nullcontext()
+        with torch.no_grad(), without_adapter:
+            logps = [
+                torch.cat(
                     [
-                        torch.cat(
-                            [
-                                self._logprobs(model, turn.agents[i], rows)
-                                for rows in self._micro_batches(len(turn.agents[i].texts))
-                            ]
-                        )
-                        for turn in tree.turns
+                        self._logprobs(model, turn.agents[i], rows)
+                        for rows in self._micro_batches(len(turn.agents[i].texts))
                     ]
                 )
-            model.train(was_training)
+                for turn in tree.turns
+            ]
+        model.train(was_training)
         return logps
 
     def _activate(self, agent: int) -> None:
