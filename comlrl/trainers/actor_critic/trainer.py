@@ -15,6 +15,7 @@ One training step:
 from __future__ import annotations
 
 import functools
+import math
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -236,12 +237,13 @@ class ActorCriticTrainer(MultiAgentTrainer):
         metrics = {}
         for c, critic in enumerate(self.critics):
             key = critic.name.replace(" ", "")
-            self.optimizers[self.num_agents + c].zero_grad(set_to_none=True)
+            self.optimizers[self.learners.index(critic.name)].zero_grad(set_to_none=True)
             if critic.agent is not None:
                 self._activate(critic.agent)
             critic.backbone.train()
+            local_count = sum(t.numel() for t in estimate.targets[c])
             # Over every rank's inputs: summed gradients are those of the global batch.
-            count = self.parallel.sum_values([sum(t.numel() for t in estimate.targets[c])])[0]
+            count = self.parallel.sum_values([local_count])[0]
             total = clipped = 0.0
             for inputs, old, targets in zip(estimate.inputs[c], estimate.old_values[c], estimate.targets[c]):
                 for rows in self._micro_batches(len(inputs)):
@@ -255,11 +257,13 @@ class ActorCriticTrainer(MultiAgentTrainer):
                     clipped += was_clipped.sum().item()
             old_values = torch.cat([v.reshape(-1) for v in estimate.old_values[c]])
             all_targets = torch.cat([t.reshape(-1) for t in estimate.targets[c]])
-            metrics[f"{key}/value_loss"] = total / count
-            metrics[f"{key}/value_clip_fraction"] = clipped / count
+            metrics[f"{key}/value_loss"] = total / local_count
+            metrics[f"{key}/value_clip_fraction"] = clipped / local_count
             metrics[f"{key}/value_mean"] = old_values.mean().item()
             metrics[f"{key}/target_mean"] = all_targets.mean().item()
-            metrics[f"{key}/explained_variance"] = explained_variance(old_values, all_targets)
+            explained = explained_variance(old_values, all_targets)
+            if math.isfinite(explained):  # undefined when the targets do not vary
+                metrics[f"{key}/explained_variance"] = explained
         return metrics
 
     # ----------------------------------------------------------------------------------------
