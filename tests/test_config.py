@@ -82,7 +82,6 @@ def test_sampling_kwargs_forward_generation_kwargs():
         ("entropy_coef", -0.1, "entropy_coef must be >= 0"),
         ("generation_backend", "tgi", r"generation_backend='tgi'; expected one of \['hf', 'vllm'\]"),
         ("vllm_gpu_memory_utilization", 1.0, r"vllm_gpu_memory_utilization must be in \(0, 1\)"),
-        ("agent_devices", "", None),
     ],
 )
 def test_bad_field_is_named_with_what_is_allowed(field, value, match):
