@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -13,8 +14,20 @@ from comlrl.algorithms.logprobs import token_entropy
 
 
 @functools.cache
-def accepts_argument(model_class: type, argument: str) -> bool:
+def _accepts(model_class: type, argument: str) -> bool:
     return argument in inspect.signature(model_class.forward).parameters
+
+
+def padded_forward_kwargs(model: torch.nn.Module, attention_mask: Tensor, logits_to_keep: int) -> dict[str, Any]:
+    """Forward keyword arguments for left-padded inputs: positions counted from the attention
+    mask (as ``generate`` does, so padding does not shift them), and logits computed for the
+    last ``logits_to_keep`` positions only, where the model supports each."""
+    kwargs: dict[str, Any] = {}
+    if _accepts(type(model), "position_ids"):
+        kwargs["position_ids"] = (attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)
+    if _accepts(type(model), "logits_to_keep"):
+        kwargs["logits_to_keep"] = logits_to_keep
+    return kwargs
 
 
 def completion_logprobs(
@@ -52,7 +65,8 @@ def completion_logprobs(
         temperature,
         with_entropy,
     )
-    outputs = tuple(torch.nn.functional.pad(out, (0, width - last)) for out in outputs)
+    if last < width:
+        outputs = tuple(torch.nn.functional.pad(out, (0, width - last)) for out in outputs)
     return outputs if with_entropy else outputs[0]
 
 
@@ -67,14 +81,9 @@ def _completion_logprobs(
 ) -> tuple[Tensor, ...]:
     input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
     attention_mask = torch.cat([prompt_mask, completion_mask.to(prompt_mask.dtype)], dim=1)
-    kwargs = {}
-    model_class = type(model)
-    if accepts_argument(model_class, "position_ids"):
-        kwargs["position_ids"] = (attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)
     num_completion = completion_ids.shape[1]
-    if accepts_argument(model_class, "logits_to_keep"):
-        # +1: the logit that predicts the first completion token sits on the last prompt token.
-        kwargs["logits_to_keep"] = num_completion + 1
+    # +1: the logit that predicts the first completion token sits on the last prompt token.
+    kwargs = padded_forward_kwargs(model, attention_mask, logits_to_keep=num_completion + 1)
     logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **kwargs).logits
     logits = logits[:, -num_completion - 1 : -1, :]  # (S, T, V): position t predicts token t+1
     # In float32 even when the model ran in bf16: log-probs and their differences (ratios,

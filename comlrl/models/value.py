@@ -16,7 +16,7 @@ from typing import Any
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
-from comlrl.models.forward import accepts_argument
+from comlrl.models.forward import padded_forward_kwargs
 
 VALUE_HEAD_FILE = "value_head.safetensors"
 """The file of a value head, in its agent's (or critic's) folder."""
@@ -78,13 +78,10 @@ class ValueHead(nn.Module):
 
 def last_token_hidden(model: nn.Module, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
     """``(S, H)`` final hidden state at the last column of left-padded inputs."""
-    kwargs: dict[str, Any] = {"output_hidden_states": True, "use_cache": False}
-    model_class = type(model)
-    if accepts_argument(model_class, "position_ids"):
-        kwargs["position_ids"] = (attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)
-    if accepts_argument(model_class, "logits_to_keep"):
-        kwargs["logits_to_keep"] = 1
-    outputs = model(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+    kwargs = padded_forward_kwargs(model, attention_mask, logits_to_keep=1)
+    outputs = model(
+        input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True, use_cache=False, **kwargs
+    )
     return outputs.hidden_states[-1][:, -1]
 
 
