@@ -1,10 +1,11 @@
 """Generation backends: what samples the agents' completions.
 
 The trainer asks a backend for ``G`` completions of each prompt by one agent
-(:meth:`GenerationBackend.generate`) and tells it after every optimizer step that an
-agent's weights changed (:meth:`GenerationBackend.sync_weights`). ``hf`` samples with the
-training model itself through Hugging Face ``generate``; ``vllm`` (optional, GPU) keeps an
-inference engine per agent beside the training model and copies the weights into it.
+(:meth:`GenerationBackend.generate`) and tells it after every update (the optimizer steps
+of a training step) that an agent's weights changed (:meth:`GenerationBackend.sync_weights`).
+``hf`` samples with the training model itself through Hugging Face ``generate``; ``vllm``
+(optional, GPU) keeps an inference engine per agent beside the training model and copies the
+weights into it.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ class GenerationBackend(Protocol):
         ...
 
     def sync_weights(self, agent: int) -> None:
-        """Agent ``agent``'s training weights changed: the next ``generate`` must use them."""
+        """Agent ``agent``'s training weights changed (called once per update, after its
+        last optimizer step): the next ``generate`` must use them."""
         ...
 
 

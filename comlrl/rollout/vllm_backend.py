@@ -2,10 +2,11 @@
 
 Install with ``pip install 'comlrl[vllm]'``; needs a CUDA GPU. Each engine is built from its
 agent's weights as they are when training starts, and :meth:`VLLMBackend.sync_weights` copies
-the agent's weights into it after every optimizer step, so completions always come from the
-policy being trained. Prompts are tokenized with the agent's own tokenizer and the result is
-laid out exactly as :func:`comlrl.rollout.generation.generate_group` lays out the Hugging
-Face backend's, so the trainer cannot tell the two apart.
+the agent's weights into it after every update (all its optimizer steps of a training step),
+so completions always come from the policy being trained. Prompts are tokenized with the
+agent's own tokenizer and the result is laid out exactly as
+:func:`comlrl.rollout.generation.generate_group` lays out the Hugging Face backend's, so the
+trainer cannot tell the two apart.
 """
 
 from __future__ import annotations

@@ -591,6 +591,9 @@ class MultiAgentTrainer:
                     history[f"agent{i}/kl"].append(out.kl.item())
                 if args.entropy_coef > 0:
                     history[f"agent{i}/entropy"].append(out.entropy.item())
+        # Once, after the last pass: nothing samples between the passes.
+        for i in range(self.num_agents):
+            self.backend.sync_weights(i)
         for name, optimizer in zip(self.learners, self.optimizers):
             history[f"{name.replace(' ', '')}/learning_rate"].append(optimizer.param_groups[0]["lr"])
         return {key: sum(values) / len(values) for key, values in history.items()}
@@ -719,8 +722,6 @@ class MultiAgentTrainer:
         for optimizer, scheduler in zip(self.optimizers, self.schedulers):
             optimizer.step()
             scheduler.step()
-        for i in range(self.num_agents):
-            self.backend.sync_weights(i)
         return grad_norms
 
     # ----------------------------------------------------------------------------------------

@@ -89,7 +89,7 @@ class TrainerConfig:
     """Extra keyword arguments forwarded to ``generate`` (e.g. ``{"min_new_tokens": 64}``)."""
     generation_backend: str = "hf"
     """What samples completions: ``hf`` (the training model's own ``generate``) or ``vllm``
-    (a vLLM engine per agent on its GPU, weights copied in after every optimizer step; needs
+    (a vLLM engine per agent on its GPU, weights copied in after every update; needs
     ``pip install 'comlrl[vllm]'`` and a GPU)."""
     vllm_gpu_memory_utilization: float = 0.3
     """Share in (0, 1) of each GPU's memory a vLLM engine may take (the rest is training's)."""
