@@ -44,7 +44,6 @@ import measure
 import numpy as np
 import torch
 import workload as wl
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
 ORIGINAL_VERSION = "1.4.3"
 
@@ -65,14 +64,7 @@ def build_trainer(model: str, work: wl.Workload):
         eval_interval=0,
         rollout_buffer_size=wl.PROMPTS_PER_STEP,
     )
-    return MAGRPOTrainer(
-        agents=[AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32) for _ in range(wl.NUM_AGENTS)],
-        tokenizer=AutoTokenizer.from_pretrained(model),
-        train_dataset=[{"prompt": prompt} for prompt in work.prompts],
-        reward_func=wl.length_ratio_reward,
-        reward_processor=wl.scale_reward,
-        args=config,
-    )
+    return MAGRPOTrainer(args=config, **measure.trainer_inputs(model, work))
 
 
 def instrument(trainer) -> dict:

@@ -29,9 +29,7 @@ import tempfile
 import time
 
 import measure
-import torch
 import workload as wl
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from comlrl.trainers.reinforce import MAGRPOConfig, MAGRPOTrainer
 
@@ -52,14 +50,7 @@ def build_trainer(model: str, work: wl.Workload, output_dir: str) -> MAGRPOTrain
         logging_steps=1,
         output_dir=output_dir,
     )
-    return MAGRPOTrainer(
-        agents=[AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32) for _ in range(wl.NUM_AGENTS)],
-        tokenizer=AutoTokenizer.from_pretrained(model),
-        train_dataset=[{"prompt": prompt} for prompt in work.prompts],
-        reward_func=wl.length_ratio_reward,
-        reward_processor=wl.scale_reward,
-        args=config,
-    )
+    return MAGRPOTrainer(args=config, **measure.trainer_inputs(model, work))
 
 
 def step_metrics(output_dir: str) -> list[dict]:

@@ -1,5 +1,5 @@
 """What benchmarks/bench_ours.py and benchmarks/bench_original.py measure, and the one JSON line
-each prints. Imports torch, never ``comlrl`` (each runner has its own ``comlrl``).
+each prints. Imports torch and transformers, never ``comlrl`` (each runner has its own ``comlrl``).
 
 FLOP utilisation: generation is counted as 2 x P FLOPs per generated token, the update as
 6 x P FLOPs per trained token (forward + backward; trained tokens = prompt + completion tokens
@@ -15,8 +15,11 @@ import json
 import resource
 import time
 from importlib.metadata import version
+from typing import Any
 
 import torch
+import workload as wl
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 MATMUL_SIZE = 2048
 
@@ -45,6 +48,19 @@ def matmul_gflops(repeats: int = 8) -> float:
     for _ in range(repeats):
         torch.matmul(a, b)
     return 2 * MATMUL_SIZE**3 * repeats / (time.perf_counter() - started) / 1e9
+
+
+def trainer_inputs(model: str, work: wl.Workload) -> dict[str, Any]:
+    """What both libraries' ``MAGRPOTrainer`` get for ``work`` (a ``workload.Workload``): the
+    agents (fp32 copies of ``model``), the shared tokenizer, the prompts, the reward and its
+    processor. The configs differ: each library names its fields its own way."""
+    return {
+        "agents": [AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32) for _ in range(wl.NUM_AGENTS)],
+        "tokenizer": AutoTokenizer.from_pretrained(model),
+        "train_dataset": [{"prompt": prompt} for prompt in work.prompts],
+        "reward_func": wl.length_ratio_reward,
+        "reward_processor": wl.scale_reward,
+    }
 
 
 def check_generated(generated_tokens: int, expected_tokens: int) -> None:

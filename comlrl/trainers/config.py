@@ -199,8 +199,7 @@ class TrainerConfig:
                 f"agent_learning_rate must be > 0, or a non-empty list of values > 0 (one per agent), "
                 f"got {self.agent_learning_rate!r}"
             )
-        if self.lr_scheduler_type not in LR_SCHEDULES:
-            raise ValueError(f"lr_scheduler_type={self.lr_scheduler_type!r}; expected one of {sorted(LR_SCHEDULES)}")
+        check_choice(self, "lr_scheduler_type", LR_SCHEDULES)
         if not (is_real(self.warmup_ratio) and 0 <= self.warmup_ratio < 1):
             raise ValueError(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio!r}")
         if not (is_real(self.epsilon) and self.epsilon > 0):
