@@ -60,8 +60,10 @@ def merge(rollouts: list[AgentRollout], pad_id: int) -> AgentRollout:
 class PerNodeTrainer(MAGRPOTrainer):
     """The same trainer, but every node of a tree level gets its own ``generate`` call."""
 
-    def generate(self, agent, prompts, num_generations, sampling):
-        per_node = [super(PerNodeTrainer, self).generate(agent, [p], num_generations, sampling) for p in prompts]
+    def generate(self, agent, prompts, num_generations, sampling, generator=None):
+        per_node = [
+            super(PerNodeTrainer, self).generate(agent, [p], num_generations, sampling, generator) for p in prompts
+        ]
         return merge(per_node, self.tokenizers[agent].pad_token_id)
 
 

@@ -57,17 +57,19 @@ def test_generate_and_transition_calls_match_the_tree(tmp_path, monkeypatch, num
     trainer = multi_turn_trainer(tmp_path, num_agents, counting_transition, joint_mode=joint_mode)
     real = backends_module.generate_group
 
-    def counting_generate(model, tokenizer, prompts, num_generations, sampling):
+    def counting_generate(model, tokenizer, prompts, num_generations, sampling, generator=None):
         generate_calls.append((trainer.agents.index(model), len(prompts)))
-        return real(model, tokenizer, prompts, num_generations, sampling)
+        return real(model, tokenizer, prompts, num_generations, sampling, generator)
 
     monkeypatch.setattr(backends_module, "generate_group", counting_generate)
     rows = [0, 2]
     tree = trainer.rollout(trainer.train_prompts, rows)
     num_joint = 2 if joint_mode == "aligned" else 2**num_agents
     size = tree_size(len(rows), num_agents, 2, num_joint, 2)
-    # ONE generate call per agent per turn; turn 2 batches all B * J nodes together.
-    assert generate_calls == [(i, 2) for i in range(num_agents)] + [(i, 2 * num_joint) for i in range(num_agents)]
+    # ONE generate call per agent per turn (agents may run in parallel threads, so in any
+    # order within a turn); turn 2 batches all B * J nodes together.
+    first, second = sorted(generate_calls[:num_agents]), sorted(generate_calls[num_agents:])
+    assert first + second == [(i, 2) for i in range(num_agents)] + [(i, 2 * num_joint) for i in range(num_agents)]
     assert len(transition_calls) == size.transition_calls == 2 * num_joint == tree.transition_calls
     assert tree.generate_calls == 2 * num_agents
     assert [t.num_nodes for t in tree.turns] == [2, 2 * num_joint]

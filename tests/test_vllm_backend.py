@@ -226,7 +226,7 @@ def test_greedy_generation_repeats_the_one_completion(fake_vllm):
     assert rollout.truncated.tolist() == [True] * 3 + [False] * 3
 
 
-def test_seeds_come_from_torch_so_seeded_runs_repeat(fake_vllm):
+def test_seeds_come_from_the_agents_generator_or_torchs_so_seeded_runs_repeat(fake_vllm):
     backend = backend_for()
     engine = fake_vllm.engines[0]
     sampling = {"do_sample": True, "max_new_tokens": 2}
@@ -235,10 +235,12 @@ def test_seeds_come_from_torch_so_seeded_runs_repeat(fake_vllm):
     for _ in range(2):
         torch.manual_seed(5)
         backend.generate(0, ["ab", "hello", "cat"], 2, sampling)
-    first, second = ([p.seed for p in params] for _, params in engine.calls)
+    backend.generate(0, ["ab", "hello", "cat"], 2, sampling, torch.Generator().manual_seed(5))
+    first, second, from_generator = ([p.seed for p in params] for _, params in engine.calls)
     # vLLM seeds sample k of a prompt with seed + k: prompts are G apart, so no two samples share one.
     assert first == [base, base + 2, base + 4]
     assert second == first
+    assert from_generator == first, "an agent's generator seeds like torch's default one seeded alike"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 """Where each agent lives (``agent_devices``), and running per-agent work concurrently when
-the agents sit on different GPUs."""
+the agents sit on different GPUs, or share the CPU's cores."""
 
 from __future__ import annotations
 
@@ -72,11 +72,29 @@ def place_agents(agents: Sequence[torch.nn.Module], spec: str | Sequence[str] | 
     return True
 
 
-def map_agents(agents: Sequence[torch.nn.Module], work: Callable[[int], T]) -> list[T]:
+def map_agents(agents: Sequence[torch.nn.Module], work: Callable[[int], T], cpu_threads: bool = False) -> list[T]:
     """``[work(i) for each agent i]``, in threads when the agents sit on two or more different
-    GPUs (their kernels then run at the same time; the GIL is released while they do)."""
-    gpus = {p.device for agent in agents for p in [next(agent.parameters())] if p.device.type == "cuda"}
-    if len(gpus) < 2:
+    GPUs (their kernels then run at the same time; the GIL is released while they do).
+
+    With ``cpu_threads``, agents that are distinct models on the CPU also run in threads, the
+    CPU's intra-op threads split between them: small matrix products (decoding a few rows)
+    use one core each better than two cores together. The caller vouches that ``work`` is
+    safe and reproducible in threads (no shared generator, no shared module state).
+    """
+    devices = [next(agent.parameters()).device for agent in agents]
+    gpus = {device for device in devices if device.type == "cuda"}
+    if len(gpus) >= 2:
+        with ThreadPoolExecutor(max_workers=len(agents)) as pool:
+            return list(pool.map(work, range(len(agents))))
+    distinct = len({id(agent) for agent in agents}) == len(agents)
+    workers = min(len(agents), torch.get_num_threads())
+    if not (cpu_threads and distinct and workers >= 2 and all(device.type == "cpu" for device in devices)):
         return [work(i) for i in range(len(agents))]
-    with ThreadPoolExecutor(max_workers=len(agents)) as pool:
-        return list(pool.map(work, range(len(agents))))
+    share = torch.get_num_threads() // workers
+
+    def on_share(i: int) -> T:
+        torch.set_num_threads(share)  # this thread's own setting
+        return work(i)
+
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        return list(pool.map(on_share, range(len(agents))))

@@ -1,9 +1,11 @@
 """Generation backends: what samples the agents' completions.
 
 The trainer asks a backend for ``G`` completions of each prompt by one agent
-(:meth:`GenerationBackend.generate`) and tells it after every update (the optimizer steps
+(:meth:`GenerationBackend.generate`), drawn from that agent's own ``torch.Generator`` so that
+agents can sample in parallel threads reproducibly, and tells it after every update (the optimizer steps
 of a training step) that an agent's weights changed (:meth:`GenerationBackend.sync_weights`).
-``hf`` samples with the training model itself through Hugging Face ``generate``; ``vllm``
+``hf`` samples with the training model itself (the lean loop of
+:mod:`comlrl.rollout.decoding`, or Hugging Face ``generate`` for settings outside it); ``vllm``
 (optional, GPU) keeps an inference engine per agent beside the training model and copies the
 weights into it.
 """
@@ -16,15 +18,29 @@ from typing import Any, Protocol
 
 import torch
 
+from comlrl.rollout.decoding import decoding_settings
 from comlrl.rollout.generation import AgentRollout, generate_group
 
 BACKENDS = ("hf", "vllm")
 
 
 class GenerationBackend(Protocol):
-    def generate(self, agent: int, prompts: list[str], num_generations: int, sampling: dict[str, Any]) -> AgentRollout:
+    def generate(
+        self,
+        agent: int,
+        prompts: list[str],
+        num_generations: int,
+        sampling: dict[str, Any],
+        generator: torch.Generator | None = None,
+    ) -> AgentRollout:
         """Agent ``agent``'s ``num_generations`` completions of every prompt, in one batched
-        call; ``sampling`` holds Hugging Face ``generate`` keyword arguments."""
+        call; ``sampling`` holds Hugging Face ``generate`` keyword arguments; randomness comes
+        from ``generator`` where :meth:`uses_generators` says so."""
+        ...
+
+    def uses_generators(self, sampling: dict[str, Any]) -> bool:
+        """Whether every agent's sampling with these settings draws from the ``generator``
+        passed to :meth:`generate` only (so agents may sample in parallel threads)."""
         ...
 
     def sync_weights(self, agent: int) -> None:
@@ -34,7 +50,7 @@ class GenerationBackend(Protocol):
 
 
 class HFBackend:
-    """Sampling with the training models' own ``generate``: nothing to synchronise."""
+    """Sampling with the training models themselves: nothing to synchronise."""
 
     def __init__(
         self,
@@ -46,10 +62,22 @@ class HFBackend:
         self.agents, self.tokenizers = agents, tokenizers
         self.activate, self.precision = activate, precision
 
-    def generate(self, agent: int, prompts: list[str], num_generations: int, sampling: dict[str, Any]) -> AgentRollout:
+    def generate(
+        self,
+        agent: int,
+        prompts: list[str],
+        num_generations: int,
+        sampling: dict[str, Any],
+        generator: torch.Generator | None = None,
+    ) -> AgentRollout:
         self.activate(agent)
-        with self.precision(self.agents[agent]):
-            return generate_group(self.agents[agent], self.tokenizers[agent], prompts, num_generations, sampling)
+        model = self.agents[agent]
+        with self.precision(model):
+            return generate_group(model, self.tokenizers[agent], prompts, num_generations, sampling, generator)
+
+    def uses_generators(self, sampling: dict[str, Any]) -> bool:
+        # Hugging Face generate draws from torch's default generator.
+        return all(decoding_settings(agent, sampling) is not None for agent in self.agents)
 
     def sync_weights(self, agent: int) -> None:
         pass

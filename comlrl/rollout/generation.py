@@ -1,7 +1,9 @@
-"""Batched sampling with Hugging Face ``generate``: one call per agent per step."""
+"""Batched sampling: one call per agent per step, with the lean loop of
+:mod:`comlrl.rollout.decoding` or, for settings it does not implement, Hugging Face ``generate``."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -10,6 +12,11 @@ import torch
 from torch import Tensor
 
 from comlrl.algorithms import completion_mask
+from comlrl.rollout.decoding import decode, decoding_settings
+
+# Agents may share one tokenizer and generate in parallel threads; a fast tokenizer sets its
+# padding state on every call and is not safe to call from two threads at once.
+_TOKENIZER_LOCK = threading.Lock()
 
 
 @dataclass
@@ -51,10 +58,17 @@ def generate_group(
     prompts: Sequence[str],
     num_generations: int,
     sampling_kwargs: dict[str, Any],
+    generator: torch.Generator | None = None,
 ) -> AgentRollout:
-    """Sample ``num_generations`` completions for every prompt in ONE ``generate`` call."""
+    """Sample ``num_generations`` completions for every prompt in ONE batched call.
+
+    ``sampling_kwargs`` are ``generate``'s keyword arguments. The lean loop draws from
+    ``generator`` (torch's default generator when None); ``generate``, used when the settings
+    are outside the loop's, always draws from the default generator.
+    """
     device = next(model.parameters()).device
-    encoded = tokenizer(list(prompts), return_tensors="pt", padding=True, padding_side="left")
+    with _TOKENIZER_LOCK:
+        encoded = tokenizer(list(prompts), return_tensors="pt", padding=True, padding_side="left")
     prompt_ids = encoded["input_ids"].repeat_interleave(num_generations, dim=0).to(device)
     prompt_mask = encoded["attention_mask"].repeat_interleave(num_generations, dim=0).to(device)
     kwargs = dict(sampling_kwargs)
@@ -63,24 +77,30 @@ def generate_group(
     eos = kwargs.pop("eos_token_id", None)
     eos_ids = eos_token_ids(model, tokenizer) if eos is None else [eos] if isinstance(eos, int) else list(eos)
     kwargs.setdefault("pad_token_id", tokenizer.pad_token_id)
+    settings = decoding_settings(model, kwargs)
     was_training = model.training
     model.eval()
     try:
         with torch.inference_mode():
-            sequences = model.generate(
-                input_ids=prompt_ids,
-                attention_mask=prompt_mask,
-                eos_token_id=eos_ids,
-                **kwargs,
-            )
+            if settings is None:
+                sequences = model.generate(
+                    input_ids=prompt_ids, attention_mask=prompt_mask, eos_token_id=eos_ids, **kwargs
+                )
+                completion_ids = sequences[:, prompt_ids.shape[1] :]
+            else:
+                pad_id = kwargs["pad_token_id"]
+                if pad_id is None:  # no row can finish without an EOS id, so no pad is written
+                    pad_id = eos_ids[0] if eos_ids else 0
+                completion_ids = decode(model, prompt_ids, prompt_mask, settings, eos_ids, pad_id, generator)
     finally:
         model.train(was_training)
     # Inference tensors cannot enter autograd; the ids are small, a copy is cheap.
-    completion_ids = sequences[:, prompt_ids.shape[1] :].clone()
+    completion_ids = completion_ids.clone()
     mask = completion_mask(completion_ids, eos_ids)
     # Decode only the owned tokens: generate pads after EOS with pad_token_id, which need
     # not be a special token that skip_special_tokens would drop.
     owned = [ids[:n] for ids, n in zip(completion_ids.tolist(), mask.sum(dim=1).tolist())]
-    texts = tokenizer.batch_decode(owned, skip_special_tokens=True)
+    with _TOKENIZER_LOCK:
+        texts = tokenizer.batch_decode(owned, skip_special_tokens=True)
     truncated = ~torch.isin(completion_ids, torch.tensor(eos_ids, device=completion_ids.device)).any(dim=1)
     return AgentRollout(prompt_ids, prompt_mask, completion_ids, mask, texts, truncated)

@@ -222,15 +222,23 @@ class VLLMBackend:
                 enforce_eager=True,
             )
 
-    def generate(self, agent: int, prompts: list[str], num_generations: int, sampling: dict[str, Any]) -> AgentRollout:
+    def generate(
+        self,
+        agent: int,
+        prompts: list[str],
+        num_generations: int,
+        sampling: dict[str, Any],
+        generator: torch.Generator | None = None,
+    ) -> AgentRollout:
         model, tokenizer = self.agents[agent], self.tokenizers[agent]
         eos_ids = completion_eos_ids(sampling, model, tokenizer)
         kwargs = vllm_sampling_kwargs(sampling, num_generations, eos_ids)
         encoded = tokenizer(list(prompts), return_tensors="pt", padding=True, padding_side="left")
-        # One seed per prompt from torch's generator, so a seeded run samples the same
+        # One seed per prompt from the agent's generator, so a seeded run samples the same
         # completions again; vLLM gives sample k of a prompt seed + k, hence the stride.
         greedy = kwargs["temperature"] == 0
-        base = None if greedy else int(torch.randint(0, 2**31 - 1, ()).item())
+        device = "cpu" if generator is None else generator.device
+        base = None if greedy else int(torch.randint(0, 2**31 - 1, (), generator=generator, device=device).item())
         seeds = [None if greedy else base + b * kwargs["n"] for b in range(len(prompts))]
         params = [self.vllm.SamplingParams(**kwargs, seed=seed) for seed in seeds]
         with self._lock, torch.cuda.device(self.devices[agent]):
@@ -242,6 +250,9 @@ class VLLMBackend:
         pad_id = sampling.get("pad_token_id", tokenizer.pad_token_id)
         device = next(model.parameters()).device
         return build_rollout(tokenizer, encoded, completions, num_generations, eos_ids, pad_id, device)
+
+    def uses_generators(self, sampling: dict[str, Any]) -> bool:
+        return True
 
     def sync_weights(self, agent: int) -> None:
         """Copy agent ``agent``'s current weights into its engine, and drop the engine's cached

@@ -528,7 +528,15 @@ class MultiAgentTrainer:
         args = self.args
         group = args.num_generations if num_generations is None else num_generations
         sampling = args.sampling_kwargs() if sampling is None else sampling
-        generate = functools.partial(self.generate, num_generations=group, sampling=sampling)
+        # One generator per agent, seeded from torch's (whose state checkpoints keep), so that
+        # agents sampling in parallel threads draw the same tokens in every run.
+        seeds = torch.randint(0, 2**63 - 1, (self.num_agents,), dtype=torch.int64).tolist()
+        devices = [next(agent.parameters()).device for agent in self.agents]
+        generators = [torch.Generator(device).manual_seed(seed) for device, seed in zip(devices, seeds)]
+
+        def generate(agent: int, agent_prompts: list[str]) -> AgentRollout:
+            return self.generate(agent, agent_prompts, group, sampling, generators[agent])
+
         return build_tree(
             prompts,
             row_ids,
@@ -540,13 +548,20 @@ class MultiAgentTrainer:
             transition=self.transition,
             prompt_passthrough=args.external_prompt_passthrough,
             early_termination_threshold=args.early_termination_threshold,
-            map_agents=functools.partial(map_agents, self.agents),
+            map_agents=functools.partial(map_agents, self.agents, cpu_threads=self.backend.uses_generators(sampling)),
         )
 
-    def generate(self, agent: int, prompts: list[str], num_generations: int, sampling: dict[str, Any]) -> AgentRollout:
+    def generate(
+        self,
+        agent: int,
+        prompts: list[str],
+        num_generations: int,
+        sampling: dict[str, Any],
+        generator: torch.Generator | None = None,
+    ) -> AgentRollout:
         """Agent ``agent``'s ``num_generations`` completions of every prompt, in one batched
-        call of the generation backend (``generation_backend``)."""
-        return self.backend.generate(agent, prompts, num_generations, sampling)
+        call of the generation backend (``generation_backend``), drawn from ``generator``."""
+        return self.backend.generate(agent, prompts, num_generations, sampling, generator)
 
     def _update(self, tree: RolloutTree, estimate: Estimate) -> dict[str, float]:
         """``updates_per_step`` optimizer steps per learner on one rollout tree (every turn of

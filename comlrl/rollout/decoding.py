@@ -1,0 +1,152 @@
+"""A lean sampling loop for causal LMs: the model's own forward with its KV cache, and a
+sampler that draws among the top-k tokens only.
+
+It samples from the same distribution as Hugging Face ``generate`` (temperature, then top-k,
+then top-p, with ``min_new_tokens`` holding EOS back) for the settings it knows, and reads
+the rest of the model's ``generation_config`` to tell when it does not know them: then
+:func:`decoding_settings` returns None and the caller uses ``generate``. Why a loop of our
+own: ``generate`` draws from the full vocabulary (an exponential per token of a 49k
+vocabulary, and top-p sorts all of it), spends Python time on its generic machinery every
+token, and cannot take a ``torch.Generator``, which agents decoding in parallel threads need
+to stay reproducible.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from comlrl.models.forward import padded_forward_kwargs
+
+# generation_config fields the loop implements, and fields that do not change which tokens
+# are drawn; anything else that differs from transformers' defaults (repetition_penalty,
+# num_beams, min_p, stop_strings, ...) is left to ``generate``.
+_IMPLEMENTED = {
+    "do_sample",
+    "temperature",
+    "top_k",
+    "top_p",
+    "max_new_tokens",
+    "min_new_tokens",
+    "max_length",  # superseded by max_new_tokens, which the loop requires
+    "eos_token_id",
+    "pad_token_id",
+    "bos_token_id",
+}
+_NO_EFFECT = {
+    "use_cache",
+    "output_attentions",
+    "output_hidden_states",
+    "output_scores",
+    "output_logits",
+    "return_dict_in_generate",
+    "transformers_version",
+    "_from_model_config",
+}
+# transformers' documented defaults for the fields a generation config may leave unset.
+_DEFAULTS = {"do_sample": False, "temperature": 1.0, "top_k": 50, "top_p": 1.0, "min_new_tokens": 0}
+
+
+@dataclass(frozen=True)
+class DecodingSettings:
+    """What one sampling run draws: the model's generation config with the caller's arguments."""
+
+    max_new_tokens: int
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_k: int = 50
+    """0: no top-k filter."""
+    top_p: float = 1.0
+    min_new_tokens: int = 0
+
+
+def decoding_settings(model: torch.nn.Module, kwargs: dict[str, Any]) -> DecodingSettings | None:
+    """The loop's settings for ``generate(**kwargs)`` on ``model``, or None when that call
+    would do something the loop does not (an argument or a generation-config field outside
+    what it implements, no ``max_new_tokens``, an encoder-decoder model)."""
+    config = getattr(model, "generation_config", None)
+    if config is None or getattr(model.config, "is_encoder_decoder", False):
+        return None
+    config = copy.deepcopy(config)
+    unknown = config.update(**kwargs)
+    if unknown or set(config.to_diff_dict()) - _IMPLEMENTED - _NO_EFFECT or config.max_new_tokens is None:
+        return None
+    values = {name: getattr(config, name) for name in _DEFAULTS}
+    values = {name: _DEFAULTS[name] if value is None else value for name, value in values.items()}
+    return DecodingSettings(max_new_tokens=config.max_new_tokens, **values)
+
+
+def filtered_distribution(logits: Tensor, temperature: float, top_k: int, top_p: float) -> tuple[Tensor, Tensor]:
+    """``(R, V)`` logits -> ``(R, K)`` probabilities and ``(R, K)`` token ids of the tokens
+    that survive temperature, top-k and top-p (in that order, as ``generate`` applies them);
+    filtered-out tokens among the K have probability 0.
+
+    Only the top-k logits are softmaxed and sorted: the same distribution as masking the full
+    vocabulary, at a fraction of the cost. Top-p keeps the most likely tokens whose mass
+    before them is below ``top_p`` (at least one).
+    """
+    logits = logits.float() / temperature
+    k = logits.shape[-1] if top_k <= 0 else min(top_k, logits.shape[-1])
+    values, token_ids = logits.topk(k, dim=-1)
+    probabilities = values.softmax(dim=-1)
+    if top_p < 1.0:
+        mass_before = probabilities.cumsum(dim=-1) - probabilities
+        dropped = mass_before >= top_p
+        dropped[:, 0] = False
+        probabilities = values.masked_fill(dropped, float("-inf")).softmax(dim=-1)
+    return probabilities, token_ids
+
+
+def next_tokens(logits: Tensor, settings: DecodingSettings, generator: torch.Generator | None) -> Tensor:
+    """``(R, V)`` logits of the last position -> ``(R,)`` drawn token ids (argmax when not sampling)."""
+    if not settings.do_sample:
+        return logits.argmax(dim=-1)
+    probabilities, token_ids = filtered_distribution(logits, settings.temperature, settings.top_k, settings.top_p)
+    choice = torch.multinomial(probabilities, 1, generator=generator)
+    return token_ids.gather(-1, choice).squeeze(-1)
+
+
+def decode(
+    model: torch.nn.Module,
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    settings: DecodingSettings,
+    eos_ids: list[int],
+    pad_id: int,
+    generator: torch.Generator | None = None,
+) -> Tensor:
+    """``(R, T)`` completion ids of left-padded prompts, one KV-cached forward per token.
+
+    Laid out as ``generate``'s output after the prompt: a finished row (it drew an EOS) is
+    padded with ``pad_id``, and decoding stops when every row has finished or after
+    ``max_new_tokens``. Call under ``torch.inference_mode()`` with the model in eval mode.
+    """
+    if settings.max_new_tokens == 0:
+        return prompt_ids.new_zeros(prompt_ids.shape[0], 0)
+    eos = torch.tensor(eos_ids, dtype=torch.long, device=prompt_ids.device)
+    mask = prompt_mask
+    kwargs = padded_forward_kwargs(model, mask, logits_to_keep=1)
+    out = model(input_ids=prompt_ids, attention_mask=mask, use_cache=True, **kwargs)
+    # transformers 5 names the cache ``cache`` (argument and output), 4.x ``past_key_values``.
+    cache_name = "cache" if getattr(out, "cache", None) is not None else "past_key_values"
+    finished = torch.zeros(prompt_ids.shape[0], dtype=torch.bool, device=prompt_ids.device)
+    columns = []
+    for step in range(settings.max_new_tokens):
+        logits = out.logits[:, -1, :]
+        if step < settings.min_new_tokens and eos_ids:
+            logits = logits.index_fill(-1, eos, float("-inf"))
+        tokens = next_tokens(logits, settings, generator).masked_fill(finished, pad_id)
+        columns.append(tokens)
+        finished |= torch.isin(tokens, eos)
+        if finished.all() or step + 1 == settings.max_new_tokens:
+            break
+        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+        if "position_ids" in kwargs:
+            kwargs["position_ids"] = mask.sum(dim=1, keepdim=True) - 1
+        kwargs[cache_name] = getattr(out, cache_name)
+        out = model(input_ids=tokens.unsqueeze(1), attention_mask=mask, use_cache=True, **kwargs)
+    return torch.stack(columns, dim=1)

@@ -1,0 +1,152 @@
+"""The lean sampling loop against Hugging Face ``generate``: the same greedy tokens, the same
+filtered distribution, and ``generate`` whenever a setting is outside what the loop does."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+from comlrl.rollout import generate_group
+from comlrl.rollout.decoding import DecodingSettings, decode, decoding_settings, filtered_distribution, next_tokens
+
+from .conftest import MIXED, char_tokenizer, tiny_gpt2, tiny_llama
+
+PROMPTS = ["Hi", "a much longer prompt:", "xyz"]
+
+
+def position_sensitive(build, tok):
+    """A tiny model whose next token depends strongly on positions, so that decoding with
+    shifted positions (padding counted) changes the greedy tokens."""
+    model = build(tok).eval()
+    with torch.no_grad():
+        if hasattr(model, "transformer"):  # GPT-2: learned absolute positions
+            model.transformer.wpe.weight.mul_(30)
+        else:  # Llama: rotary positions act through sharper attention
+            for layer in model.model.layers:
+                layer.self_attn.q_proj.weight.mul_(8)
+                layer.self_attn.k_proj.weight.mul_(8)
+    return model
+
+
+def left_padded(tok, prompts):
+    encoded = tok(prompts, return_tensors="pt", padding=True, padding_side="left")
+    return encoded["input_ids"], encoded["attention_mask"]
+
+
+@pytest.mark.parametrize("build", [tiny_llama, tiny_gpt2])
+@pytest.mark.parametrize("min_new_tokens", [0, 5])
+def test_greedy_tokens_equal_generate_with_early_eos_padding_and_min_new_tokens(build, min_new_tokens):
+    tok = char_tokenizer(MIXED)
+    model = position_sensitive(build, tok)
+    ids, mask = left_padded(tok, PROMPTS)
+    with torch.inference_mode():
+        free = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=8, eos_token_id=[])
+        # An "EOS" that row 0 draws at its third token: rows finish at different steps.
+        eos = [int(free[0, ids.shape[1] + 2])]
+        expected = model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            do_sample=False,
+            max_new_tokens=8,
+            min_new_tokens=min_new_tokens,
+            eos_token_id=eos,
+            pad_token_id=tok.pad_token_id,
+        )[:, ids.shape[1] :]
+        settings = DecodingSettings(max_new_tokens=8, min_new_tokens=min_new_tokens)
+        got = decode(model, ids, mask, settings, eos, tok.pad_token_id)
+    assert (mask == 0).any(), "the test needs left padding"
+    assert min_new_tokens or (got == tok.pad_token_id).any(), "the test needs a row padded after its EOS"
+    assert torch.equal(got, expected)
+
+
+class AlwaysEos(torch.nn.Module):
+    """Ranks EOS (id 1) first and id 5 second at every position; no cache."""
+
+    def forward(self, input_ids, attention_mask, use_cache=True, cache=None, logits_to_keep=0):
+        logits = torch.zeros(input_ids.shape[0], 1, 8)
+        logits[..., 1], logits[..., 5] = 10.0, 9.0
+        return SimpleNamespace(logits=logits, cache=cache or ())
+
+
+@pytest.mark.parametrize("min_new_tokens", [0, 1, 3])
+def test_min_new_tokens_holds_eos_back_exactly_that_many_tokens_then_decoding_stops(min_new_tokens):
+    ids, mask = torch.ones(2, 3, dtype=torch.long), torch.ones(2, 3, dtype=torch.long)
+    settings = DecodingSettings(max_new_tokens=8, min_new_tokens=min_new_tokens)
+    got = decode(AlwaysEos(), ids, mask, settings, eos_ids=[1], pad_id=0)
+    assert got.tolist() == [[5] * min_new_tokens + [1]] * 2
+
+
+@pytest.mark.parametrize(
+    "temperature, top_k, top_p",
+    [(0.6, 50, 0.6), (1.0, 0, 0.9), (0.7, 5, 1.0), (1.3, 20, 0.3), (0.5, 0, 1.0), (1.0, 3, 0.0)],
+)
+def test_filtered_distribution_equals_generates_warpers(temperature, top_k, top_p):
+    torch.manual_seed(0)
+    logits = torch.randn(6, 300) * 3
+    warpers = LogitsProcessorList([TemperatureLogitsWarper(temperature)])
+    if top_k:
+        warpers.append(TopKLogitsWarper(top_k))
+    if top_p < 1.0:
+        warpers.append(TopPLogitsWarper(max(top_p, 1e-9)))
+    expected = warpers(None, logits.clone()).softmax(dim=-1)
+    probabilities, token_ids = filtered_distribution(logits, temperature, top_k, top_p)
+    got = torch.zeros_like(logits).scatter(-1, token_ids, probabilities)
+    torch.testing.assert_close(got, expected, atol=1e-6, rtol=0)
+
+
+def test_sampled_frequencies_follow_the_filtered_distribution():
+    logits = torch.tensor([[2.0, 1.5, 1.0, 0.5, 0.0, -1.0, -2.0, -3.0]]).repeat(20000, 1)
+    settings = DecodingSettings(max_new_tokens=1, do_sample=True, temperature=0.8, top_k=4, top_p=0.9)
+    drawn = next_tokens(logits, settings, torch.Generator().manual_seed(0))
+    probabilities, token_ids = filtered_distribution(logits[:1], 0.8, 4, 0.9)
+    expected = torch.zeros(8).scatter(0, token_ids[0], probabilities[0])
+    frequencies = torch.bincount(drawn, minlength=8).float() / len(drawn)
+    assert expected[4:].sum() == 0 and frequencies[4:].sum() == 0, "tokens outside the top-k are never drawn"
+    torch.testing.assert_close(frequencies, expected, atol=0.015, rtol=0)
+
+
+def test_settings_come_from_the_arguments_over_the_models_generation_config():
+    tok = char_tokenizer(MIXED)
+    model = tiny_llama(tok)
+    model.generation_config.temperature = 0.3
+    settings = decoding_settings(model, {"do_sample": True, "top_p": 0.5, "max_new_tokens": 7})
+    # transformers' default top_k (50) applies when nothing sets it, as in generate.
+    assert settings == DecodingSettings(max_new_tokens=7, do_sample=True, temperature=0.3, top_k=50, top_p=0.5)
+
+
+@pytest.mark.parametrize(
+    "kwargs, config_field",
+    [
+        ({"repetition_penalty": 1.2}, None),
+        ({"num_beams": 2}, None),
+        ({"min_p": 0.1}, None),
+        ({"logits_processor": LogitsProcessorList()}, None),
+        ({}, ("repetition_penalty", 1.3)),
+        ({}, ("no_repeat_ngram_size", 2)),
+    ],
+)
+def test_settings_outside_the_loop_go_to_generate(kwargs, config_field):
+    tok = char_tokenizer(MIXED)
+    model = tiny_llama(tok)
+    if config_field:
+        setattr(model.generation_config, *config_field)
+    assert decoding_settings(model, {"do_sample": True, "max_new_tokens": 4, **kwargs}) is None
+    assert decoding_settings(model, {"do_sample": True}) is None, "no max_new_tokens: generate's max_length rules"
+    rollout = generate_group(model, tok, ["ab"], 2, {"do_sample": True, "max_new_tokens": 4, **kwargs})
+    assert rollout.completion_ids.shape == (2, 4)
+
+
+def test_a_generator_makes_sampling_reproducible_without_touching_the_default_generator():
+    tok = char_tokenizer(MIXED)
+    model = tiny_llama(tok)
+    sampling = {"do_sample": True, "temperature": 1.0, "top_k": 0, "max_new_tokens": 12}
+    torch.manual_seed(123)
+    before = torch.get_rng_state()
+    first = generate_group(model, tok, PROMPTS, 4, sampling, torch.Generator().manual_seed(7))
+    assert torch.equal(torch.get_rng_state(), before)
+    again = generate_group(model, tok, PROMPTS, 4, sampling, torch.Generator().manual_seed(7))
+    other = generate_group(model, tok, PROMPTS, 4, sampling, torch.Generator().manual_seed(8))
+    assert torch.equal(first.completion_ids, again.completion_ids)
+    assert not torch.equal(first.completion_ids, other.completion_ids)
+    assert len(set(first.texts)) > 1, "samples of one prompt differ"
