@@ -1,4 +1,4 @@
-"""selective_log_softmax against log_softmax + gather and a hand example."""
+"""selective_log_softmax against log_softmax + gather (values and gradients) and a hand example."""
 
 import math
 
@@ -42,3 +42,23 @@ def test_gradient_matches_reference():
     selective_log_softmax(a, token_ids).sum().backward()
     reference(b, token_ids).sum().backward()
     torch.testing.assert_close(a.grad, b.grad)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("temperature", [1.0, 0.6])
+def test_tempered_values_and_gradients_of_a_sliced_view_match_the_plain_computation(dtype, temperature):
+    gen = torch.Generator().manual_seed(0)
+    # (S, T+1, V) logits of a model that kept T+1 positions, as the trainer's forward gives
+    # them, cut from a wider tensor so the input is a non-contiguous view.
+    wide = (torch.randn(3, 9, 40, generator=gen) * 3).to(dtype)
+    token_ids = torch.randint(0, 40, (3, 5), generator=gen)
+    upstream = torch.randn(3, 5, generator=gen)  # unequal weights per token, as a loss gives
+    ours, plain = wide.clone().requires_grad_(), wide.clone().requires_grad_()
+    got = selective_log_softmax(ours[:, 3:], token_ids, temperature)
+    expected = reference(plain[:, 3:8].float() / temperature, token_ids)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    (got * upstream).sum().backward()
+    (expected * upstream).sum().backward()
+    assert ours.grad.dtype == dtype
+    torch.testing.assert_close(ours.grad.float(), plain.grad.float(), rtol=1e-5, atol=1e-5)
+    assert (ours.grad[:, 8:] == 0).all() and (ours.grad[:, :3] == 0).all(), "unused positions get no gradient"
