@@ -105,7 +105,7 @@ def main(argv=None) -> None:
     if version("comlrl") != ORIGINAL_VERSION:
         sys.exit(f"comlrl {version('comlrl')} found: run with the original's venv (benchmarks/setup_original.sh)")
     measure.set_threads(args.threads)
-    work = wl.workload(args.smoke)
+    work = measure.workload_from_args(args)
     trainer = build_trainer(args.model, work)
     totals = instrument(trainer)
     gflops = measure.matmul_gflops()

@@ -71,7 +71,7 @@ def main(argv=None) -> None:
     measure.add_common_args(parser)
     args = parser.parse_args(argv)
     measure.set_threads(args.threads)
-    work = wl.workload(args.smoke)
+    work = measure.workload_from_args(args)
     if args.model is None:
         from comlrl.models import default_model_path
 

@@ -11,6 +11,7 @@ in the same process, with the same threads, just before training.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import resource
 import time
@@ -27,6 +28,19 @@ MATMUL_SIZE = 2048
 def add_common_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--smoke", action="store_true", help="tiny check: 1 prompt, 2 generations, 4 tokens")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    # Overrides of the workload, for memory probes (benchmarks/memory_ceiling.py).
+    parser.add_argument("--num-generations", type=int, default=None, help="G (default: the workload's)")
+    parser.add_argument("--max-new-tokens", type=int, default=None, help="forced tokens (default: the workload's)")
+
+
+def workload_from_args(args: argparse.Namespace) -> wl.Workload:
+    """The workload, or the smoke check, with the command line's overrides."""
+    work = wl.workload(args.smoke)
+    return dataclasses.replace(
+        work,
+        num_generations=args.num_generations or work.num_generations,
+        max_new_tokens=args.max_new_tokens or work.max_new_tokens,
+    )
 
 
 def set_threads(threads: int | None) -> None:
