@@ -1,23 +1,30 @@
-"""Where generation time goes: one Hugging Face ``generate`` call of the benchmark workload's
-shape, profiled by operator, against a bare greedy forward loop with the KV cache.
+"""Where generation time goes: the trainer's sampling loop against Hugging Face ``generate``,
+one agent and two agents in parallel threads, against the time of the model's matrix products
+alone at the same shape (a floor no decoding loop can beat on this machine).
 
     python benchmarks/profile_generate.py                 # 2 prompts x 8 samples x 32 tokens
     python benchmarks/profile_generate.py --prompts 4 --tokens 64 --rows 15
 
-Prints generated tokens/s of ``generate`` (sampling as the trainer does: temperature 0.6,
-top-p 0.6, top-k 50, every completion forced to ``--tokens``) and of the bare loop (no
-logits processors, greedy), then the operators that took the most CPU time in ``generate``.
+Prints generated tokens/s of: ``generate`` (sampling as the trainer does: temperature 0.6,
+top-p 0.6, top-k 50, every completion forced to ``--tokens``); the lean loop
+(``comlrl.rollout.decoding.decode``), one agent with all threads; two agents at once, one
+thread each (what the trainer does on the CPU); and the floor: every ``nn.Linear`` of the
+model (the LM head included) applied to ``rows`` vectors once per token, one agent, then two
+agents with a thread each. Then the operators that took the most CPU time in the lean loop.
 """
 
 from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from comlrl.models import default_model_path
+from comlrl.rollout.decoding import DecodingSettings, decode
 
 PROMPTS = [
     "Write a short story about a cat.",
@@ -27,13 +34,37 @@ PROMPTS = [
 ]
 
 
-def bare_loop(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, tokens: int) -> None:
-    """Greedy decoding with the KV cache and nothing else: the cost of the forwards alone."""
-    out = model(input_ids=ids, attention_mask=mask, use_cache=True)
-    for _ in range(tokens - 1):
-        next_ids = out.logits[:, -1].argmax(-1, keepdim=True)
-        mask = torch.cat([mask, torch.ones_like(next_ids)], dim=1)
-        out = model(input_ids=next_ids, attention_mask=mask, cache=out.cache, use_cache=True)
+def seconds(work: Callable[[], object]) -> float:
+    started = time.perf_counter()
+    work()
+    return time.perf_counter() - started
+
+
+def in_threads(works: list[Callable[[], object]]) -> Callable[[], None]:
+    """Run ``works`` at once, one thread each with one intra-op thread (as the trainer does)."""
+
+    def one(work: Callable[[], object]) -> None:
+        torch.set_num_threads(1)
+        work()
+
+    def run() -> None:
+        with ThreadPoolExecutor(max_workers=len(works)) as pool:
+            list(pool.map(one, works))
+
+    return run
+
+
+def linear_floor(model: torch.nn.Module, rows: int, tokens: int) -> Callable[[], None]:
+    """Every linear layer of ``model`` applied to ``rows`` vectors, ``tokens`` times."""
+    weights = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    inputs = {w.shape[1]: torch.randn(rows, w.shape[1]) for w in weights}
+
+    def run() -> None:
+        for _ in range(tokens):
+            for w in weights:
+                torch.nn.functional.linear(inputs[w.shape[1]], w)
+
+    return run
 
 
 def main(argv=None) -> None:
@@ -45,28 +76,42 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     path = default_model_path()
     tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path).eval()
+    agents = [AutoModelForCausalLM.from_pretrained(path).eval() for _ in range(2)]
     prompts = [PROMPTS[i % len(PROMPTS)] for i in range(args.prompts)]
     encoded = tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left")
     ids = encoded["input_ids"].repeat_interleave(args.samples, dim=0)
     mask = encoded["attention_mask"].repeat_interleave(args.samples, dim=0)
     sampling = dict(do_sample=True, temperature=0.6, top_p=0.6, top_k=50, pad_token_id=tokenizer.pad_token_id)
     sampling.update(max_new_tokens=args.tokens, min_new_tokens=args.tokens)
-    generated = ids.shape[0] * args.tokens
+    settings = DecodingSettings(**{k: v for k, v in sampling.items() if k != "pad_token_id"})
+    eos = [tokenizer.eos_token_id]
+
+    def hf(model: torch.nn.Module) -> Callable[[], object]:
+        return lambda: model.generate(input_ids=ids, attention_mask=mask, **sampling)
+
+    def lean(model: torch.nn.Module) -> Callable[[], object]:
+        return lambda: decode(model, ids, mask, settings, eos, tokenizer.pad_token_id, torch.Generator())
+
+    per_call = ids.shape[0] * args.tokens
+    rows = ids.shape[0]
+    cases = [
+        ("generate, 1 agent", hf(agents[0]), per_call),
+        ("lean loop, 1 agent", lean(agents[0]), per_call),
+        ("lean loop, 2 agents in threads", in_threads([lean(a) for a in agents]), 2 * per_call),
+        ("linear layers alone, 1 agent", linear_floor(agents[0], rows, args.tokens), per_call),
+        (
+            "linear layers alone, 2 agents in threads",
+            in_threads([linear_floor(a, rows, args.tokens) for a in agents]),
+            2 * per_call,
+        ),
+    ]
+    print(f"{rows} sequences x {args.tokens} tokens, {torch.get_num_threads()} threads")
     with torch.inference_mode():
-        model.generate(input_ids=ids, attention_mask=mask, **sampling)  # warm-up
-        started = time.perf_counter()
-        model.generate(input_ids=ids, attention_mask=mask, **sampling)
-        generate_rate = generated / (time.perf_counter() - started)
-        started = time.perf_counter()
-        bare_loop(model, ids, mask, args.tokens)
-        bare_rate = generated / (time.perf_counter() - started)
-        print(
-            f"generate: {generate_rate:.1f} tok/s; bare greedy forward loop: {bare_rate:.1f} tok/s "
-            f"({ids.shape[0]} sequences x {args.tokens} tokens, {torch.get_num_threads()} threads)"
-        )
+        for name, work, tokens in cases:
+            work()  # warm-up
+            print(f"{name:<42} {tokens / seconds(work):7.1f} generated tok/s", flush=True)
         with torch.profiler.profile() as profile:
-            model.generate(input_ids=ids, attention_mask=mask, **sampling)
+            lean(agents[0])()
     print(profile.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.rows))
 
 

@@ -85,8 +85,10 @@ def _completion_logprobs(
     # +1: the logit that predicts the first completion token sits on the last prompt token.
     kwargs = padded_forward_kwargs(model, attention_mask, logits_to_keep=num_completion + 1)
     logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **kwargs).logits
-    # (S, T+1, V) when the model kept only those positions; position t predicts token t+1.
-    logits = logits[:, -num_completion - 1 :, :]
+    # (S, T+1, V): position t predicts token t+1. Sliced only when the model computed more
+    # positions: a slice's backward would copy the whole gradient into a new zero tensor.
+    if logits.shape[1] != num_completion + 1:
+        logits = logits[:, -num_completion - 1 :, :]
     # In float32 even when the model ran in bf16: log-probs and their differences (ratios,
     # KL) lose too much in 8 bits of mantissa.
     logps = selective_log_softmax(logits, completion_ids, temperature)
