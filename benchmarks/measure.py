@@ -31,6 +31,7 @@ def add_common_args(parser: argparse.ArgumentParser) -> None:
     # Overrides of the workload, for memory probes (benchmarks/memory_ceiling.py).
     parser.add_argument("--num-generations", type=int, default=None, help="G (default: the workload's)")
     parser.add_argument("--max-new-tokens", type=int, default=None, help="forced tokens (default: the workload's)")
+    parser.add_argument("--prompts", type=int, default=None, help="first prompts used (default: the workload's)")
 
 
 def workload_from_args(args: argparse.Namespace) -> wl.Workload:
@@ -38,6 +39,7 @@ def workload_from_args(args: argparse.Namespace) -> wl.Workload:
     work = wl.workload(args.smoke)
     return dataclasses.replace(
         work,
+        prompts=work.prompts[: args.prompts] if args.prompts else work.prompts,
         num_generations=args.num_generations or work.num_generations,
         max_new_tokens=args.max_new_tokens or work.max_new_tokens,
     )

@@ -1,15 +1,17 @@
-"""Memory ceiling: peak resident memory of the fixed workload (benchmarks/workload.py, two
-agents, 2 prompts per optimizer step) as the number of completions G grows, ours against the
-original library, and the largest G x max_new_tokens that fits in a memory budget.
+"""Memory ceiling: peak resident memory of one training step of the fixed workload
+(benchmarks/workload.py: two agents, 2 prompts, one optimizer step per agent) as the number of
+completions G grows, ours against the original library, and the largest G x max_new_tokens
+that fits in a memory budget.
 
     .venv/bin/python benchmarks/memory_ceiling.py                          # G = 8 16 32, 64 tokens
     .venv/bin/python benchmarks/memory_ceiling.py --generations 8 16 32 64 --max-new-tokens 128 --json out.json
 
 Each point is one fresh process per side (benchmarks/bench_ours.py, benchmarks/bench_original.py
-with ``--num-generations`` and ``--max-new-tokens``), so its peak RSS is that run's alone. The
-ceiling is read off the line through the last two points (where both sides' memory grows
-linearly in G: the KV cache and the rollout grow, the update's micro-batches do not), and is an
-extrapolation unless a point reaches the budget.
+with ``--prompts 2``, ``--num-generations`` and ``--max-new-tokens``), so its peak RSS is that
+run's alone. The ceiling is read off the line through the last two points, and is an
+extrapolation unless a point reaches the budget: past a few dozen completions the growth in G
+is the KV cache and the rollout (ours: once the update's micro-batches are full), so use points
+large enough for that.
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ def main(argv=None) -> None:
     runs: dict[str, list[dict]] = {side: [] for side in SCRIPTS}
     for g in sorted(args.generations):
         options = ["--model", args.model, "--threads", str(args.threads)]
-        options += ["--num-generations", str(g), "--max-new-tokens", str(args.max_new_tokens)]
+        options += ["--prompts", "2", "--num-generations", str(g), "--max-new-tokens", str(args.max_new_tokens)]
         for side in SCRIPTS:
             run = run_side(pythons[side], side, options)
             runs[side].append({"num_generations": g, **run})

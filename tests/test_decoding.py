@@ -137,6 +137,15 @@ def test_settings_outside_the_loop_go_to_generate(kwargs, config_field):
     assert rollout.completion_ids.shape == (2, 4)
 
 
+@pytest.mark.parametrize("bad", [{"temperature": 0.0}, {"top_p": -0.5}, {"top_k": -1}])
+def test_bad_sampling_values_get_generates_error_naming_them(bad):
+    tok = char_tokenizer(MIXED)
+    model = tiny_llama(tok)
+    assert decoding_settings(model, {"do_sample": True, "max_new_tokens": 4, **bad}) is None
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        generate_group(model, tok, ["ab"], 2, {"do_sample": True, "max_new_tokens": 4, **bad})
+
+
 def test_a_generator_makes_sampling_reproducible_without_touching_the_default_generator():
     tok = char_tokenizer(MIXED)
     model = tiny_llama(tok)

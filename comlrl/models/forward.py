@@ -14,7 +14,7 @@ from comlrl.algorithms.logprobs import token_entropy
 
 
 @functools.cache
-def accepts(model_class: type, argument: str) -> bool:
+def _accepts(model_class: type, argument: str) -> bool:
     return argument in inspect.signature(model_class.forward).parameters
 
 
@@ -23,9 +23,9 @@ def padded_forward_kwargs(model: torch.nn.Module, attention_mask: Tensor, logits
     mask (as ``generate`` does, so padding does not shift them), and logits computed for the
     last ``logits_to_keep`` positions only, where the model supports each."""
     kwargs: dict[str, Any] = {}
-    if accepts(type(model), "position_ids"):
+    if _accepts(type(model), "position_ids"):
         kwargs["position_ids"] = (attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)
-    if accepts(type(model), "logits_to_keep"):
+    if _accepts(type(model), "logits_to_keep"):
         kwargs["logits_to_keep"] = logits_to_keep
     return kwargs
 

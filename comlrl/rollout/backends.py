@@ -2,12 +2,12 @@
 
 The trainer asks a backend for ``G`` completions of each prompt by one agent
 (:meth:`GenerationBackend.generate`), drawn from that agent's own ``torch.Generator`` so that
-agents can sample in parallel threads reproducibly, and tells it after every update (the optimizer steps
-of a training step) that an agent's weights changed (:meth:`GenerationBackend.sync_weights`).
-``hf`` samples with the training model itself (the lean loop of
-:mod:`comlrl.rollout.decoding`, or Hugging Face ``generate`` for settings outside it); ``vllm``
-(optional, GPU) keeps an inference engine per agent beside the training model and copies the
-weights into it.
+agents can sample in parallel threads reproducibly, and tells it after every update (the
+optimizer steps of a training step) that an agent's weights changed
+(:meth:`GenerationBackend.sync_weights`). ``hf`` samples with the training model itself (the
+lean loop of :mod:`comlrl.rollout.decoding`, or Hugging Face ``generate`` for settings outside
+it); ``vllm`` (optional, GPU) keeps an inference engine per agent beside the training model
+and copies the weights into it.
 """
 
 from __future__ import annotations

@@ -77,7 +77,10 @@ def decoding_settings(model: torch.nn.Module, kwargs: dict[str, Any]) -> Decodin
         return None
     values = {name: getattr(config, name) for name in _DEFAULTS}
     values = {name: _DEFAULTS[name] if value is None else value for name, value in values.items()}
-    return DecodingSettings(max_new_tokens=config.max_new_tokens, **values)
+    settings = DecodingSettings(max_new_tokens=config.max_new_tokens, **values)
+    if settings.do_sample and not (settings.temperature > 0 and settings.top_p >= 0 and settings.top_k >= 0):
+        return None  # generate names the bad value in its error
+    return settings
 
 
 def filtered_distribution(logits: Tensor, temperature: float, top_k: int, top_p: float) -> tuple[Tensor, Tensor]:
