@@ -52,6 +52,26 @@ def eos_token_ids(model: torch.nn.Module, tokenizer: Any) -> list[int]:
     return ids
 
 
+def encode_prompts(tokenizer: Any, prompts: Sequence[str]) -> Any:
+    """The prompts tokenized and left-padded to the longest, as tensors."""
+    with _TOKENIZER_LOCK:
+        return tokenizer(list(prompts), return_tensors="pt", padding=True, padding_side="left")
+
+
+def rollout_from_ids(
+    tokenizer: Any, prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor, eos_ids: Sequence[int]
+) -> AgentRollout:
+    """An :class:`AgentRollout` from the prompts and the generated ids (padded after EOS)."""
+    mask = completion_mask(completion_ids, list(eos_ids))
+    # Decode only the owned tokens: generation pads after EOS with pad_token_id, which need
+    # not be a special token that skip_special_tokens would drop.
+    owned = [ids[:n] for ids, n in zip(completion_ids.tolist(), mask.sum(dim=1).tolist())]
+    with _TOKENIZER_LOCK:
+        texts = tokenizer.batch_decode(owned, skip_special_tokens=True)
+    truncated = ~torch.isin(completion_ids, torch.tensor(list(eos_ids), device=completion_ids.device)).any(dim=1)
+    return AgentRollout(prompt_ids, prompt_mask, completion_ids, mask, texts, truncated)
+
+
 def generate_group(
     model: torch.nn.Module,
     tokenizer: Any,
@@ -67,8 +87,7 @@ def generate_group(
     are outside the loop's, always draws from the default generator.
     """
     device = next(model.parameters()).device
-    with _TOKENIZER_LOCK:
-        encoded = tokenizer(list(prompts), return_tensors="pt", padding=True, padding_side="left")
+    encoded = encode_prompts(tokenizer, prompts)
     prompt_ids = encoded["input_ids"].repeat_interleave(num_generations, dim=0).to(device)
     prompt_mask = encoded["attention_mask"].repeat_interleave(num_generations, dim=0).to(device)
     kwargs = dict(sampling_kwargs)
@@ -95,12 +114,4 @@ def generate_group(
     finally:
         model.train(was_training)
     # Inference tensors cannot enter autograd; the ids are small, a copy is cheap.
-    completion_ids = completion_ids.clone()
-    mask = completion_mask(completion_ids, eos_ids)
-    # Decode only the owned tokens: generate pads after EOS with pad_token_id, which need
-    # not be a special token that skip_special_tokens would drop.
-    owned = [ids[:n] for ids, n in zip(completion_ids.tolist(), mask.sum(dim=1).tolist())]
-    with _TOKENIZER_LOCK:
-        texts = tokenizer.batch_decode(owned, skip_special_tokens=True)
-    truncated = ~torch.isin(completion_ids, torch.tensor(eos_ids, device=completion_ids.device)).any(dim=1)
-    return AgentRollout(prompt_ids, prompt_mask, completion_ids, mask, texts, truncated)
+    return rollout_from_ids(tokenizer, prompt_ids, prompt_mask, completion_ids.clone(), eos_ids)

@@ -21,8 +21,7 @@ from typing import Any
 
 import torch
 
-from comlrl.algorithms import completion_mask
-from comlrl.rollout.generation import AgentRollout, eos_token_ids
+from comlrl.rollout.generation import AgentRollout, encode_prompts, eos_token_ids, rollout_from_ids
 
 SUPPORTED_SAMPLING = (
     "do_sample",
@@ -101,12 +100,7 @@ def build_rollout(
     completion_ids = torch.full((len(completions), max(map(len, completions))), pad_id, dtype=torch.long)
     for row, ids in enumerate(completions):
         completion_ids[row, : len(ids)] = torch.as_tensor(list(ids), dtype=torch.long)
-    completion_ids = completion_ids.to(device)
-    mask = completion_mask(completion_ids, eos_ids)
-    owned = [ids[:n] for ids, n in zip(completion_ids.tolist(), mask.sum(dim=1).tolist())]
-    texts = tokenizer.batch_decode(owned, skip_special_tokens=True)
-    truncated = ~torch.isin(completion_ids, torch.tensor(list(eos_ids), device=device)).any(dim=1)
-    return AgentRollout(prompt_ids, prompt_mask, completion_ids, mask, texts, truncated)
+    return rollout_from_ids(tokenizer, prompt_ids, prompt_mask, completion_ids.to(device), eos_ids)
 
 
 def prompt_token_ids(encoded: dict[str, torch.Tensor]) -> list[list[int]]:
@@ -233,7 +227,7 @@ class VLLMBackend:
         model, tokenizer = self.agents[agent], self.tokenizers[agent]
         eos_ids = completion_eos_ids(sampling, model, tokenizer)
         kwargs = vllm_sampling_kwargs(sampling, num_generations, eos_ids)
-        encoded = tokenizer(list(prompts), return_tensors="pt", padding=True, padding_side="left")
+        encoded = encode_prompts(tokenizer, prompts)
         # One seed per prompt from the agent's generator, so a seeded run samples the same
         # completions again; vLLM gives sample k of a prompt seed + k, hence the stride.
         greedy = kwargs["temperature"] == 0
