@@ -90,11 +90,14 @@ def map_agents(agents: Sequence[torch.nn.Module], work: Callable[[int], T], cpu_
     workers = min(len(agents), torch.get_num_threads())
     if not (cpu_threads and distinct and workers >= 2 and all(device.type == "cpu" for device in devices)):
         return [work(i) for i in range(len(agents))]
-    share = torch.get_num_threads() // workers
+    total = torch.get_num_threads()
 
     def on_share(i: int) -> T:
-        torch.set_num_threads(share)  # this thread's own setting
+        torch.set_num_threads(total // workers)  # this thread's own setting under OpenMP
         return work(i)
 
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        return list(pool.map(on_share, range(len(agents))))
+    try:
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            return list(pool.map(on_share, range(len(agents))))
+    finally:
+        torch.set_num_threads(total)  # in case a build's setting is process-wide
