@@ -93,7 +93,10 @@ def filtered_distribution(logits: Tensor, temperature: float, top_k: int, top_p:
     before them is below ``top_p`` (at least one).
     """
     logits = logits.float() / temperature
-    k = logits.shape[-1] if top_k <= 0 else min(top_k, logits.shape[-1])
+    vocabulary = logits.shape[-1]
+    if top_k <= 0 and top_p >= 1.0:  # nothing filtered: no need to sort
+        return logits.softmax(dim=-1), torch.arange(vocabulary, device=logits.device).expand_as(logits)
+    k = vocabulary if top_k <= 0 else min(top_k, vocabulary)
     values, token_ids = logits.topk(k, dim=-1)
     probabilities = values.softmax(dim=-1)
     if top_p < 1.0:
