@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from peft import LoraConfig, get_peft_model
 from tokenizers import Tokenizer, decoders, models
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
@@ -63,6 +64,18 @@ def tiny_gpt2(tokenizer, seed: int = 0) -> GPT2LMHeadModel:
         bos_token_id=tokenizer.eos_token_id,
     )
     return GPT2LMHeadModel(config)
+
+
+def with_lora(build):
+    """``build``'s model under a LoRA adapter that changes its outputs (B not zero). The
+    wrapper's forward names few arguments and passes the others on to the base model."""
+
+    def wrapped(tok):
+        model = build(tok)
+        targets = ["c_attn"] if hasattr(model, "transformer") else ["q_proj", "v_proj"]
+        return get_peft_model(model, LoraConfig(r=4, target_modules=targets, init_lora_weights=False))
+
+    return wrapped
 
 
 @pytest.fixture

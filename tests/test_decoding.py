@@ -10,7 +10,7 @@ from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogit
 from comlrl.rollout import generate_group
 from comlrl.rollout.decoding import DecodingSettings, decode, decoding_settings, filtered_distribution, next_tokens
 
-from .conftest import MIXED, char_tokenizer, tiny_gpt2, tiny_llama
+from .conftest import MIXED, char_tokenizer, tiny_gpt2, tiny_llama, with_lora
 
 PROMPTS = ["Hi", "a much longer prompt:", "xyz"]
 
@@ -34,7 +34,7 @@ def left_padded(tok, prompts):
     return encoded["input_ids"], encoded["attention_mask"]
 
 
-@pytest.mark.parametrize("build", [tiny_llama, tiny_gpt2])
+@pytest.mark.parametrize("build", [tiny_llama, tiny_gpt2, with_lora(tiny_gpt2)], ids=["llama", "gpt2", "gpt2+lora"])
 @pytest.mark.parametrize("min_new_tokens", [0, 5])
 def test_greedy_tokens_equal_generate_with_early_eos_padding_and_min_new_tokens(build, min_new_tokens):
     tok = char_tokenizer(MIXED)

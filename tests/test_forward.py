@@ -6,7 +6,7 @@ import torch
 from comlrl.models.forward import completion_logprobs
 from comlrl.rollout import generate_group
 
-from .conftest import MIXED, char_tokenizer, tiny_gpt2, tiny_llama
+from .conftest import MIXED, char_tokenizer, tiny_gpt2, tiny_llama, with_lora
 
 
 def reference_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask, temperature):
@@ -22,7 +22,11 @@ def reference_logprobs(model, prompt_ids, prompt_mask, completion_ids, completio
     return out
 
 
-@pytest.mark.parametrize("build", [tiny_llama, tiny_gpt2])
+@pytest.mark.parametrize(
+    "build",
+    [tiny_llama, tiny_gpt2, with_lora(tiny_llama), with_lora(tiny_gpt2)],
+    ids=["llama", "gpt2", "llama+lora", "gpt2+lora"],
+)
 def test_batched_logprobs_match_per_sequence_reference(build):
     tok = char_tokenizer(MIXED)
     model = build(tok).eval()

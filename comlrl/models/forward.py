@@ -18,14 +18,21 @@ def _accepts(model_class: type, argument: str) -> bool:
     return argument in inspect.signature(model_class.forward).parameters
 
 
+def accepts(model: torch.nn.Module, argument: str) -> bool:
+    """Whether ``model``'s forward takes keyword ``argument``. A PEFT wrapper's forward only
+    names a few arguments and passes the rest to its base model: the base model decides."""
+    get_base_model = getattr(model, "get_base_model", None)
+    return _accepts(type(get_base_model() if callable(get_base_model) else model), argument)
+
+
 def padded_forward_kwargs(model: torch.nn.Module, attention_mask: Tensor, logits_to_keep: int) -> dict[str, Any]:
     """Forward keyword arguments for left-padded inputs: positions counted from the attention
     mask (as ``generate`` does, so padding does not shift them), and logits computed for the
     last ``logits_to_keep`` positions only, where the model supports each."""
     kwargs: dict[str, Any] = {}
-    if _accepts(type(model), "position_ids"):
+    if accepts(model, "position_ids"):
         kwargs["position_ids"] = (attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)
-    if _accepts(type(model), "logits_to_keep"):
+    if accepts(model, "logits_to_keep"):
         kwargs["logits_to_keep"] = logits_to_keep
     return kwargs
 
