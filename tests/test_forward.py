@@ -81,3 +81,67 @@ def test_columns_of_padding_are_dropped_without_changing_the_logprobs():
     assert trimmed.shape == (4, rollout.completion_ids.shape[1] + 3)
     torch.testing.assert_close(trimmed[:, : plain.shape[1]], plain, atol=1e-5, rtol=1e-5)
     assert (trimmed[:, plain.shape[1] :] == 0).all()
+
+
+def forward_batch_sizes(model) -> list[int]:
+    """The number of rows of each forward ``model`` runs from now on."""
+    sizes = []
+    model.register_forward_pre_hook(lambda _, args, kwargs: sizes.append(len(kwargs["input_ids"])), with_kwargs=True)
+    return sizes
+
+
+def logprobs_and_gradients(model, rollout, share_prompts):
+    """Log-probs, entropies and the gradients of a loss that weighs every one of them."""
+    model.zero_grad()
+    args = (rollout.prompt_ids, rollout.prompt_mask, rollout.completion_ids, rollout.completion_mask)
+    logps, entropy = completion_logprobs(model, *args, temperature=0.7, with_entropy=True, share_prompts=share_prompts)
+    weights = torch.linspace(-1.0, 2.0, logps.numel()).view_as(logps)
+    ((logps * weights).sum() + (entropy * weights.flip(0)).sum()).backward()
+    grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    return logps, entropy, grads
+
+
+@pytest.mark.parametrize("build", [tiny_llama, tiny_gpt2, with_lora(tiny_gpt2)], ids=["llama", "gpt2", "gpt2+lora"])
+def test_shared_prompts_run_once_with_the_plain_paths_logprobs_and_gradients(build):
+    tok = char_tokenizer(MIXED)
+    model = build(tok)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        rollout = generate_group(
+            model,
+            tok,
+            ["Hi", "a much longer prompt:"],
+            3,
+            # a fifth of the vocabulary ends a completion: rows of different lengths
+            {"do_sample": True, "max_new_tokens": 12, "min_new_tokens": 2, "eos_token_id": list(range(15))},
+        )
+    assert (rollout.prompt_mask == 0).any() and not rollout.completion_mask.all(), "the test needs both paddings"
+    sizes = forward_batch_sizes(model)
+    shared = logprobs_and_gradients(model, rollout, share_prompts=True)
+    assert sizes == [2, 6], "two distinct prompts, then six completions"
+    plain = logprobs_and_gradients(model, rollout, share_prompts=False)
+    assert sizes == [2, 6, 6]
+    mask = rollout.completion_mask
+    torch.testing.assert_close(shared[0][mask], plain[0][mask], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(shared[1][mask], plain[1][mask], atol=1e-5, rtol=1e-5)
+    assert shared[2].keys() == plain[2].keys() and len(plain[2]) > 0
+    for name, grad in plain[2].items():
+        torch.testing.assert_close(shared[2][name], grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_prompts_run_with_their_completions_when_none_is_shared_or_checkpointing_is_on():
+    tok = char_tokenizer(MIXED)
+    model = tiny_llama(tok)
+    distinct = generate_group(model, tok, ["Hi", "a much longer prompt:"], 1, {"do_sample": True, "max_new_tokens": 4})
+    repeated = generate_group(model, tok, ["Hi"], 3, {"do_sample": True, "max_new_tokens": 4})
+    sizes = forward_batch_sizes(model)
+    for rollout in (distinct, repeated):
+        completion_logprobs(
+            model, rollout.prompt_ids, rollout.prompt_mask, rollout.completion_ids, rollout.completion_mask
+        )
+    model.gradient_checkpointing_enable()
+    model.train()
+    completion_logprobs(
+        model, repeated.prompt_ids, repeated.prompt_mask, repeated.completion_ids, repeated.completion_mask
+    )
+    assert sizes == [2, 1, 3, 3]

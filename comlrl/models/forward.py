@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 from torch import Tensor
+from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from comlrl.algorithms import selective_log_softmax
 from comlrl.algorithms.logprobs import token_entropy
@@ -45,6 +46,7 @@ def completion_logprobs(
     completion_mask: Tensor,
     temperature: float = 1.0,
     with_entropy: bool = False,
+    share_prompts: bool = True,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """``(S, T)`` log-probability of each completion token under ``model``; with
     ``with_entropy``, also the ``(S, T)`` entropy of the (tempered) distribution it was drawn from.
@@ -54,6 +56,10 @@ def completion_logprobs(
     log-probs would not be those of the sampling distribution. Logits are divided by the
     sampling ``temperature`` for the same reason. Logits are only computed for the
     completion positions when the model supports ``logits_to_keep``.
+
+    Rows that share a prompt (the G samples of a prompt) compute it once, where the model
+    allows (see ``_shared_prompt_logits``); ``share_prompts=False`` runs one forward over the
+    whole rows instead (the same values, for comparison).
 
     Columns that are padding in every row (a micro-batch of short prompts or completions
     cut from a wider batch) are dropped before the forward; their log-probs are 0.
@@ -71,6 +77,7 @@ def completion_logprobs(
         completion_mask[:, :last],
         temperature,
         with_entropy,
+        share_prompts,
     )
     if last < width:
         outputs = tuple(torch.nn.functional.pad(out, (0, width - last)) for out in outputs)
@@ -85,20 +92,81 @@ def _completion_logprobs(
     completion_mask: Tensor,
     temperature: float,
     with_entropy: bool,
+    share_prompts: bool,
 ) -> tuple[Tensor, ...]:
-    input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
     attention_mask = torch.cat([prompt_mask, completion_mask.to(prompt_mask.dtype)], dim=1)
-    num_completion = completion_ids.shape[1]
+    # (logits, the tokens they predict) pairs: position t of the logits predicts token t.
+    shared = share_prompts and _shared_prompt_logits(model, prompt_ids, prompt_mask, completion_ids, attention_mask)
+    parts = shared or [
+        (
+            _logits(model, torch.cat([prompt_ids, completion_ids], dim=1), attention_mask, completion_ids.shape[1]),
+            completion_ids,
+        )
+    ]
+    # In float32 even when the model ran in bf16: log-probs and their differences (ratios,
+    # KL) lose too much in 8 bits of mantissa.
+    logps = torch.cat([selective_log_softmax(logits, ids, temperature) for logits, ids in parts], dim=1)
+    if not with_entropy:
+        return (logps,)
+    entropy = torch.cat(
+        [token_entropy(logits[:, : ids.shape[1]].float() / temperature) for logits, ids in parts], dim=1
+    )
+    return logps, entropy
+
+
+def _logits(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor, num_completion: int) -> Tensor:
+    """``(S, T+1, V)`` logits of the plain path, one forward over prompt and completion; the
+    last position predicts nothing."""
     # +1: the logit that predicts the first completion token sits on the last prompt token.
     kwargs = padded_forward_kwargs(model, attention_mask, logits_to_keep=num_completion + 1)
     logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **kwargs).logits
-    # (S, T+1, V): position t predicts token t+1. Sliced only when the model computed more
-    # positions: a slice's backward would copy the whole gradient into a new zero tensor.
-    if logits.shape[1] != num_completion + 1:
-        logits = logits[:, -num_completion - 1 :, :]
-    # In float32 even when the model ran in bf16: log-probs and their differences (ratios,
-    # KL) lose too much in 8 bits of mantissa.
-    logps = selective_log_softmax(logits, completion_ids, temperature)
-    if not with_entropy:
-        return (logps,)
-    return logps, token_entropy(logits[:, :-1].float() / temperature)
+    # Sliced only when the model computed more positions: a slice's backward would copy the
+    # whole gradient into a new zero tensor.
+    return logits if logits.shape[1] == num_completion + 1 else logits[:, -num_completion - 1 :, :]
+
+
+def _shared_prompt_logits(
+    model: torch.nn.Module, prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor, attention_mask: Tensor
+) -> list[tuple[Tensor, Tensor]] | None:
+    """The logits with each distinct prompt computed once, as (logits, the tokens they
+    predict) pairs: ``(S, 1, V)`` for the first completion token, ``(S, T-1, V)`` for the
+    others; or None (-> one forward over the whole rows) when no two rows share a prompt or the model
+    cannot take the shortcut.
+
+    The G samples of a prompt share it, so the plain path computes every prompt G times. Here
+    the distinct prompts run once with a KV cache, the cache is gathered out to the rows and
+    the completions run on top of it; gradients flow back through the gathered cache to the
+    single prompt forward, so loss and gradients are those of the plain path.
+    """
+    unique_rows, inverse = torch.unique(torch.cat([prompt_ids, prompt_mask], dim=1), dim=0, return_inverse=True)
+    if len(unique_rows) == len(prompt_ids) or completion_ids.shape[1] < 2 or _checkpointed(model):
+        return None
+    cache_name = next((name for name in ("cache", "past_key_values") if accepts(model, name)), None)
+    if cache_name is None:
+        return None
+    unique_ids, unique_mask = unique_rows.split(prompt_ids.shape[1], dim=1)
+    kwargs = padded_forward_kwargs(model, unique_mask, logits_to_keep=1)
+    prompts = model(input_ids=unique_ids, attention_mask=unique_mask, use_cache=True, **kwargs)
+    cache = getattr(prompts, cache_name, None)
+    # Only a cache of plain growing layers is known to keep every position and pass gradients:
+    # a sliding window drops positions, linear attention keeps a state instead.
+    if not isinstance(cache, DynamicCache) or any(type(layer) is not DynamicLayer for layer in cache.layers):
+        return None
+    cache.batch_select_indices(inverse)
+    kwargs = padded_forward_kwargs(model, attention_mask[:, :-1], logits_to_keep=0)
+    if "position_ids" in kwargs:
+        kwargs["position_ids"] = kwargs["position_ids"][:, prompt_ids.shape[1] :]
+    # The last completion token predicts nothing: it is not run.
+    completions = model(
+        input_ids=completion_ids[:, :-1],
+        attention_mask=attention_mask[:, :-1],
+        use_cache=True,
+        **{cache_name: cache},
+        **kwargs,
+    )
+    return [(prompts.logits[:, -1:][inverse], completion_ids[:, :1]), (completions.logits, completion_ids[:, 1:])]
+
+
+def _checkpointed(model: torch.nn.Module) -> bool:
+    """Whether activation checkpointing is on: its recomputation would append to the cache twice."""
+    return any(getattr(module, "gradient_checkpointing", False) for module in model.modules())
