@@ -10,7 +10,9 @@ top-p 0.6, top-k 50, every completion forced to ``--tokens``); the lean loop
 (``comlrl.rollout.decoding.decode``), one agent with all threads; two agents at once, one
 thread each (what the trainer does on the CPU); and the floor: every ``nn.Linear`` of the
 model (the LM head included) applied to ``rows`` vectors once per token, one agent, then two
-agents with a thread each. Then the operators that took the most CPU time in the lean loop.
+agents with a thread each; and as many FLOPs of products of ``rows`` vectors with one weight
+that stays in the cache (no decoding loop can do better than that). Then the operators that
+took the most CPU time in the lean loop.
 """
 
 from __future__ import annotations
@@ -67,6 +69,21 @@ def linear_floor(model: torch.nn.Module, rows: int, tokens: int) -> Callable[[],
     return run
 
 
+def cached_linear_floor(model: torch.nn.Module, rows: int, tokens: int) -> Callable[[], None]:
+    """The FLOPs of :func:`linear_floor`, every product on one small weight that stays in the
+    cache: what products of ``rows`` vectors reach when reading weights costs nothing."""
+    weights = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    flops = sum(w.numel() for w in weights)
+    weight = torch.randn(weights[0].shape)
+    inputs = torch.randn(rows, weight.shape[1])
+
+    def run() -> None:
+        for _ in range(tokens * flops // weight.numel()):
+            torch.nn.functional.linear(inputs, weight)
+
+    return run
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--prompts", type=int, default=2, help="prompts per call (default: %(default)s)")
@@ -99,6 +116,7 @@ def main(argv=None) -> None:
         ("lean loop, 1 agent", lean(agents[0]), per_call),
         ("lean loop, 2 agents in threads", in_threads([lean(a) for a in agents]), 2 * per_call),
         ("linear layers alone, 1 agent", linear_floor(agents[0], rows, args.tokens), per_call),
+        ("their FLOPs on a cached weight, 1 agent", cached_linear_floor(agents[0], rows, args.tokens), per_call),
         (
             "linear layers alone, 2 agents in threads",
             in_threads([linear_floor(a, rows, args.tokens) for a in agents]),
