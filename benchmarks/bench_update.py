@@ -3,13 +3,16 @@ forward over the whole rows, alternated in the same process (A B A B).
 
     python benchmarks/bench_update.py                    # 2 prompts x 8 samples x 64 tokens
     python benchmarks/bench_update.py --pairs 5 --prompts 4
+    python benchmarks/bench_update.py --prompts 1 --samples 8 --prompt-tokens 9 --tokens 64
 
-One agent (the embedded model, fp32) and the workload's first prompts as raw text, G
-completions of exactly ``--tokens`` tokens (random ids: the cost does not depend on which),
-a loss over every log-prob, one backward. Printed per pass: seconds, and the share of the
-matrix-product rate (measured in the same process, between the passes) that 6 * P * T FLOPs
-reach, T counting every token of every row as trained (the issue's count, so computing a
-prompt once shows as a higher rate); then the median plain/shared time ratio.
+One agent (the embedded model, fp32) and the workload's first prompts as raw text (or
+random prompts of ``--prompt-tokens`` tokens), G completions of exactly ``--tokens`` tokens
+(random ids: the cost does not depend on which), a loss over every log-prob, one backward.
+Printed per pass: seconds, and the share of the matrix-product rate (measured in the same
+process, between the passes) that 6 * P * T FLOPs reach, T counting every token of every row
+as trained (the issue's count, so computing a prompt once shows as a higher rate); then the
+median plain/shared time ratio. Shared here means always (``share_prompts=True``); the
+trainer shares only where that saves ``MIN_SAVED_PROMPT_TOKENS`` tokens or more.
 """
 
 from __future__ import annotations
@@ -20,7 +23,6 @@ import time
 
 import measure
 import torch
-import workload as wl
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from comlrl.models import default_model_path
@@ -29,20 +31,21 @@ from comlrl.models.forward import completion_logprobs
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--prompts", type=int, default=2, help="distinct prompts (default: %(default)s)")
-    parser.add_argument("--samples", type=int, default=8, help="samples per prompt (default: %(default)s)")
-    parser.add_argument("--tokens", type=int, default=64, help="tokens per completion (default: %(default)s)")
+    measure.add_shape_args(parser, tokens=64)
     parser.add_argument("--pairs", type=int, default=3, help="A B pairs (default: %(default)s)")
+    parser.add_argument("--prompt-tokens", type=int, default=None, help="random prompts of this length instead")
     args = parser.parse_args(argv)
     path = default_model_path()
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path).train()
-    prompts = [wl.PROMPTS[i % len(wl.PROMPTS)] for i in range(args.prompts)]
-    encoded = tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left")
-    prompt_ids = encoded["input_ids"].repeat_interleave(args.samples, dim=0)
-    prompt_mask = encoded["attention_mask"].repeat_interleave(args.samples, dim=0)
+    if args.prompt_tokens:
+        prompts = torch.randint(len(tokenizer), (args.prompts, args.prompt_tokens), generator=torch.Generator())
+        prompt_ids = prompts.repeat_interleave(args.samples, dim=0)
+        prompt_mask = torch.ones_like(prompt_ids)
+    else:
+        prompt_ids, prompt_mask = measure.repeated_prompts(tokenizer, args.prompts, args.samples)
     rows = len(prompt_ids)
-    completion_ids = torch.randint(len(tokenizer), (rows, args.tokens), generator=torch.Generator().manual_seed(0))
+    completion_ids = torch.randint(len(tokenizer), (rows, args.tokens), generator=torch.Generator())
     completion_mask = torch.ones(rows, args.tokens, dtype=torch.bool)
     flops = 6 * measure.parameter_count(model) * rows * (prompt_ids.shape[1] + args.tokens)
 

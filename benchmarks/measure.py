@@ -34,6 +34,21 @@ def add_common_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompts", type=int, default=None, help="first prompts used (default: the workload's)")
 
 
+def add_shape_args(parser: argparse.ArgumentParser, tokens: int) -> None:
+    """``--prompts``, ``--samples`` and ``--tokens``: the rows one agent generates or trains at once."""
+    parser.add_argument("--prompts", type=int, default=2, help="distinct prompts (default: %(default)s)")
+    parser.add_argument("--samples", type=int, default=8, help="samples per prompt (default: %(default)s)")
+    parser.add_argument("--tokens", type=int, default=tokens, help="tokens per completion (default: %(default)s)")
+
+
+def repeated_prompts(tokenizer: Any, count: int, samples: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The workload's first ``count`` prompts (cycled), left-padded, each repeated ``samples``
+    times in a row: ``(count * samples, L)`` ids and attention mask."""
+    prompts = [wl.PROMPTS[i % len(wl.PROMPTS)] for i in range(count)]
+    encoded = tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left")
+    return tuple(encoded[key].repeat_interleave(samples, dim=0) for key in ("input_ids", "attention_mask"))
+
+
 def workload_from_args(args: argparse.Namespace) -> wl.Workload:
     """The workload, or the smoke check, with the command line's overrides."""
     work = wl.workload(args.smoke)

@@ -22,18 +22,12 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
+import measure
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from comlrl.models import default_model_path
 from comlrl.rollout.decoding import DecodingSettings, decode
-
-PROMPTS = [
-    "Write a short story about a cat.",
-    "Tell me about the sea and its waves.",
-    "Describe a city in the clouds.",
-    "Explain why the sky is blue.",
-]
 
 
 def seconds(work: Callable[[], object]) -> float:
@@ -86,18 +80,13 @@ def cached_linear_floor(model: torch.nn.Module, rows: int, tokens: int) -> Calla
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--prompts", type=int, default=2, help="prompts per call (default: %(default)s)")
-    parser.add_argument("--samples", type=int, default=8, help="samples per prompt (default: %(default)s)")
-    parser.add_argument("--tokens", type=int, default=32, help="tokens per completion (default: %(default)s)")
+    measure.add_shape_args(parser, tokens=32)
     parser.add_argument("--rows", type=int, default=12, help="operators listed (default: %(default)s)")
     args = parser.parse_args(argv)
     path = default_model_path()
     tokenizer = AutoTokenizer.from_pretrained(path)
     agents = [AutoModelForCausalLM.from_pretrained(path).eval() for _ in range(2)]
-    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(args.prompts)]
-    encoded = tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left")
-    ids = encoded["input_ids"].repeat_interleave(args.samples, dim=0)
-    mask = encoded["attention_mask"].repeat_interleave(args.samples, dim=0)
+    ids, mask = measure.repeated_prompts(tokenizer, args.prompts, args.samples)
     sampling = dict(do_sample=True, temperature=0.6, top_p=0.6, top_k=50, pad_token_id=tokenizer.pad_token_id)
     sampling.update(max_new_tokens=args.tokens, min_new_tokens=args.tokens)
     settings = DecodingSettings(**{k: v for k, v in sampling.items() if k != "pad_token_id"})

@@ -110,17 +110,18 @@ def test_shared_prompts_run_once_with_the_plain_paths_logprobs_and_gradients(bui
         rollout = generate_group(
             model,
             tok,
-            ["Hi", "a much longer prompt:"],
-            3,
+            # "H": a prompt whose cached part (all but its last token) is only padding
+            ["H", "Hi", "a much longer prompt:"],
+            2,
             # a fifth of the vocabulary ends a completion: rows of different lengths
             {"do_sample": True, "max_new_tokens": 12, "min_new_tokens": 2, "eos_token_id": list(range(15))},
         )
     assert (rollout.prompt_mask == 0).any() and not rollout.completion_mask.all(), "the test needs both paddings"
     sizes = forward_batch_sizes(model)
-    shared = logprobs_and_gradients(model, rollout, share_prompts=True)
-    assert sizes == [2, 6], "two distinct prompts, then six completions"
+    shared = logprobs_and_gradients(model, rollout, share_prompts=True)  # even if it saves little
+    assert sizes == [3, 6], "three distinct prompts, then six completions"
     plain = logprobs_and_gradients(model, rollout, share_prompts=False)
-    assert sizes == [2, 6, 6]
+    assert sizes == [3, 6, 6]
     mask = rollout.completion_mask
     torch.testing.assert_close(shared[0][mask], plain[0][mask], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(shared[1][mask], plain[1][mask], atol=1e-5, rtol=1e-5)
@@ -129,19 +130,20 @@ def test_shared_prompts_run_once_with_the_plain_paths_logprobs_and_gradients(bui
         torch.testing.assert_close(shared[2][name], grad, atol=1e-5, rtol=1e-4, msg=name)
 
 
-def test_prompts_run_with_their_completions_when_none_is_shared_or_checkpointing_is_on():
+def test_prompts_run_with_their_completions_when_sharing_saves_little_or_checkpointing_is_on():
     tok = char_tokenizer(MIXED)
     model = tiny_llama(tok)
-    distinct = generate_group(model, tok, ["Hi", "a much longer prompt:"], 1, {"do_sample": True, "max_new_tokens": 4})
-    repeated = generate_group(model, tok, ["Hi"], 3, {"do_sample": True, "max_new_tokens": 4})
+    long_prompt = "a prompt of forty-nine characters, so 48 cached: "
+    distinct = generate_group(model, tok, ["Hi", long_prompt], 1, {"do_sample": True, "max_new_tokens": 4})
+    few = generate_group(model, tok, [long_prompt], 2, {"do_sample": True, "max_new_tokens": 4})  # saves 48
+    enough = generate_group(model, tok, [long_prompt], 3, {"do_sample": True, "max_new_tokens": 4})  # saves 96
     sizes = forward_batch_sizes(model)
-    for rollout in (distinct, repeated):
+    for rollout in (distinct, few, enough):
         completion_logprobs(
             model, rollout.prompt_ids, rollout.prompt_mask, rollout.completion_ids, rollout.completion_mask
         )
+    assert sizes == [2, 2, 1, 3]
     model.gradient_checkpointing_enable()
     model.train()
-    completion_logprobs(
-        model, repeated.prompt_ids, repeated.prompt_mask, repeated.completion_ids, repeated.completion_mask
-    )
-    assert sizes == [2, 1, 3, 3]
+    completion_logprobs(model, enough.prompt_ids, enough.prompt_mask, enough.completion_ids, enough.completion_mask)
+    assert sizes == [2, 2, 1, 3, 3]

@@ -1,4 +1,4 @@
-"""The policy's log-probabilities of its own completions: one batched forward."""
+"""The policy's log-probabilities of its own completions, batched over rows."""
 
 from __future__ import annotations
 
@@ -12,6 +12,11 @@ from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from comlrl.algorithms import selective_log_softmax
 from comlrl.algorithms.logprobs import token_entropy
+
+# The shortcut of ``_shared_prompt_logits`` gives every parameter a second gradient, which
+# autograd adds to the first: a fixed cost, measured on a 2-core CPU as large as the compute
+# of ~90 tokens (benchmarks/README.md, ``bench_update.py``). Below this saving it does not pay.
+MIN_SAVED_PROMPT_TOKENS = 96
 
 
 @functools.cache
@@ -46,7 +51,7 @@ def completion_logprobs(
     completion_mask: Tensor,
     temperature: float = 1.0,
     with_entropy: bool = False,
-    share_prompts: bool = True,
+    share_prompts: bool | None = None,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """``(S, T)`` log-probability of each completion token under ``model``; with
     ``with_entropy``, also the ``(S, T)`` entropy of the (tempered) distribution it was drawn from.
@@ -57,9 +62,10 @@ def completion_logprobs(
     sampling ``temperature`` for the same reason. Logits are only computed for the
     completion positions when the model supports ``logits_to_keep``.
 
-    Rows that share a prompt (the G samples of a prompt) compute it once, where the model
-    allows (see ``_shared_prompt_logits``); ``share_prompts=False`` runs one forward over the
-    whole rows instead (the same values, for comparison).
+    Rows that share a prompt (the G samples of a prompt) compute it once where the model
+    allows (see ``_shared_prompt_logits``): by default when that saves at least
+    ``MIN_SAVED_PROMPT_TOKENS`` tokens, always with ``share_prompts=True``, never with
+    ``False`` (one forward over the whole rows). The values are the same.
 
     Columns that are padding in every row (a micro-batch of short prompts or completions
     cut from a wider batch) are dropped before the forward; their log-probs are 0.
@@ -92,26 +98,23 @@ def _completion_logprobs(
     completion_mask: Tensor,
     temperature: float,
     with_entropy: bool,
-    share_prompts: bool,
+    share_prompts: bool | None,
 ) -> tuple[Tensor, ...]:
     attention_mask = torch.cat([prompt_mask, completion_mask.to(prompt_mask.dtype)], dim=1)
-    # (logits, the tokens they predict) pairs: position t of the logits predicts token t.
-    shared = share_prompts and _shared_prompt_logits(model, prompt_ids, prompt_mask, completion_ids, attention_mask)
-    parts = shared or [
-        (
-            _logits(model, torch.cat([prompt_ids, completion_ids], dim=1), attention_mask, completion_ids.shape[1]),
-            completion_ids,
-        )
-    ]
+    # Position t of the logits predicts completion token t.
+    logits = (
+        _shared_prompt_logits(model, prompt_ids, prompt_mask, completion_ids, attention_mask, share_prompts)
+        if share_prompts is not False
+        else None
+    )
+    if logits is None:
+        logits = _logits(model, torch.cat([prompt_ids, completion_ids], dim=1), attention_mask, completion_ids.shape[1])
     # In float32 even when the model ran in bf16: log-probs and their differences (ratios,
     # KL) lose too much in 8 bits of mantissa.
-    logps = torch.cat([selective_log_softmax(logits, ids, temperature) for logits, ids in parts], dim=1)
+    logps = selective_log_softmax(logits, completion_ids, temperature)
     if not with_entropy:
         return (logps,)
-    entropy = torch.cat(
-        [token_entropy(logits[:, : ids.shape[1]].float() / temperature) for logits, ids in parts], dim=1
-    )
-    return logps, entropy
+    return logps, token_entropy(logits[:, : completion_ids.shape[1]].float() / temperature)
 
 
 def _logits(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor, num_completion: int) -> Tensor:
@@ -126,45 +129,52 @@ def _logits(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor, n
 
 
 def _shared_prompt_logits(
-    model: torch.nn.Module, prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor, attention_mask: Tensor
-) -> list[tuple[Tensor, Tensor]] | None:
-    """The logits with each distinct prompt computed once, as (logits, the tokens they
-    predict) pairs: ``(S, 1, V)`` for the first completion token, ``(S, T-1, V)`` for the
-    others; or None (-> one forward over the whole rows) when no two rows share a prompt or the model
-    cannot take the shortcut.
+    model: torch.nn.Module,
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    completion_ids: Tensor,
+    attention_mask: Tensor,
+    always: bool | None,
+) -> Tensor | None:
+    """``(S, T, V)`` logits with each distinct prompt computed once, or None (-> one forward
+    over the whole rows) when no two rows share a prompt, the model cannot take the shortcut,
+    or (unless ``always``) it would save fewer than ``MIN_SAVED_PROMPT_TOKENS`` tokens.
 
     The G samples of a prompt share it, so the plain path computes every prompt G times. Here
-    the distinct prompts run once with a KV cache, the cache is gathered out to the rows and
-    the completions run on top of it; gradients flow back through the gathered cache to the
-    single prompt forward, so loss and gradients are those of the plain path.
+    the distinct prompts but their last token run once with a KV cache, the cache is gathered
+    out to the rows, and each row's last prompt token and completion run on top of it, so one
+    LM head covers every position that predicts a completion token. Gradients flow back
+    through the gathered cache to the single prompt forward: loss and gradients are those of
+    the plain path.
     """
     unique_rows, inverse = torch.unique(torch.cat([prompt_ids, prompt_mask], dim=1), dim=0, return_inverse=True)
-    if len(unique_rows) == len(prompt_ids) or completion_ids.shape[1] < 2 or _checkpointed(model):
+    saved_tokens = (len(prompt_ids) - len(unique_rows)) * (prompt_ids.shape[1] - 1)
+    if saved_tokens == 0 or (saved_tokens < MIN_SAVED_PROMPT_TOKENS and not always) or _checkpointed(model):
         return None
     cache_name = next((name for name in ("cache", "past_key_values") if accepts(model, name)), None)
     if cache_name is None:
         return None
-    unique_ids, unique_mask = unique_rows.split(prompt_ids.shape[1], dim=1)
-    kwargs = padded_forward_kwargs(model, unique_mask, logits_to_keep=1)
-    prompts = model(input_ids=unique_ids, attention_mask=unique_mask, use_cache=True, **kwargs)
-    cache = getattr(prompts, cache_name, None)
+    width = prompt_ids.shape[1]
+    prefix_ids, prefix_mask = (part[:, :-1] for part in unique_rows.split(width, dim=1))
+    # The prefix's logits are not used: no gradient reaches the LM head from this forward.
+    kwargs = padded_forward_kwargs(model, prefix_mask, logits_to_keep=1)
+    cache = getattr(model(input_ids=prefix_ids, attention_mask=prefix_mask, use_cache=True, **kwargs), cache_name, None)
     # Only a cache of plain growing layers is known to keep every position and pass gradients:
     # a sliding window drops positions, linear attention keeps a state instead.
     if not isinstance(cache, DynamicCache) or any(type(layer) is not DynamicLayer for layer in cache.layers):
         return None
     cache.batch_select_indices(inverse)
+    # The last completion token predicts nothing: it is not run.
     kwargs = padded_forward_kwargs(model, attention_mask[:, :-1], logits_to_keep=0)
     if "position_ids" in kwargs:
-        kwargs["position_ids"] = kwargs["position_ids"][:, prompt_ids.shape[1] :]
-    # The last completion token predicts nothing: it is not run.
-    completions = model(
-        input_ids=completion_ids[:, :-1],
+        kwargs["position_ids"] = kwargs["position_ids"][:, width - 1 :]
+    return model(
+        input_ids=torch.cat([prompt_ids[:, -1:], completion_ids[:, :-1]], dim=1),
         attention_mask=attention_mask[:, :-1],
         use_cache=True,
         **{cache_name: cache},
         **kwargs,
-    )
-    return [(prompts.logits[:, -1:][inverse], completion_ids[:, :1]), (completions.logits, completion_ids[:, 1:])]
+    ).logits
 
 
 def _checkpointed(model: torch.nn.Module) -> bool:
