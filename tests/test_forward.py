@@ -143,7 +143,13 @@ def test_prompts_run_with_their_completions_when_sharing_saves_little_or_checkpo
             model, rollout.prompt_ids, rollout.prompt_mask, rollout.completion_ids, rollout.completion_mask
         )
     assert sizes == [2, 2, 1, 3]
+    # no completion token in any row: nothing to run on top of a cache, even when forced
+    empty = torch.zeros_like(enough.completion_mask)
+    logps = completion_logprobs(
+        model, enough.prompt_ids, enough.prompt_mask, enough.completion_ids, empty, share_prompts=True
+    )
+    assert sizes == [2, 2, 1, 3, 3] and logps.eq(0).all()
     model.gradient_checkpointing_enable()
     model.train()
     completion_logprobs(model, enough.prompt_ids, enough.prompt_mask, enough.completion_ids, enough.completion_mask)
-    assert sizes == [2, 2, 1, 3, 3]
+    assert sizes == [2, 2, 1, 3, 3, 3]

@@ -103,7 +103,7 @@ def _completion_logprobs(
     attention_mask = torch.cat([prompt_mask, completion_mask.to(prompt_mask.dtype)], dim=1)
     # Position t of the logits predicts completion token t.
     logits = (
-        _shared_prompt_logits(model, prompt_ids, prompt_mask, completion_ids, attention_mask, share_prompts)
+        _shared_prompt_logits(model, prompt_ids, prompt_mask, completion_ids, attention_mask, share_prompts is True)
         if share_prompts is not False
         else None
     )
@@ -134,11 +134,11 @@ def _shared_prompt_logits(
     prompt_mask: Tensor,
     completion_ids: Tensor,
     attention_mask: Tensor,
-    always: bool | None,
+    force: bool,
 ) -> Tensor | None:
     """``(S, T, V)`` logits with each distinct prompt computed once, or None (-> one forward
     over the whole rows) when no two rows share a prompt, the model cannot take the shortcut,
-    or (unless ``always``) it would save fewer than ``MIN_SAVED_PROMPT_TOKENS`` tokens.
+    or (unless ``force``) it would save fewer than ``MIN_SAVED_PROMPT_TOKENS`` tokens.
 
     The G samples of a prompt share it, so the plain path computes every prompt G times. Here
     the distinct prompts but their last token run once with a KV cache, the cache is gathered
@@ -149,7 +149,8 @@ def _shared_prompt_logits(
     """
     unique_rows, inverse = torch.unique(torch.cat([prompt_ids, prompt_mask], dim=1), dim=0, return_inverse=True)
     saved_tokens = (len(prompt_ids) - len(unique_rows)) * (prompt_ids.shape[1] - 1)
-    if saved_tokens == 0 or (saved_tokens < MIN_SAVED_PROMPT_TOKENS and not always) or _checkpointed(model):
+    worth_it = saved_tokens > 0 and (force or saved_tokens >= MIN_SAVED_PROMPT_TOKENS)
+    if not worth_it or completion_ids.shape[1] == 0 or _checkpointed(model):
         return None
     cache_name = next((name for name in ("cache", "past_key_values") if accepts(model, name)), None)
     if cache_name is None:
