@@ -67,12 +67,12 @@ def cached_linear_floor(model: torch.nn.Module, rows: int, tokens: int) -> Calla
     """The FLOPs of :func:`linear_floor`, every product on one small weight that stays in the
     cache: what products of ``rows`` vectors reach when reading weights costs nothing."""
     weights = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
-    flops = sum(w.numel() for w in weights)
+    parameters = sum(w.numel() for w in weights)
     weight = torch.randn(weights[0].shape)
     inputs = torch.randn(rows, weight.shape[1])
 
     def run() -> None:
-        for _ in range(tokens * flops // weight.numel()):
+        for _ in range(tokens * parameters // weight.numel()):
             torch.nn.functional.linear(inputs, weight)
 
     return run

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from comlrl.models.forward import completion_logprobs
+from comlrl.models.forward import MIN_SAVED_PROMPT_TOKENS, completion_logprobs
 from comlrl.rollout import generate_group
 
 from .conftest import MIXED, char_tokenizer, tiny_gpt2, tiny_llama, with_lora
@@ -137,6 +137,7 @@ def test_prompts_run_with_their_completions_when_sharing_saves_little_or_checkpo
     distinct = generate_group(model, tok, ["Hi", long_prompt], 1, {"do_sample": True, "max_new_tokens": 4})
     few = generate_group(model, tok, [long_prompt], 2, {"do_sample": True, "max_new_tokens": 4})  # saves 48
     enough = generate_group(model, tok, [long_prompt], 3, {"do_sample": True, "max_new_tokens": 4})  # saves 96
+    assert 48 < MIN_SAVED_PROMPT_TOKENS <= 96
     sizes = forward_batch_sizes(model)
     for rollout in (distinct, few, enough):
         completion_logprobs(
