@@ -55,7 +55,7 @@ def one_layout(layout: str, num_agents: int, model: str) -> dict[str, float]:
     distinct = {p.data_ptr(): p for agent in trainer.agents for p in agent.parameters()}
     return {
         "param_mib": sum(p.numel() * p.element_size() for p in distinct.values()) / 2**20,
-        "trainable_params": sum(p.numel() for params in trainer.agent_parameters for p in params),
+        "trainable_params": sum(p.numel() for params in trainer.agents.parameters for p in params),
         "peak_rss_mib": measure.peak_rss_mib(),
     }
 

@@ -64,7 +64,7 @@ class PerNodeTrainer(MAGRPOTrainer):
         per_node = [
             super(PerNodeTrainer, self).generate(agent, [p], num_generations, sampling, generator) for p in prompts
         ]
-        return merge(per_node, self.tokenizers[agent].pad_token_id)
+        return merge(per_node, self.agents.tokenizers[agent].pad_token_id)
 
 
 def run(name: str, trainer: MAGRPOTrainer, steps: int) -> dict[str, float]:

@@ -61,7 +61,7 @@ def step_metrics(output_dir: str) -> list[dict]:
 
 def prompt_tokens(trainer: MAGRPOTrainer, work: wl.Workload) -> int:
     """Prompt tokens of every trained sequence (each prompt once per completion and agent)."""
-    lengths = [len(trainer.tokenizers[0](prompt)["input_ids"]) for prompt in work.prompts]
+    lengths = [len(trainer.agents.tokenizers[0](prompt)["input_ids"]) for prompt in work.prompts]
     return sum(lengths) * work.num_generations * wl.NUM_AGENTS
 
 

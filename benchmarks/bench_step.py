@@ -34,6 +34,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from comlrl.algorithms import group_advantages
 from comlrl.models.forward import completion_logprobs
 from comlrl.rollout.generation import eos_token_ids
+from comlrl.rollout.sampling import SamplingSpec
 from comlrl.trainers.reinforce import MAGRPOConfig, MAGRPOTrainer
 from comlrl.utils.reward_processor import RewardProcessors
 
@@ -88,7 +89,7 @@ def baseline_step(trainer: MAGRPOTrainer, row: int) -> tuple[float, float, int]:
     args, group = trainer.args, trainer.args.num_generations
     started = time.perf_counter()
     samples = []  # per agent: list of (prompt_ids, completion_ids, text)
-    for agent, tok in zip(trainer.agents, trainer.tokenizers):
+    for agent, tok in zip(trainer.agents, trainer.agents.tokenizers):
         prompt = tok(trainer.train_prompts.agent_prompts(0, [row]), return_tensors="pt")
         agent.eval()
         per_agent = []
@@ -98,7 +99,7 @@ def baseline_step(trainer: MAGRPOTrainer, row: int) -> tuple[float, float, int]:
                     **prompt,
                     pad_token_id=tok.pad_token_id,
                     eos_token_id=eos_token_ids(agent, tok),
-                    **args.sampling_kwargs(),
+                    **SamplingSpec.from_config(args).generate_kwargs(),
                 )
             completion = out[0, prompt["input_ids"].shape[1] :].clone()
             per_agent.append(
@@ -109,7 +110,7 @@ def baseline_step(trainer: MAGRPOTrainer, row: int) -> tuple[float, float, int]:
     scored = trainer.reward([example.PROMPTS[row]] * group, [[s[2] for s in a] for a in samples], [row] * group)
     rewards = scored.processed[:, 0]  # the length-ratio reward is shared by both agents
     advantages = group_advantages(rewards.unsqueeze(0), args.advantage_mode, args.advantage_normalization)[0]
-    for agent, optimizer, per_agent in zip(trainer.agents, trainer.optimizers, samples):
+    for agent, optimizer, per_agent in zip(trainer.agents, trainer.learners.optimizers, samples):
         agent.train()
         optimizer.zero_grad()
         for (prompt_ids, completion, _), advantage in zip(per_agent, advantages):

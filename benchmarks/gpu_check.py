@@ -38,6 +38,7 @@ from comlrl.models import default_model_path
 from comlrl.models.forward import completion_logprobs
 from comlrl.rollout.backends import HFBackend
 from comlrl.rollout.generation import AgentRollout
+from comlrl.rollout.sampling import SamplingSpec
 from comlrl.rollout.vllm_backend import (
     VLLMBackend,
     build_rollout,
@@ -198,7 +199,9 @@ def main(argv=None) -> int:
     )
 
     # (c) throughput on a training-sized batch, every completion exactly 128 tokens
-    workload = MAGRPOConfig(max_new_tokens=128, generation_kwargs={"min_new_tokens": 128}).sampling_kwargs()
+    workload = SamplingSpec.from_config(
+        MAGRPOConfig(max_new_tokens=128, generation_kwargs={"min_new_tokens": 128})
+    ).generate_kwargs()
     many = prompts(32)
     speed = {}
     for name, backend in (("hf", hf), ("vllm", vllm)):

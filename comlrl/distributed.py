@@ -18,6 +18,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from comlrl.metrics.stats import Stat, combine, finish
+
 
 @dataclass(frozen=True)
 class DataParallel:
@@ -99,13 +101,10 @@ class DataParallel:
         dist.all_gather_object(gathered, value)
         return gathered
 
-    def mean_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
-        """Each metric averaged over the ranks that report it."""
-        if not self.enabled:
-            return metrics
-        gathered = self.gather(metrics)
-        keys = list(dict.fromkeys(key for rank_metrics in gathered for key in rank_metrics))
-        return {key: sum(values) / len(values) for key in keys for values in [[m[key] for m in gathered if key in m]]}
+    def reduce_metrics(self, stats: dict[str, Stat]) -> dict[str, float]:
+        """The step's metrics over every rank's share, each combined the way it was formed
+        (see :mod:`comlrl.metrics.stats`): the values one process gets over the global batch."""
+        return finish(combine(self.gather(stats)) if self.enabled else stats)
 
     def barrier(self) -> None:
         if self.enabled:

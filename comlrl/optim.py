@@ -1,9 +1,9 @@
-"""One optimizer and one learning-rate schedule per agent."""
+"""One optimizer and one learning-rate schedule per agent (and critic), and the steps that apply them."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from transformers import get_scheduler
@@ -45,3 +45,77 @@ def build_schedulers(
         get_scheduler(LR_SCHEDULES[schedule], optimizer, num_warmup_steps=warmup, num_training_steps=total_steps)
         for optimizer in optimizers
     ]
+
+
+class Learners:
+    """Everything a trainer optimizes, as named parameter sets ("agent 0", "critic 0", ...),
+    each with its own AdamW and learning-rate schedule."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+        self.parameters: list[list[torch.nn.Parameter]] = []
+        self.optimizers: list[torch.optim.Optimizer] = []
+        self.schedulers: list[torch.optim.lr_scheduler.LRScheduler] = []
+
+    def add(
+        self,
+        names: Sequence[str],
+        parameters: Sequence[Sequence[torch.nn.Parameter]],
+        learning_rates: Sequence[float],
+        weight_decay: float,
+        schedule: str,
+        warmup_ratio: float,
+        total_steps: int,
+    ) -> None:
+        """One AdamW and one schedule over ``total_steps`` optimizer steps per named set."""
+        optimizers = build_optimizers(parameters, learning_rates, weight_decay)
+        self.names.extend(names)
+        self.parameters.extend(list(p) for p in parameters)
+        self.optimizers.extend(optimizers)
+        self.schedulers.extend(build_schedulers(optimizers, schedule, warmup_ratio, total_steps))
+
+    def zero_grad(self) -> None:
+        for optimizer in self.optimizers:
+            optimizer.zero_grad(set_to_none=True)
+
+    def step(self, max_grad_norm: float | None, reduce_gradients: Callable, step_number: int) -> list[float]:
+        """Clip and apply every learner's gradient, or none: a non-finite gradient stops
+        training with an error before any weight changes in this step. ``reduce_gradients``
+        sums a parameter set's gradients over data-parallel ranks. Returns the norms."""
+        max_norm = max_grad_norm if max_grad_norm is not None else math.inf
+        norms = []
+        for name, parameters in zip(self.names, self.parameters):
+            reduce_gradients(parameters)
+            norm = torch.nn.utils.clip_grad_norm_(parameters, max_norm).item()
+            if not math.isfinite(norm):
+                self.zero_grad()
+                raise FloatingPointError(
+                    f"{name} has a non-finite loss or gradient (gradient norm {norm}) at step {step_number}; "
+                    "no weights were changed in this step"
+                )
+            norms.append(norm)
+        for optimizer, scheduler in zip(self.optimizers, self.schedulers):
+            optimizer.step()
+            scheduler.step()
+        return norms
+
+    def learning_rates(self) -> list[float]:
+        return [optimizer.param_groups[0]["lr"] for optimizer in self.optimizers]
+
+    def state_dict(self) -> dict[str, list]:
+        return {
+            "optimizers": [o.state_dict() for o in self.optimizers],
+            "schedulers": [s.state_dict() for s in self.schedulers],
+        }
+
+    def load_state_dict(self, state: dict[str, list], source: str) -> None:
+        """Load what :meth:`state_dict` gave; ``source`` names where it came from in errors."""
+        if len(state["optimizers"]) != len(self.optimizers):
+            raise ValueError(
+                f"{source} holds {len(state['optimizers'])} optimizers; this trainer has {len(self.optimizers)} "
+                f"({', '.join(self.names)})"
+            )
+        for optimizer, saved in zip(self.optimizers, state["optimizers"]):
+            optimizer.load_state_dict(saved)
+        for scheduler, saved in zip(self.schedulers, state["schedulers"]):
+            scheduler.load_state_dict(saved)

@@ -12,11 +12,19 @@ from comlrl.models.value import VALUE_HEAD_FILE, ValueHead
 from comlrl.trainers.actor_critic import IACConfig, IACTrainer, MAACConfig, MAACTrainer
 from comlrl.trainers.reinforce import MAGRPOConfig
 
-from .conftest import MIXED, char_tokenizer, tiny_gpt2, tiny_llama
-from .test_checkpoint import interrupting_reward, log_lines
-from .test_config import assert_every_field_documented
-from .test_multiturn import revise
-from .test_trainer import DATA, length_sum
+from .helpers import (
+    DATA,
+    MIXED,
+    assert_every_field_documented,
+    char_tokenizer,
+    interrupting_reward,
+    length_sum,
+    log_lines,
+    lora,
+    revise,
+    tiny_gpt2,
+    tiny_llama,
+)
 
 CRITIC_TOKENIZER = char_tokenizer(MIXED + "[]|\n")  # encodes the joint inputs "[Agent 0]\n..." and revisions "a | b"
 
@@ -75,7 +83,7 @@ def test_single_turn_advantage_is_the_reward_minus_the_critics_value(tmp_path, t
     trainer = make_ac_trainer(tmp_path, trainer_class, critics, args=args)
     trainer.train()  # the critics move away from 0, so the baseline below is not trivially 0
     tree = trainer.rollout(trainer.train_prompts, [0, 1])
-    estimate = trainer._estimate(tree)
+    estimate = trainer.estimate(tree)
     rewards = tree.turns[0].rewards  # (M=2, J=2, N=2), aligned: joint action k holds sample k
     values = [v[0] for v in estimate.old_values]
     assert any(v.abs().max() > 1e-3 for v in values)
@@ -103,7 +111,7 @@ def test_single_turn_advantage_is_the_reward_minus_the_critics_value(tmp_path, t
 
 def test_advantages_are_whitened_per_agent(tmp_path):
     trainer = make_ac_trainer(tmp_path, args=ac_config(IACConfig, tmp_path, num_generations=3))
-    estimate = trainer._estimate(trainer.rollout(trainer.train_prompts, [0, 1]))
+    estimate = trainer.estimate(trainer.rollout(trainer.train_prompts, [0, 1]))
     for advantages in estimate.advantages:
         values = torch.cat(advantages)
         assert abs(values.mean().item()) < 1e-5 and abs(values.std().item() - 1) < 1e-4
@@ -114,7 +122,7 @@ def test_two_turn_estimate_bootstraps_from_the_next_turns_value(tmp_path):
     trainer = make_ac_trainer(tmp_path, args=args, external_transition=revise)
     trainer.train()
     tree = trainer.rollout(trainer.train_prompts, [0])
-    estimate = trainer._estimate(tree)
+    estimate = trainer.estimate(tree)
     first, second = tree.turns
     # lambda = 0: agent 0's sample k at turn 1 is credited r + 0.9 * V(the node it started).
     next_values = estimate.old_values[0][1][:, 0]  # agent 0's critic, turn 2: one value per node
@@ -239,12 +247,10 @@ def test_bad_actor_critic_config_is_named(field, value, match):
 @pytest.mark.parametrize("config_class", [IACConfig, MAACConfig])
 def test_every_actor_critic_field_is_documented(config_class):
     assert_every_field_documented(config_class)
-    assert config_class().num_generations == 1 and config_class().discount == config_class().gamma
+    assert config_class().num_generations == 1
 
 
 def test_value_heads_on_agents_sharing_one_lora_base(tmp_path):
-    from .test_lora import lora
-
     tok = char_tokenizer()
     base = tiny_llama(tok, seed=0)
     frozen = [p.detach().clone() for n, p in base.named_parameters()]
@@ -284,5 +290,5 @@ def test_one_generation_per_prompt_trains_single_and_multi_turn(tmp_path, traine
 def test_separate_critics_follow_their_agents_devices(tmp_path):
     args = ac_config(IACConfig, tmp_path, agent_devices="cpu")
     trainer = make_ac_trainer(tmp_path, layout="separate", args=args)
-    assert trainer.agents_placed
+    assert trainer.agents.placed
     assert all(next(c.backbone.parameters()).device.type == "cpu" for c in trainer.critics)

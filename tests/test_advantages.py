@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from comlrl.algorithms.advantages import BASELINES, group_advantages
+from comlrl.trainers.reinforce import MAGRPOConfig
 
 MODES = ["mean", "rloo", "max", "raw"]
 
@@ -30,7 +31,7 @@ UNNORMALIZED = {
     "raw": [[1.0, 2.0, 6.0], [-3.0, 1.0, -1.0]],
 }
 NORMALIZED = {
-    # divide group 0 by sqrt(7), group 1 by 2 (eps = 0 here)
+    # divide group 0 by sqrt(7), group 1 by 2 (both above the default std floor 0.01)
     "mean": [[-2 / S7, -1 / S7, 3 / S7], [-1.0, 1.0, 0.0]],
     "rloo": [[-3 / S7, -1.5 / S7, 4.5 / S7], [-1.5, 1.5, 0.0]],
     "max": [[-5 / S7, -4 / S7, 0.0], [-2.0, 0.0, -1.0]],
@@ -42,18 +43,40 @@ NORMALIZED = {
 @pytest.mark.parametrize("normalize", [False, True])
 def test_hand_two_groups(mode, normalize):
     expected = torch.tensor((NORMALIZED if normalize else UNNORMALIZED)[mode])
-    got = group_advantages(RETURNS, mode=mode, normalize=normalize, eps=0.0)
+    got = group_advantages(RETURNS, mode=mode, normalize=normalize)
     torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_eps_is_added_to_the_std(mode):
-    # [0, 2]: std = sqrt(((−1)² + 1²) / 1) = sqrt(2); divisor sqrt(2) + 1 = 2.4142136
+def test_std_floor_replaces_a_smaller_std(mode):
+    # [0, 2]: std = sqrt(((-1)^2 + 1^2) / 1) = sqrt(2) = 1.414 < floor 2, so the divisor is 2
     returns = torch.tensor([[0.0, 2.0]])
     unnormalized = {"mean": [-1.0, 1.0], "rloo": [-2.0, 2.0], "max": [-2.0, 0.0], "raw": [0.0, 2.0]}
-    expected = torch.tensor([unnormalized[mode]]) / (math.sqrt(2.0) + 1.0)
-    got = group_advantages(returns, mode=mode, normalize=True, eps=1.0)
-    torch.testing.assert_close(got, expected)
+    got = group_advantages(returns, mode=mode, normalize=True, std_floor=2.0)
+    torch.testing.assert_close(got, torch.tensor([unnormalized[mode]]) / 2.0)
+    # a floor below the std changes nothing: divided by sqrt(2) itself
+    got = group_advantages(returns, mode=mode, normalize=True, std_floor=1.0)
+    torch.testing.assert_close(got, torch.tensor([unnormalized[mode]]) / math.sqrt(2.0))
+
+
+def test_near_constant_raw_group_is_bounded_by_the_floor():
+    # [1, 1, 1, 1 + d], d = 0.001: mean d/4, deviations (-d/4, -d/4, -d/4, 3d/4),
+    # unbiased var (3 d^2/16 + 9 d^2/16) / 3 = d^2/4, std d/2 = 5e-4 < floor 1e-2.
+    # Divided by the floor: returns * 100 = [100, 100, 100, 100.1] (by the std: ~2000 each).
+    returns = torch.tensor([[1.0, 1.0, 1.0, 1.001]])
+    got = group_advantages(returns, mode="raw", normalize=True, std_floor=1e-2)
+    torch.testing.assert_close(got, torch.tensor([[100.0, 100.0, 100.0, 100.1]]))
+    assert (got.abs() <= returns.abs() / 1e-2 * (1 + 1e-6)).all()
+    # mean mode: (r - mean) / floor = (-d/4, -d/4, -d/4, 3d/4) * 100 = (-0.025, ..., 0.075)
+    # (by the std d/2 these would be (-0.5, -0.5, -0.5, 1.5), a full unit-scale update)
+    got = group_advantages(returns, mode="mean", normalize=True, std_floor=1e-2)
+    torch.testing.assert_close(got, torch.tensor([[-0.025, -0.025, -0.025, 0.075]]), rtol=1e-3, atol=1e-6)
+
+
+def test_default_floor_is_one_hundredth():
+    # std 5e-4 as above: the default floor 0.01 applies, not the std
+    returns = torch.tensor([[1.0, 1.0, 1.0, 1.001]])
+    torch.testing.assert_close(group_advantages(returns, mode="raw"), returns / 1e-2)
 
 
 def test_default_is_mean_normalized():
@@ -66,7 +89,9 @@ def test_normalization_only_rescales():
     std = returns.std(dim=-1, keepdim=True)
     for mode in MODES:
         plain = group_advantages(returns, mode=mode, normalize=False)
-        scaled = group_advantages(returns, mode=mode, normalize=True, eps=0.0)
+        # every std is far above the floor: plain std division
+        assert (std > 1e-2).all()
+        scaled = group_advantages(returns, mode=mode, normalize=True)
         torch.testing.assert_close(scaled, plain / std)
     max_adv = group_advantages(returns, mode="max", normalize=True)
     assert (max_adv <= 0).all()
@@ -101,8 +126,19 @@ def test_constant_group(mode, normalize):
         "max": [-8.0] * 7 + [0.0],
         "raw": [0.0] * 7 + [8.0],
     }[mode]
-    expected = torch.tensor(last) / (math.sqrt(8.0) + 1e-6 if normalize else 1.0)
+    expected = torch.tensor(last) / (math.sqrt(8.0) if normalize else 1.0)
     torch.testing.assert_close(got[3], expected)
+
+
+@pytest.mark.parametrize("std_floor", [1e-2, 1.0, 100.0])
+def test_constant_groups_are_unscaled_whatever_the_floor(std_floor):
+    # a constant group has no spread: raw keeps its returns (not returns / floor), the
+    # centred modes give exactly 0
+    returns = torch.tensor([[100.3] * 4, [0.1] * 4])
+    raw = group_advantages(returns, mode="raw", normalize=True, std_floor=std_floor)
+    assert torch.equal(raw, returns)
+    for mode in ("mean", "rloo", "max"):
+        assert torch.equal(group_advantages(returns, mode=mode, normalize=True, std_floor=std_floor), torch.zeros(2, 4))
 
 
 def test_bad_mode():
@@ -120,7 +156,7 @@ def test_modes_table():
     assert sorted(BASELINES) == sorted(MODES)
 
 
-def loop_reference(returns, mode, normalize, eps):
+def loop_reference(returns, mode, normalize, std_floor):
     out = []
     for group in returns.tolist():
         g = len(group)
@@ -136,7 +172,7 @@ def loop_reference(returns, mode, normalize, eps):
                 "raw": 0.0,
             }[mode]
             a = r - baseline
-            row.append(a / (std + eps) if normalize else a)
+            row.append(a / max(std, std_floor) if normalize else a)
         out.append(row)
     return torch.tensor(out)
 
@@ -144,22 +180,23 @@ def loop_reference(returns, mode, normalize, eps):
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("normalize", [False, True])
-def test_against_loop_reference(seed, mode, normalize):
+@pytest.mark.parametrize("std_floor", [1e-3, 8.0])  # 8: above most of these groups' std (~5)
+def test_against_loop_reference(seed, mode, normalize, std_floor):
     gen = torch.Generator().manual_seed(seed)
     num_groups = int(torch.randint(1, 6, (1,), generator=gen))
     group_size = int(torch.randint(2, 9, (1,), generator=gen))
     returns = torch.randn(num_groups, group_size, generator=gen) * 5 - 1
-    got = group_advantages(returns, mode=mode, normalize=normalize, eps=1e-3)
-    expected = loop_reference(returns, mode, normalize, eps=1e-3)
+    got = group_advantages(returns, mode=mode, normalize=normalize, std_floor=std_floor)
+    expected = loop_reference(returns, mode, normalize, std_floor)
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
 
 
 def test_constant_group_in_raw_mode_is_left_unscaled():
-    # std = 0: normalising would divide by eps alone (1e6 x); the group keeps its returns.
+    # std = 0: normalising would divide by the floor alone (100 x); the group keeps its returns.
     got = group_advantages(torch.tensor([[100.3, 100.3, 100.3], [1.0, 2.0, 3.0]]), mode="raw", normalize=True)
     torch.testing.assert_close(got[0], torch.tensor([100.3, 100.3, 100.3]))
-    # the other group is divided by its std, 1 (+1e-6)
-    torch.testing.assert_close(got[1], torch.tensor([1.0, 2.0, 3.0]) / (1 + 1e-6))
+    # the other group is divided by its std, 1
+    torch.testing.assert_close(got[1], torch.tensor([1.0, 2.0, 3.0]))
 
 
 @pytest.mark.parametrize("mode,normalize", [("mean", False), ("rloo", False), ("max", True), ("raw", True)])
@@ -172,3 +209,14 @@ def test_groups_of_one_in_raw_mode_without_normalisation_are_the_returns():
     torch.testing.assert_close(
         group_advantages(torch.tensor([[1.0], [2.0]]), mode="raw", normalize=False), torch.tensor([[1.0], [2.0]])
     )
+
+
+@pytest.mark.parametrize("value", [0.0, -1e-2, float("nan"), float("inf"), True, "0.01", None])
+def test_config_std_floor_must_be_a_positive_number(value):
+    with pytest.raises(ValueError, match=r"advantage_std_floor must be a finite number > 0 \(reward units\), got"):
+        MAGRPOConfig(advantage_std_floor=value)
+
+
+def test_config_std_floor_default():
+    assert MAGRPOConfig().advantage_std_floor == 1e-2
+    assert MAGRPOConfig(advantage_std_floor=0.5).advantage_std_floor == 0.5

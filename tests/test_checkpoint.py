@@ -3,15 +3,23 @@ checkpoints give clear errors or are skipped with a warning."""
 
 import json
 import os
-import signal
 
 import pytest
 import torch
 
 from comlrl.checkpoint import complete_checkpoints
 
-from .conftest import char_tokenizer, tiny_gpt2, tiny_llama
-from .test_trainer import DATA, length_sum, make_trainer, small_config
+from .helpers import (
+    DATA,
+    char_tokenizer,
+    interrupting_reward,
+    log_lines,
+    make_trainer,
+    small_config,
+    tiny_gpt2,
+    tiny_llama,
+    weights,
+)
 
 STEPS = 4  # 2 epochs x 2 steps (3 rows, 2 per step)
 
@@ -20,30 +28,6 @@ def config(tmp_path, **overrides):
     values = dict(num_train_epochs=2, per_device_train_batch_size=2, lr_scheduler_type="linear", warmup_ratio=0.25)
     values.update(overrides)
     return small_config(tmp_path, **values)
-
-
-def interrupting_reward(at_call, score=length_sum):
-    """``score`` that sends this process SIGINT during its ``at_call``-th call (that step still finishes)."""
-    calls = []
-
-    def reward(a, b):
-        calls.append(1)
-        if len(calls) == at_call:
-            os.kill(os.getpid(), signal.SIGINT)
-        return score(a, b)
-
-    reward.__name__ = score.__name__  # logged under the same name as the straight run's reward
-    return reward
-
-
-def log_lines(run_dir, name):
-    """The JSONL log without the timings, which differ between runs."""
-    lines = [json.loads(line) for line in (run_dir / name).read_text().splitlines()]
-    return [{k: v for k, v in line.items() if not k.startswith("time/")} for line in lines]
-
-
-def weights(trainer):
-    return [torch.cat([p.detach().reshape(-1) for p in agent.parameters()]) for agent in trainer.agents]
 
 
 @pytest.mark.parametrize("logging_steps", [1, 3])
@@ -66,7 +50,7 @@ def test_stop_and_resume_equals_one_straight_run(tmp_path, logging_steps):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
     for log in ("metrics.jsonl", "samples.jsonl"):
         assert log_lines(tmp_path / "b" / "run", log) == log_lines(tmp_path / "a" / "run", log)
-    assert second.schedulers[0].get_last_lr() == straight.schedulers[0].get_last_lr()
+    assert second.learners.schedulers[0].get_last_lr() == straight.learners.schedulers[0].get_last_lr()
 
 
 def test_checkpoint_holds_hugging_face_folders_and_data_only(tmp_path):

@@ -1,21 +1,11 @@
 """MAGRPOConfig: defaults that make the tutorial work, and one clear error per bad field."""
 
-import dataclasses
-import inspect
-
 import pytest
 
+from comlrl.rollout.sampling import SamplingSpec
 from comlrl.trainers.reinforce import MAGRPOConfig
 
-
-def assert_every_field_documented(config_class):
-    """Each field, in whichever class of the hierarchy declares it, has a docstring line."""
-    sources = [inspect.getsource(c) for c in config_class.__mro__ if dataclasses.is_dataclass(c)]
-    for field in dataclasses.fields(config_class):
-        source = next(s for s in sources if f"    {field.name}: " in s)
-        declaration = source.index(f"    {field.name}: ")
-        following = source[declaration:].split("\n", 2)[1].strip()
-        assert following.startswith('"""'), f"{config_class.__name__}.{field.name} has no docstring line"
+from .helpers import assert_every_field_documented
 
 
 def test_every_field_is_documented():
@@ -35,9 +25,9 @@ def test_tutorial_fields_and_defaults():
     assert MAGRPOConfig().advantage_normalization is True
 
 
-def test_sampling_kwargs_forward_generation_kwargs():
+def test_sampling_spec_forwards_generation_kwargs():
     config = MAGRPOConfig(top_k=None, generation_kwargs={"min_new_tokens": 64, "repetition_penalty": 1.1})
-    kwargs = config.sampling_kwargs()
+    kwargs = SamplingSpec.from_config(config).generate_kwargs()
     assert kwargs["top_k"] == 0 and kwargs["min_new_tokens"] == 64 and kwargs["repetition_penalty"] == 1.1
     assert kwargs["do_sample"] is True and kwargs["max_new_tokens"] == config.max_new_tokens
 
@@ -74,7 +64,13 @@ def test_sampling_kwargs_forward_generation_kwargs():
         ("top_p", 0.0, r"top_p must be in \(0, 1\]"),
         ("top_k", -1, "top_k must be an integer >= 0 or None"),
         ("generation_kwargs", [("min_new_tokens", 4)], "generation_kwargs must be a dict"),
-        ("generation_kwargs", {"num_return_sequences": 4}, r"may not set \['num_return_sequences'\]"),
+        ("generation_kwargs", {"num_return_sequences": 4}, r"\['num_return_sequences'\] shadows .* set num_generations"),
+            ("generation_kwargs", {"temperature": 1.0}, r"\['temperature'\] shadows .* set temperature on MAGRPOConfig"),
+            ("generation_kwargs", {"max_new_tokens": 512}, r"\['max_new_tokens'\] shadows .* set max_new_tokens"),
+            ("generation_kwargs", {"max_length": 512}, r"\['max_length'\] shadows .* set max_new_tokens"),
+            ("generation_kwargs", {"do_sample": False}, r"\['do_sample'\] shadows .* set eval_do_sample"),
+            ("generation_kwargs", {"input_ids": [1]}, r"may not set 'input_ids'"),
+            ("disable_dropout", 1, "disable_dropout must be True or False"),
         ("joint_mode", "crossed", r"joint_mode='crossed'; expected one of \['aligned', 'cross'\]"),
         ("advantage_mode", "std", r"advantage_mode='std'; expected one of \['max', 'mean', 'raw', 'rloo'\]"),
         ("loss_type", "bnpo", r"loss_type='bnpo'; expected one of \['dapo', 'dr_grpo', 'grpo'\]"),

@@ -10,7 +10,7 @@ from comlrl.algorithms.logprobs import token_entropy
 from comlrl.algorithms.returns import tree_returns
 from comlrl.models.value import Critic, ValueHead, hidden_size
 
-from .conftest import char_tokenizer, tiny_gpt2
+from .helpers import char_tokenizer, tiny_gpt2
 
 NO_CHILD = torch.tensor([[-1]])
 

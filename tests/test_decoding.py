@@ -10,7 +10,7 @@ from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogit
 from comlrl.rollout import generate_group
 from comlrl.rollout.decoding import DecodingSettings, decode, decoding_settings, filtered_distribution, next_tokens
 
-from .conftest import MIXED, char_tokenizer, tiny_gpt2, tiny_llama, with_lora
+from .helpers import MIXED, char_tokenizer, tiny_gpt2, tiny_llama, with_lora
 
 PROMPTS = ["Hi", "a much longer prompt:", "xyz"]
 

@@ -14,9 +14,7 @@ from comlrl.distributed import DataParallel
 from comlrl.models.placement import resolve_agent_devices
 from comlrl.trainers.reinforce import MAGRPOConfig
 
-from .ddp_worker import build_trainer, weights
-from .ddp_worker import main as run_worker
-from .test_trainer import make_trainer
+from .helpers import build_trainer, make_trainer, run_ddp_worker, weights
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -34,7 +32,7 @@ def test_two_ranks_equal_one_process_over_the_same_global_batch(tmp_path, algori
     torchrun(algorithm, tmp_path / "ddp", ranks=2, per_device_rows=2)
     for variable in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
         monkeypatch.delenv(variable, raising=False)
-    run_worker(algorithm, str(tmp_path / "single"), per_device_rows=4)
+    run_ddp_worker(algorithm, str(tmp_path / "single"), per_device_rows=4)
 
     rank0, rank1 = (torch.load(tmp_path / "ddp" / f"rank{r}.pt") for r in (0, 1))
     single = torch.load(tmp_path / "single" / "rank0.pt")

@@ -7,8 +7,7 @@ import pytest
 
 import comlrl.rollout.backends as backends_module
 
-from .test_multiturn import multi_turn_trainer
-from .test_trainer import DATA, length_sum, make_trainer, small_config, snapshot, unchanged
+from .helpers import DATA, length_sum, make_trainer, multi_turn_trainer, small_config, snapshot, unchanged
 
 
 def capture(store):

@@ -5,7 +5,7 @@ import sys
 import pytest
 from transformers import AutoModelForCausalLM
 
-from .conftest import char_tokenizer, load_example, tiny_llama
+from .helpers import char_tokenizer, load_example, tiny_llama
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from .conftest import char_tokenizer, load_example, tiny_llama
+from .helpers import char_tokenizer, load_example, tiny_llama
 
 
 @pytest.fixture(scope="module")

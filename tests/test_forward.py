@@ -6,7 +6,7 @@ import torch
 from comlrl.models.forward import MIN_SAVED_PROMPT_TOKENS, completion_logprobs
 from comlrl.rollout import generate_group
 
-from .conftest import MIXED, char_tokenizer, tiny_gpt2, tiny_llama, with_lora
+from .helpers import MIXED, char_tokenizer, tiny_gpt2, tiny_llama, with_lora
 
 
 def reference_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask, temperature):

@@ -6,7 +6,7 @@ import pytest
 from comlrl.trainers.actor_critic import IACConfig, IACTrainer, MAACConfig, MAACTrainer
 from comlrl.trainers.reinforce import MAGRPOConfig, MAGRPOTrainer, MARLOOConfig, MARLOOTrainer
 
-from .conftest import char_tokenizer, tiny_gpt2, tiny_llama
+from .helpers import char_tokenizer, tiny_gpt2, tiny_llama
 
 
 def length_reward(short, long):

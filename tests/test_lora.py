@@ -5,18 +5,12 @@ import sys
 
 import pytest
 import torch
-from peft import LoraConfig, PeftModel
+from peft import PeftModel
 from transformers import AutoModelForCausalLM
 
 from comlrl.trainers.reinforce import MAGRPOTrainer
 
-from .conftest import char_tokenizer, tiny_llama
-from .test_checkpoint import interrupting_reward
-from .test_trainer import content_score, make_trainer, small_config
-
-
-def lora():
-    return LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0, task_type="CAUSAL_LM")
+from .helpers import char_tokenizer, content_score, interrupting_reward, lora, make_trainer, small_config, tiny_llama
 
 
 def base_and_adapters(model):
@@ -74,7 +68,7 @@ def test_agents_sharing_one_base_keep_separate_adapters(tmp_path):
         peft_config=lora(),
         args=small_config(tmp_path),
     )
-    assert trainer.agents[0] is trainer.agents[1] and trainer.adapters == ["agent_0", "agent_1"]
+    assert trainer.agents[0] is trainer.agents[1] and trainer.agents.adapters == ["agent_0", "agent_1"]
     shared = trainer.agents[0]
     frozen, adapters = base_and_adapters(shared)
     trainer.training_step([0, 1])
@@ -101,12 +95,16 @@ def test_agent_model_with_adapters_loads_one_base(tmp_path):
         peft_config=lora(),
         args=small_config(tmp_path),
     )
-    assert len({id(agent) for agent in trainer.agents}) == 1 and trainer.adapters == ["agent_0", "agent_1", "agent_2"]
+    assert len({id(agent) for agent in trainer.agents}) == 1 and trainer.agents.adapters == [
+        "agent_0",
+        "agent_1",
+        "agent_2",
+    ]
 
 
 def test_kl_reference_of_an_adapter_is_its_base_model(tmp_path):
     trainer = separate_lora_agents(tmp_path, char_tokenizer(), beta=0.1)
-    assert trainer.reference_agents == [None, None], "no copy of the model is made for the reference"
+    assert trainer.agents.references == [None, None], "no copy of the model is made for the reference"
     metrics = trainer.training_step([0])
     assert metrics["agent0/kl"] == pytest.approx(0.0, abs=1e-6)  # a fresh LoRA adapter is the identity
     metrics = trainer.training_step([1])

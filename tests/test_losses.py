@@ -5,7 +5,15 @@ import math
 import pytest
 import torch
 
-from comlrl.algorithms.losses import LOSS_AGGREGATIONS, k3_kl, policy_gradient_loss, token_weights
+from comlrl.algorithms.losses import (
+    LOSS_AGGREGATIONS,
+    TURN_WEIGHTINGS,
+    k3_kl,
+    policy_gradient_loss,
+    token_weights,
+    turn_token_weights,
+)
+from comlrl.trainers.reinforce import MAGRPOConfig
 
 # S = 2 sequences, T = 3 tokens; the third token of sequence 0 is padding.
 LOGPS = [[-1.0, -2.0, -3.0], [-4.0, -5.0, -6.0]]
@@ -184,3 +192,151 @@ def test_weights_over_the_whole_batch_let_pieces_add_up(loss_type):
     total.backward()
     torch.testing.assert_close(total, torch.tensor(EXPECTED[loss_type]))
     torch.testing.assert_close(logps.grad, torch.tensor(EXPECTED_GRAD[loss_type]))
+
+
+# ------------------------------------------------------------------------------ turns
+# One dataset row, G = 2, aligned joint mode: J = 2 joint actions per node, one agent's
+# sequences. Turn 1: 1 node, 2 sequences of 2 and 4 tokens (6 tokens). Turn 2, full tree:
+# 2 nodes (one per joint action), 4 sequences of 1, 3, 2, 2 tokens (8 tokens); T = 2,
+# f_1 = 1 / 1 = 1, f_2 = 2 / (1 * 2) = 1.
+# Ended: joint action 1 ended its branch, turn 2 holds 1 of 2 nodes, 2 sequences of 1 and 3
+# tokens (4 tokens); f_2 = 1 / (1 * 2) = 1/2.
+FULL = ([2, 4], [1, 3, 2, 2]), [1, 2]
+ENDED = ([2, 4], [1, 3]), [1, 1]
+TURN_EXPECTED = {
+    ("full", "episode", "dapo"): (
+        [1 / 6 / 2] * 2,  # 1 / turn tokens, times f_1 / T = 1/2: 1/12
+        [1 / 8 / 2] * 4,  # 1/16
+    ),
+    ("full", "episode", "grpo"): (
+        [1 / (2 * 2) / 2, 1 / (4 * 2) / 2],  # 1 / (len * S_1), S_1 = 2, times 1/2: 1/8, 1/16
+        [1 / (1 * 4) / 2, 1 / (3 * 4) / 2, 1 / (2 * 4) / 2, 1 / (2 * 4) / 2],  # S_2 = 4: 1/8, 1/24, 1/16, 1/16
+    ),
+    ("full", "sequence", "dapo"): ([1 / 14] * 2, [1 / 14] * 4),  # 6 + 8 tokens pooled
+    ("full", "sequence", "grpo"): (  # 2 + 4 sequences pooled: 1 / (len * 6)
+        [1 / 12, 1 / 24],
+        [1 / 6, 1 / 18, 1 / 12, 1 / 12],
+    ),
+    ("ended", "episode", "dapo"): (
+        [1 / 6 / 2] * 2,  # 1/12
+        [1 / 4 * (1 / 2) / 2] * 2,  # 1 / 4 tokens, times f_2 / T = (1/2) / 2: 1/16
+    ),
+    ("ended", "episode", "grpo"): (
+        [1 / 8, 1 / 16],
+        [1 / (1 * 2) / 4, 1 / (3 * 2) / 4],  # S_2 = 2, times 1/4: 1/8, 1/24
+    ),
+    ("ended", "sequence", "dapo"): ([1 / 10] * 2, [1 / 10] * 2),  # 6 + 4 tokens
+    ("ended", "sequence", "grpo"): ([1 / 8, 1 / 16], [1 / 4, 1 / 12]),  # 2 + 2 sequences: 1 / (len * 4)
+}
+TREES = {"full": FULL, "ended": ENDED}
+
+
+def turn_weights(tree, weighting, loss_type, totals=None):
+    lengths, nodes = TREES[tree]
+    return turn_token_weights(
+        [torch.tensor(x) for x in lengths], nodes, 2, loss_type, MAX_NEW_TOKENS, weighting, totals=totals
+    )
+
+
+@pytest.mark.parametrize("tree,weighting,loss_type", list(TURN_EXPECTED))
+def test_turn_weights_by_hand(tree, weighting, loss_type):
+    got = turn_weights(tree, weighting, loss_type)
+    for turn, expected in zip(got, TURN_EXPECTED[tree, weighting, loss_type], strict=True):
+        torch.testing.assert_close(turn, torch.tensor(expected))
+
+
+@pytest.mark.parametrize("tree,f_2", [("full", 1.0), ("ended", 0.5)])
+@pytest.mark.parametrize("loss_type", ["dapo", "grpo"])
+def test_episode_turn_sums_are_the_played_share_over_the_turns(tree, f_2, loss_type):
+    # sum over a turn's tokens of their weight: f_t / T with T = 2
+    lengths, _ = TREES[tree]
+    got = turn_weights(tree, "episode", loss_type)
+    sums = [(w * torch.tensor(x)).sum().item() for w, x in zip(got, lengths)]
+    assert sums == pytest.approx([1.0 / 2, f_2 / 2], rel=1e-6)
+
+
+@pytest.mark.parametrize("tree", list(TREES))
+@pytest.mark.parametrize("loss_type", list(EXPECTED))
+def test_sequence_weighting_is_the_pooled_token_weights(tree, loss_type):
+    lengths, _ = TREES[tree]
+    pooled = token_weights(torch.tensor([n for turn in lengths for n in turn]), loss_type, MAX_NEW_TOKENS)
+    got = torch.cat(turn_weights(tree, "sequence", loss_type))
+    assert torch.equal(got, pooled)
+
+
+@pytest.mark.parametrize("loss_type", list(EXPECTED))
+def test_episode_loss_is_the_mean_of_played_shares_of_turn_losses(loss_type):
+    # (1/T) sum_t f_t L_t, with L_t the loss_type loss of turn t alone (ended tree: f = 1, 1/2)
+    lengths, _ = ENDED
+    gen = torch.Generator().manual_seed(0)
+    per_turn = []
+    for turn in lengths:
+        mask = torch.arange(4).unsqueeze(0) < torch.tensor(turn).unsqueeze(1)
+        per_turn.append((torch.randn(len(turn), 4, generator=gen), torch.randn(len(turn), generator=gen), mask))
+    weights = turn_weights("ended", "episode", loss_type)
+    pieces = sum(
+        policy_gradient_loss(logps, adv, mask, sequence_weights=w).loss
+        for (logps, adv, mask), w in zip(per_turn, weights)
+    )
+    alone = [policy_gradient_loss(logps, adv, mask, loss_type, MAX_NEW_TOKENS).loss for logps, adv, mask in per_turn]
+    torch.testing.assert_close(pieces, (1.0 * alone[0] + 0.5 * alone[1]) / 2)
+
+
+@pytest.mark.parametrize("weighting", list(TURN_WEIGHTINGS))
+@pytest.mark.parametrize("loss_type", list(EXPECTED))
+def test_one_turn_is_token_weights(weighting, loss_type):
+    lengths = torch.tensor([2, 4, 1, 5])
+    (got,) = turn_token_weights([lengths], [2], 2, loss_type, MAX_NEW_TOKENS, weighting)
+    assert torch.equal(got, token_weights(lengths, loss_type, MAX_NEW_TOKENS))
+
+
+@pytest.mark.parametrize("weighting", list(TURN_WEIGHTINGS))
+@pytest.mark.parametrize("loss_type", list(EXPECTED))
+def test_totals_is_called_once_and_its_sums_are_used(weighting, loss_type):
+    calls = []
+
+    def two_identical_ranks(numbers):
+        calls.append(list(numbers))
+        return [2 * n for n in numbers]
+
+    got = turn_weights("ended", weighting, loss_type, totals=two_identical_ranks)
+    # sequences per turn, tokens per turn, nodes per turn
+    assert calls == [[2.0, 2.0, 6.0, 4.0, 1.0, 1.0]]
+    # twice the sequences and tokens (f_t unchanged): every weight, per global token or
+    # sequence, is halved
+    for turn, alone in zip(got, turn_weights("ended", weighting, loss_type)):
+        torch.testing.assert_close(turn, alone / 2)
+
+
+def test_played_share_counts_every_rank_nodes():
+    # This rank: turn 2 holds 1 of its 2 possible nodes; another rank's full tree adds 1 root,
+    # 2 turn-2 nodes, 2 + 4 sequences of 6 + 8 tokens: f_2 = (1 + 2) / ((1 + 1) * 2) = 3/4.
+    other = [2.0, 4.0, 6.0, 8.0, 1.0, 2.0]
+    got = turn_weights("ended", "episode", "dapo", totals=lambda xs: [a + b for a, b in zip(xs, other)])
+    # turn 1: 1 / 12 tokens / T; turn 2: 1 / 12 tokens * (3/4) / T
+    torch.testing.assert_close(got[0], torch.full((2,), 1 / 12 / 2))
+    torch.testing.assert_close(got[1], torch.full((2,), 1 / 12 * 0.75 / 2))
+
+
+def test_cross_mode_joint_actions_set_the_possible_nodes():
+    # J = 4 (G = 2, N = 2 cross): one root, 2 of 4 possible turn-2 nodes: f_2 = 1/2; dapo
+    lengths = [torch.tensor([3, 3]), torch.tensor([1, 1, 1, 1])]
+    got = turn_token_weights(lengths, [1, 2], 4, "dapo", MAX_NEW_TOKENS)
+    torch.testing.assert_close(got[1], torch.full((4,), 1 / 4 * 0.5 / 2))
+
+
+def test_a_turn_no_node_reached_weighs_nothing_and_keeps_t():
+    # turn 2 was never reached: it contributes nothing, and T stays 2 (turn 1 weighs 1/2)
+    lengths = [torch.tensor([2, 4]), torch.tensor([], dtype=torch.long)]
+    for loss_type in EXPECTED:
+        first, second = turn_token_weights(lengths, [1, 0], 2, loss_type, MAX_NEW_TOKENS)
+        assert second.numel() == 0
+        torch.testing.assert_close(first, token_weights(lengths[0], loss_type, MAX_NEW_TOKENS) / 2)
+
+
+def test_bad_turn_weighting():
+    with pytest.raises(ValueError, match=r"turn_weighting='turn'; expected one of \['episode', 'sequence'\]"):
+        turn_token_weights([torch.tensor([1])], [1], 2, "dapo", MAX_NEW_TOKENS, "turn")
+    with pytest.raises(ValueError, match=r"turn_weighting='turn'; expected one of \['episode', 'sequence'\]"):
+        MAGRPOConfig(turn_weighting="turn")
+    assert MAGRPOConfig().turn_weighting == "episode"

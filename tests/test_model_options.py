@@ -11,8 +11,7 @@ from comlrl.models.forward import completion_logprobs
 from comlrl.models.loading import split_model_config
 from comlrl.trainers.reinforce import MAGRPOTrainer
 
-from .conftest import char_tokenizer, tiny_llama
-from .test_trainer import content_score, make_trainer, small_config
+from .helpers import char_tokenizer, content_score, make_trainer, small_config, tiny_llama
 
 
 @pytest.fixture
@@ -41,7 +40,7 @@ def test_model_config_reaches_from_pretrained(tmp_path, model_folder, model_conf
     )
     assert all(p.dtype == torch.float64 for agent in trainer.agents for p in agent.parameters())
     if "tokenizer_kwargs" in model_config:
-        assert trainer.tokenizers[0].model_max_length == 77
+        assert trainer.agents.tokenizers[0].model_max_length == 77
 
 
 def test_mixed_model_config_is_refused():
@@ -65,8 +64,9 @@ def test_gradient_checkpointing_gives_the_same_gradients(tmp_path):
             rollout = trainer.rollout(trainer.train_prompts, [0, 1]).turns[0].agents[0]
         advantages = torch.linspace(-1, 1, rollout.lengths.numel())
         weights = token_weights(rollout.lengths, "dapo", trainer.args.max_new_tokens)
-        trainer.args = dataclasses.replace(trainer.args, micro_batch_size=None)
-        trainer._backward(0, [rollout], [advantages], [weights], None, None)
+        trainer.update.args = dataclasses.replace(trainer.args, micro_batch_size=None)
+        trainer.learners.zero_grad()
+        trainer.update.agent_backward(0, [rollout], [advantages], [weights], None, None)
         grads.append(torch.cat([p.grad.reshape(-1) for p in trainer.agents[0].parameters()]))
     torch.testing.assert_close(grads[0], grads[1], atol=1e-6, rtol=1e-5)
 
@@ -74,7 +74,7 @@ def test_gradient_checkpointing_gives_the_same_gradients(tmp_path):
 def test_bf16_autocast_trains_with_float32_logprobs_and_weights(tmp_path):
     trainer = make_trainer(tmp_path, reward_func=content_score, args=small_config(tmp_path, mixed_precision="bf16"))
     rollout = trainer.rollout(trainer.train_prompts, [0]).turns[0].agents[0]
-    logps = trainer._logprobs(trainer.agents[0], rollout, slice(None))
+    logps = trainer.update.logprobs(trainer.agents[0], rollout, slice(None))
     plain = completion_logprobs(
         trainer.agents[0], rollout.prompt_ids, rollout.prompt_mask, rollout.completion_ids, rollout.completion_mask, 0.6
     )

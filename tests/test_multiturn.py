@@ -13,34 +13,7 @@ from comlrl.algorithms.returns import tree_advantages
 from comlrl.metrics.rollout import completion_samples
 from comlrl.rollout.tree import tree_size
 
-from .conftest import char_tokenizer, tiny_llama
-from .test_trainer import DATA, length_sum, make_trainer, small_config, snapshot, unchanged
-
-
-def revise(prompt, agent_completions, num_agents, prompt_history_per_agent, response_history_per_agent):
-    """The original library's transition signature: every agent sees the others' last texts."""
-    return [
-        f"{prompt} | others: {' / '.join(agent_completions[:i] + agent_completions[i + 1 :])}"
-        for i in range(num_agents)
-    ]
-
-
-def multi_turn_trainer(
-    tmp_path, num_agents=2, transition=revise, reward=length_sum, formatters=None, trainer_kwargs=None, **overrides
-):
-    tok = char_tokenizer()
-    values = dict(num_turns=2, num_generations=2, max_new_tokens=3)
-    values.update(overrides)
-    return make_trainer(
-        tmp_path,
-        agents=[tiny_llama(tok, seed=i) for i in range(num_agents)],
-        tokenizer=tok,
-        reward_func=reward,
-        formatters=formatters,
-        external_transition=transition,
-        args=small_config(tmp_path, **values),
-        **(trainer_kwargs or {}),
-    )
+from .helpers import DATA, make_trainer, multi_turn_trainer, revise, small_config, snapshot, unchanged
 
 
 # ------------------------------------------------------------------------------ tree shape
@@ -280,9 +253,10 @@ def test_micro_batches_give_the_loss_and_gradient_of_one_pass(tmp_path, loss_typ
     weights = token_weights(lengths, loss_type, 5).split([r.lengths.numel() for r in rollouts])
     results = []
     for size in (None, 1, 4):
-        trainer.args = dataclasses.replace(trainer.args, micro_batch_size=size)
-        out = trainer._backward(0, rollouts, advantages, weights, None, None)
-        results.append((out.loss, torch.cat([p.grad.reshape(-1) for p in trainer.agents[0].parameters()])))
+        trainer.update.args = dataclasses.replace(trainer.args, micro_batch_size=size)
+        trainer.learners.zero_grad()
+        out = trainer.update.agent_backward(0, rollouts, advantages, weights, None, None)
+        results.append((torch.tensor(out["agent0/loss"].value()), torch.cat([p.grad.reshape(-1) for p in trainer.agents[0].parameters()])))
     for loss, grad in results[1:]:
         torch.testing.assert_close(loss, results[0][0], rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(grad, results[0][1], rtol=1e-4, atol=1e-6)

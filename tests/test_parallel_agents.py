@@ -9,8 +9,7 @@ import torch
 import comlrl.trainers.base as base_module
 from comlrl.models.placement import map_agents
 
-from .conftest import char_tokenizer, tiny_llama
-from .test_trainer import make_trainer
+from .helpers import char_tokenizer, make_trainer, tiny_llama
 
 
 @pytest.fixture
@@ -49,7 +48,7 @@ def train_and_collect(tmp_path, monkeypatch, parallel):
     for rows in ([0, 1], [2, 0], [1, 2]):
         tree = trainer.rollout(trainer.train_prompts, rows)
         texts.append([agent.texts for turn in tree.turns for agent in turn.agents])
-        trainer._update(tree, trainer._estimate(tree))
+        trainer.update(tree, trainer.estimate(tree), 1)
     monkeypatch.undo()
     return texts, [p.detach().clone() for agent in trainer.agents for p in agent.parameters()]
 

@@ -7,52 +7,22 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-import comlrl.trainers.base as trainer_module
-from comlrl.trainers.reinforce import MAGRPOConfig, MAGRPOTrainer
+import comlrl.trainers.update as update_module
+from comlrl.trainers.reinforce import MAGRPOTrainer
 
-from .conftest import MIXED, char_tokenizer, tiny_gpt2, tiny_llama
-
-DATA = [{"prompt": "hello there:"}, {"prompt": "a cat"}, {"prompt": "tell me, why?"}]
-
-
-def small_config(tmp_path, **overrides):
-    values = dict(
-        num_train_epochs=1,
-        num_generations=2,
-        max_new_tokens=6,
-        logging_steps=1,
-        agent_learning_rate=1e-3,
-        output_dir=str(tmp_path / "run"),
-    )
-    values.update(overrides)
-    return MAGRPOConfig(**values)
-
-
-def length_sum(*completions):
-    return [float(sum(len(c) for c in joint)) for joint in zip(*completions)]
-
-
-def content_score(*completions):
-    """Depends on every agent's text, so each agent's samples get different credit."""
-    return [float(sum(ord(ch) for c in joint for ch in c) % 13) for joint in zip(*completions)]
-
-
-def make_trainer(tmp_path, agents=None, tokenizer=None, **kwargs):
-    tok = tokenizer or char_tokenizer()
-    if agents is None:
-        agents = [tiny_llama(tok, seed=i) for i in range(2)]
-    kwargs.setdefault("train_dataset", DATA)
-    kwargs.setdefault("reward_func", length_sum)
-    kwargs.setdefault("args", small_config(tmp_path))
-    return MAGRPOTrainer(agents=agents, tokenizer=tok, **kwargs)
-
-
-def snapshot(agents):
-    return [[p.detach().clone() for p in a.parameters()] for a in agents]
-
-
-def unchanged(before, agents):
-    return all(torch.equal(b, p) for bs, a in zip(before, agents) for b, p in zip(bs, a.parameters()))
+from .helpers import (
+    DATA,
+    MIXED,
+    char_tokenizer,
+    content_score,
+    length_sum,
+    make_trainer,
+    small_config,
+    snapshot,
+    tiny_gpt2,
+    tiny_llama,
+    unchanged,
+)
 
 
 @pytest.mark.parametrize("joint_mode", ["aligned", "cross"])
@@ -246,13 +216,13 @@ def test_bad_reward_stops_before_any_update_or_output(tmp_path, reward, error, m
 
 
 def test_non_finite_loss_stops_without_touching_weights(tmp_path, monkeypatch):
-    real = trainer_module.policy_gradient_loss
+    real = update_module.policy_gradient_loss
 
     def nan_loss(*args, **kwargs):
         out = real(*args, **kwargs)
         return out._replace(loss=out.loss * math.nan)
 
-    monkeypatch.setattr(trainer_module, "policy_gradient_loss", nan_loss)
+    monkeypatch.setattr(update_module, "policy_gradient_loss", nan_loss)
     trainer = make_trainer(tmp_path)
     before = snapshot(trainer.agents)
     with pytest.raises(FloatingPointError, match="agent 0 has a non-finite loss"):
@@ -272,7 +242,7 @@ def test_agent_model_loads_independent_copies_and_their_tokenizer(tmp_path):
     assert (
         trainer.agents[0].model.embed_tokens.weight.data_ptr() != trainer.agents[1].model.embed_tokens.weight.data_ptr()
     )
-    assert [len(t) for t in trainer.tokenizers] == [len(tok)] * 3
+    assert [len(t) for t in trainer.agents.tokenizers] == [len(tok)] * 3
 
 
 def test_agents_and_agent_model_together_are_refused(tmp_path):
@@ -282,6 +252,7 @@ def test_agents_and_agent_model_together_are_refused(tmp_path):
 
 def test_rollout_metrics_by_hand():
     from comlrl.metrics.rollout import rollout_metrics
+    from comlrl.metrics.stats import finish
     from comlrl.rollout import AgentRollout
     from comlrl.rollout.tree import RolloutTree, Turn
 
@@ -297,7 +268,7 @@ def test_rollout_metrics_by_hand():
                 rewards.unsqueeze(0), children=torch.full((2, 2), -1))  # fmt: skip
     tree = RolloutTree([turn], torch.arange(2).unsqueeze(1), 2, ["score"], transition_calls=0)
     credits = rewards.permute(2, 0, 1)  # (N, B, G)
-    metrics = rollout_metrics(tree, [rewards], [credits], [[torch.tensor([-1.0, 1.0, 0.0, 0.0])]])
+    metrics = finish(rollout_metrics(tree, [rewards], [credits], [[torch.tensor([-1.0, 1.0, 0.0, 0.0])]]))
     assert metrics["reward/mean"] == 2.0 and metrics["reward/raw_mean"] == pytest.approx(0.2)
     assert metrics["reward/score/mean"] == 2.0 and metrics["reward/score/std"] == pytest.approx(math.sqrt(2 / 3))
     assert metrics["agent0/zero_std_group_frac"] == 0.5 and metrics["agent0/truncated_frac"] == 0.25

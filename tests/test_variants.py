@@ -18,8 +18,7 @@ from comlrl.trainers.reinforce import (
     MARLOOTrainer,
 )
 
-from .conftest import char_tokenizer, tiny_llama
-from .test_trainer import DATA, content_score, make_trainer, small_config, snapshot
+from .helpers import DATA, char_tokenizer, content_score, make_trainer, small_config, snapshot, tiny_llama
 
 VARIANTS = [
     (MAGRPOTrainer, MAGRPOConfig, "mean", True),
@@ -52,7 +51,8 @@ def test_variants_give_different_advantages_and_gradients_on_the_same_rollout(tm
         config = config_class(**{f.name: getattr(trainer.args, f.name) for f in dataclasses.fields(MAGRPOConfig)
                                  if f.name not in ("advantage_mode", "advantage_normalization")})  # fmt: skip
         adv = group_advantages(returns[0], config.advantage_mode, config.advantage_normalization).reshape(-1)
-        trainer._backward(0, [rollout.agents[0]], [adv], [weights], None, None)
+        trainer.learners.zero_grad()
+        trainer.update.agent_backward(0, [rollout.agents[0]], [adv], [weights], None, None)
         advantages.append(adv)
         gradients.append(torch.cat([p.grad.reshape(-1) for p in trainer.agents[0].parameters()]))
     for a in range(len(VARIANTS)):
@@ -68,9 +68,9 @@ def test_several_passes_record_old_logprobs_and_log_clipping(tmp_path):
         args=small_config(tmp_path, num_iterations=3, epsilon=0.01, agent_learning_rate=5e-2),
     )
     metrics = trainer.training_step([0, 1])
-    assert trainer.optimizers[0].state[trainer.agents[0].lm_head.weight]["step"] == 3  # 3 optimizer steps
+    assert trainer.learners.optimizers[0].state[trainer.agents[0].lm_head.weight]["step"] == 3  # 3 optimizer steps
     assert 0 < metrics["agent0/clip_fraction"] <= 1  # a large step with a tiny clip range clips
-    assert "agent0/kl" not in metrics and trainer.reference_agents == [None, None]
+    assert "agent0/kl" not in metrics and trainer.agents.references == [None, None]
 
 
 def test_one_pass_logs_no_clip_fraction(tmp_path):
@@ -80,16 +80,16 @@ def test_one_pass_logs_no_clip_fraction(tmp_path):
 
 def test_kl_reference_is_a_frozen_copy_made_only_when_beta_is_positive(tmp_path):
     trainer = make_trainer(tmp_path, reward_func=content_score, args=small_config(tmp_path, beta=0.5))
-    reference_before = snapshot(trainer.reference_agents)
+    reference_before = snapshot(trainer.agents.references)
     agents_before = snapshot(trainer.agents)
-    assert all(not p.requires_grad for ref in trainer.reference_agents for p in ref.parameters())
-    for ref, agent in zip(trainer.reference_agents, trainer.agents):
+    assert all(not p.requires_grad for ref in trainer.agents.references for p in ref.parameters())
+    for ref, agent in zip(trainer.agents.references, trainer.agents):
         assert ref is not agent
     first = trainer.training_step([0, 1])
     second = trainer.training_step([0, 1])
     assert first["agent0/kl"] == pytest.approx(0.0, abs=1e-6)  # nothing has moved yet
     assert second["agent0/kl"] > 0
-    assert all(torch.equal(b, p) for bs, r in zip(reference_before, trainer.reference_agents)
+    assert all(torch.equal(b, p) for bs, r in zip(reference_before, trainer.agents.references)
                for b, p in zip(bs, r.parameters()))  # fmt: skip
     assert not all(torch.equal(b, p) for b, p in zip(agents_before[0], trainer.agents[0].parameters()))
 
@@ -138,7 +138,7 @@ def test_per_agent_learning_rates_and_a_linear_schedule_with_warmup(tmp_path):
     trainer = make_trainer(tmp_path, reward_func=content_score, args=config)
     seen = []
     for row in [0, 1, 2, 0, 1]:
-        seen.append([opt.param_groups[0]["lr"] for opt in trainer.optimizers])
+        seen.append([opt.param_groups[0]["lr"] for opt in trainer.learners.optimizers])
         trainer.training_step([row])
     factors = [0, 1 / 3, 2 / 3, 1, 2 / 3]
     assert [lr for step in seen for lr in step] == pytest.approx([lr * f for f in factors for lr in (1e-3, 2e-3)])
@@ -149,7 +149,7 @@ def test_other_schedules_end_where_expected(tmp_path, schedule):
     trainer = make_trainer(tmp_path, reward_func=content_score, args=small_config(tmp_path, lr_scheduler_type=schedule))
     trainer.train()  # 3 rows, batch 2: 2 steps
     expected = 1e-3 if schedule == "constant" else 0.0
-    assert trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(expected, abs=1e-12)
+    assert trainer.learners.optimizers[0].param_groups[0]["lr"] == pytest.approx(expected, abs=1e-12)
 
 
 def test_learning_rate_list_of_the_wrong_length(tmp_path):

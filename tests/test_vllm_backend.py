@@ -21,7 +21,7 @@ from comlrl.rollout.generation import generate_group
 from comlrl.rollout.vllm_backend import VLLMBackend, vllm_sampling_kwargs
 from comlrl.trainers.reinforce import MAGRPOConfig, MAGRPOTrainer
 
-from .conftest import LOWER, char_tokenizer, tiny_llama
+from .helpers import LOWER, char_tokenizer, tiny_llama
 
 LAUNCH_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 # char_tokenizer ids: <unk> 0, <eos> 1, <pad> 2, then the characters of LOWER from 3.

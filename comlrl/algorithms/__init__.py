@@ -3,13 +3,22 @@
 from comlrl.algorithms.advantages import BASELINES, group_advantages
 from comlrl.algorithms.joint import JOINT_MODES, joint_action_indices, per_agent_returns
 from comlrl.algorithms.logprobs import selective_log_softmax
-from comlrl.algorithms.losses import LOSS_AGGREGATIONS, PolicyLoss, k3_kl, policy_gradient_loss, token_weights
+from comlrl.algorithms.losses import (
+    LOSS_AGGREGATIONS,
+    TURN_WEIGHTINGS,
+    PolicyLoss,
+    k3_kl,
+    policy_gradient_loss,
+    token_weights,
+    turn_token_weights,
+)
 from comlrl.algorithms.masks import completion_mask
 
 __all__ = [
     "BASELINES",
     "JOINT_MODES",
     "LOSS_AGGREGATIONS",
+    "TURN_WEIGHTINGS",
     "PolicyLoss",
     "completion_mask",
     "group_advantages",
@@ -19,4 +28,5 @@ __all__ = [
     "policy_gradient_loss",
     "selective_log_softmax",
     "token_weights",
+    "turn_token_weights",
 ]

@@ -40,18 +40,21 @@ BASELINES = {
 }
 
 
-def group_advantages(returns: Tensor, mode: str = "mean", normalize: bool = True, eps: float = 1e-6) -> Tensor:
+def group_advantages(returns: Tensor, mode: str = "mean", normalize: bool = True, std_floor: float = 1e-2) -> Tensor:
     """Advantages of each sample relative to its group.
 
     Args:
         returns: ``(num_groups, G)``; row g holds the returns of the G samples that share a
             history (same prompt, same agent).
         mode: which baseline to subtract, a key of ``BASELINES``.
-        normalize: divide by the group's standard deviation (unbiased, as ``torch.std``) plus
-            ``eps``. This only rescales: it never re-centres, because re-centring after a
-            baseline would turn every mode into ``mean``.
-        eps: added to the std; a group whose returns are all equal is left unscaled (its
-            advantages are then exactly 0 for ``mean``/``rloo``/``max``).
+        normalize: divide by ``max(std, std_floor)``, the group's standard deviation
+            (unbiased, as ``torch.std``) floored. This only rescales: it never re-centres,
+            because re-centring after a baseline would turn every mode into ``mean``.
+        std_floor: the smallest std a group is divided by, in the unit of the returns: it
+            bounds the scale-up at ``1 / std_floor``, so a near-constant group (std 5e-4 for
+            returns [1, 1, 1, 1.001]) cannot blow an update up; 0 turns the floor off. A group
+            whose returns are all equal is left unscaled (its advantages are then exactly 0
+            for ``mean``/``rloo``/``max``, its returns for ``raw``).
 
     Returns:
         ``(num_groups, G)`` advantages.
@@ -67,12 +70,12 @@ def group_advantages(returns: Tensor, mode: str = "mean", normalize: bool = True
         )
     # Shifting by the group's first return changes neither the std nor the advantages of a
     # baseline that moves with the returns (all but "raw"), and keeps a constant group at
-    # exactly 0: otherwise the float rounding of its mean, divided by std + eps, reaches ~1.
+    # exactly 0: otherwise the float rounding of its mean, divided by the std, reaches ~1.
     shifted = returns - returns[:, :1]
     advantages = returns if mode == "raw" else shifted - BASELINES[mode](shifted)
     if normalize:
         std = shifted.std(dim=-1, keepdim=True)
-        # A group whose returns are all equal has no spread to normalise by; dividing by eps
-        # alone would blow its raw-mode advantages up by 1/eps, so it stays unscaled.
-        advantages = advantages / torch.where(std > 0, std + eps, torch.ones_like(std))
+        # The floor alone would still multiply a constant group's raw-mode returns by
+        # 1 / std_floor; with no spread at all there is nothing to normalise, so it stays unscaled.
+        advantages = advantages / torch.where(std > 0, std.clamp(min=std_floor), torch.ones_like(std))
     return advantages

@@ -4,61 +4,20 @@ per-agent advantage whitening. Tensors in, tensors out.
 Turn t of a step holds M_t nodes; a node's critic value V estimates the return of the joint
 actions played there. Where a joint action started a child node (the next turn of its
 branch), GAE bootstraps from that child; each node has J joint actions, so the child's
-"next step" is the mean over its joint actions, as in :func:`comlrl.algorithms.returns.tree_returns`.
+"next step" is the mean over its joint actions. The lambda-returns live with the Monte-Carlo
+returns in :mod:`comlrl.algorithms.returns` (one backward loop for both) and are re-exported here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
 
+from comlrl.algorithms.returns import tree_lambda_returns
 
-def tree_lambda_returns(
-    rewards: Sequence[Tensor], children: Sequence[Tensor], values: Sequence[Tensor], gamma: float, lam: float
-) -> list[Tensor]:
-    """GAE's lambda-return of every joint action, computed from the last turn back.
-
-    ``G = r + gamma * ((1 - lam) * V(child) + lam * mean_j'(G of the child's j'))`` where the
-    joint action started a child node, ``G = r`` where its branch stopped. ``G - V(node)`` is
-    then exactly GAE's advantage, ``delta + gamma * lam * mean_j'(advantage of the child's j')``
-    with ``delta = r + gamma * V(child) - V(node)``; ``lam = 1`` gives the Monte-Carlo return,
-    ``lam = 0`` the one-step TD target.
-
-    Args:
-        rewards: per turn, ``(M_t, J, N)`` reward of each joint action, per agent.
-        children: per turn, ``(M_t, J)`` index of the node at turn t+1 that the joint action
-            started, -1 for none.
-        values: per turn, ``(M_t, N)`` the critic's value of each node, per agent.
-        gamma: discount of the next turn, in [0, 1].
-        lam: GAE's lambda, in [0, 1].
-
-    Returns:
-        Per turn, ``(M_t, J, N)`` lambda-returns (the value targets).
-    """
-    if not (len(rewards) == len(children) == len(values)):
-        raise ValueError(f"{len(rewards)} turns of rewards, {len(children)} of children, {len(values)} of values")
-    returns: list[Tensor] = [None] * len(rewards)  # type: ignore[list-item]
-    next_value = next_return = None  # (M_{t+1}, N)
-    for t in reversed(range(len(rewards))):
-        reward, child, value = rewards[t], children[t], values[t]
-        if child.shape != reward.shape[:2] or value.shape != (reward.shape[0], reward.shape[2]):
-            raise ValueError(
-                f"turn {t + 1}: rewards {tuple(reward.shape)}, children {tuple(child.shape)} and values "
-                f"{tuple(value.shape)} do not fit (M, J, N), (M, J), (M, N)"
-            )
-        turn_return = reward.clone()
-        has_child = child >= 0
-        if has_child.any():
-            if next_value is None:
-                raise ValueError(f"turn {t + 1} has children but it is the last turn")
-            nodes = child[has_child]
-            bootstrap = (1 - lam) * next_value[nodes] + lam * next_return[nodes]
-            turn_return[has_child] += gamma * bootstrap
-        returns[t] = turn_return
-        next_value, next_return = value, turn_return.mean(dim=1)
-    return returns
+__all__ = ["clipped_value_loss", "explained_variance", "tree_lambda_returns", "whiten"]
 
 
 def whiten(values: Tensor, eps: float = 1e-8, reduce: Callable[[list[float]], list[float]] | None = None) -> Tensor:

@@ -4,11 +4,13 @@ over tokens.
 Every aggregation takes the completion lengths ``(S,)``, ``max_new_tokens`` and the batch's
 totals (sequences and tokens, which may span several processes) and gives the weight of each
 sequence's tokens, so ``loss_type`` is chosen through one table and the loss of a batch can
-be computed in pieces.
+be computed in pieces. Over the turns of a multi-turn rollout, a turn weighting (one table
+too) decides which of those totals each turn is normalised by and how much the turn weighs.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import torch
@@ -69,6 +71,104 @@ def token_weights(
     num_sequences = lengths.numel() if num_sequences is None else num_sequences
     num_tokens = lengths.sum().item() if num_tokens is None else num_tokens
     return LOSS_AGGREGATIONS[loss_type](lengths.double(), max_new_tokens, num_sequences, num_tokens).float()
+
+
+class TurnTotals(NamedTuple):
+    """Per turn, counts over every data-parallel process of one agent's sequences of a step."""
+
+    sequences: list[float]
+    tokens: list[float]
+    nodes: list[float]
+
+
+class TurnNormalizer(NamedTuple):
+    """How one turn's sequences are weighed: :func:`token_weights` with these batch totals,
+    times ``scale``."""
+
+    scale: float
+    num_sequences: float
+    num_tokens: float
+
+
+def episode_weighting(totals: TurnTotals, joint_actions: int) -> list[TurnNormalizer]:
+    """``(1 / T) * sum_t f_t * L_t``: each turn is normalised over its own sequences, as the
+    policy gradient of an episode sums one mean over the samples of each turn, and weighs
+    ``f_t = nodes_t / (nodes_1 * J**(t-1))``, the share of its possible nodes that were played.
+    A branch that ended early contributes nothing; it does not re-weight the survivors."""
+    num_turns = len(totals.nodes)
+    roots = totals.nodes[0] if num_turns else 0.0
+    normalizers = []
+    for t in range(num_turns):
+        possible = roots * joint_actions**t
+        played = totals.nodes[t] / possible if possible else 0.0
+        normalizers.append(TurnNormalizer(played / num_turns, totals.sequences[t], totals.tokens[t]))
+    return normalizers
+
+
+def sequence_weighting(totals: TurnTotals, joint_actions: int) -> list[TurnNormalizer]:
+    """All turns' sequences pooled and normalised together (the single-batch loss): a turn
+    weighs as many sequences (or tokens) as it holds, so a later turn, up to J times wider
+    (a node per joint action), outweighs the decisions that led to it."""
+    pooled = TurnNormalizer(1.0, sum(totals.sequences), sum(totals.tokens))
+    return [pooled] * len(totals.nodes)
+
+
+TURN_WEIGHTINGS: dict[str, Callable[[TurnTotals, int], list[TurnNormalizer]]] = {
+    "episode": episode_weighting,
+    "sequence": sequence_weighting,
+}
+
+
+def turn_token_weights(
+    lengths: Sequence[Tensor],
+    nodes: Sequence[int],
+    joint_actions: int,
+    loss_type: str,
+    max_new_tokens: int,
+    turn_weighting: str = "episode",
+    totals: Callable[[list[float]], list[float]] | None = None,
+) -> list[Tensor]:
+    """Per turn, ``(S_t,)`` token weight of each of one agent's sequences of a multi-turn step
+    (what :func:`token_weights` gives for one batch), so that the agent's loss is the
+    weighted sum of its per-token losses over every turn.
+
+    With ``episode`` weighting the turn-t weights sum, over the turn's tokens, to ``f_t / T``
+    for ``grpo`` and ``dapo`` (``dr_grpo``: times the mean length over ``max_new_tokens``).
+    With a single turn both weightings give exactly :func:`token_weights`.
+
+    Args:
+        lengths: per turn, ``(S_t,)`` completion tokens counted by the loss in each of this
+            process's sequences of the agent at that turn. ``T = len(lengths)``: pass every
+            turn of the tree (one that no node reached as an empty tensor and 0 nodes), so the
+            weighting does not depend on how many branches ended (and every process gives
+            ``totals`` a list of the same length).
+        nodes: per turn, this process's nodes of the tree at that turn.
+        joint_actions: J, the joint actions of a node (``G`` aligned, ``G**N`` cross).
+        loss_type: key of ``LOSS_AGGREGATIONS``.
+        max_new_tokens: the constant of ``dr_grpo``.
+        turn_weighting: key of ``TURN_WEIGHTINGS``.
+        totals: sums a list of numbers over the processes of a data-parallel run; called
+            once, with every turn's sequences, tokens and nodes. ``None``: this process only.
+    """
+    if turn_weighting not in TURN_WEIGHTINGS:
+        raise ValueError(f"turn_weighting={turn_weighting!r}; expected one of {sorted(TURN_WEIGHTINGS)}")
+    if len(lengths) != len(nodes):
+        raise ValueError(f"{len(lengths)} turns of lengths but {len(nodes)} turns of nodes")
+    num_turns = len(lengths)
+    local = [float(x.numel()) for x in lengths] + [float(x.sum().item()) for x in lengths] + [float(n) for n in nodes]
+    summed = list(totals(local)) if totals is not None else local
+    if len(summed) != len(local):
+        raise ValueError(f"totals gave {len(summed)} numbers for {len(local)}")
+    counts = TurnTotals(*(summed[i * num_turns : (i + 1) * num_turns] for i in range(3)))
+    weights = []
+    for turn_lengths, normalizer in zip(lengths, TURN_WEIGHTINGS[turn_weighting](counts, joint_actions)):
+        if not normalizer.num_sequences:
+            # No process has a sequence at this turn: nothing to weigh (dr_grpo would divide by 0).
+            weights.append(torch.zeros_like(turn_lengths, dtype=torch.float32))
+            continue
+        turn = token_weights(turn_lengths, loss_type, max_new_tokens, normalizer.num_sequences, normalizer.num_tokens)
+        weights.append(turn * normalizer.scale)
+    return weights
 
 
 class PolicyLoss(NamedTuple):

@@ -2,7 +2,8 @@
 
 Turn t of a step holds M_t nodes; each node has J joint actions with a reward each, and a
 joint action may have one child node at turn t+1 (the branch it started). The return of a
-joint action is its reward plus the discounted mean return of its child's joint actions.
+joint action is its reward plus the discounted mean return of its child's joint actions;
+GAE's lambda-return mixes that mean with the critic's value of the child.
 """
 
 from __future__ import annotations
@@ -16,38 +17,72 @@ from comlrl.algorithms.advantages import group_advantages
 from comlrl.algorithms.joint import per_agent_returns
 
 
+def tree_lambda_returns(
+    rewards: Sequence[Tensor], children: Sequence[Tensor], values: Sequence[Tensor], gamma: float, lam: float
+) -> list[Tensor]:
+    """GAE's lambda-return of every joint action, computed from the last turn back.
+
+    ``G = r + gamma * ((1 - lam) * V(child) + lam * mean_j'(G of the child's j'))`` where the
+    joint action started a child node, ``G = r`` where its branch stopped. ``G - V(node)`` is
+    then exactly GAE's advantage, ``delta + gamma * lam * mean_j'(advantage of the child's j')``
+    with ``delta = r + gamma * V(child) - V(node)``; ``lam = 1`` gives the Monte-Carlo return
+    (:func:`tree_returns`), ``lam = 0`` the one-step TD target.
+
+    Args:
+        rewards: per turn, ``(M_t, J, N)`` reward of each joint action, per agent.
+        children: per turn, ``(M_t, J)`` long index of the node at turn t+1 that the joint
+            action started, -1 for none (last turn, early termination, or the environment
+            ended the branch).
+        values: per turn, ``(M_t, N)`` the critic's value of each node, per agent; with
+            ``lam = 1`` they are multiplied by 0 and only their shape matters.
+        gamma: discount of the next turn, in [0, 1].
+        lam: GAE's lambda, in [0, 1].
+
+    Returns:
+        Per turn, ``(M_t, J, N)`` lambda-returns (the value targets).
+    """
+    if not (len(rewards) == len(children) == len(values)):
+        raise ValueError(f"{len(rewards)} turns of rewards, {len(children)} of children, {len(values)} of values")
+    returns: list[Tensor] = [None] * len(rewards)  # type: ignore[list-item]
+    next_value = next_return = None  # (M_{t+1}, N)
+    for t in reversed(range(len(rewards))):
+        reward, child, value = rewards[t], children[t], values[t]
+        if reward.dim() != 3 or child.shape != reward.shape[:2] or value.shape != (reward.shape[0], reward.shape[2]):
+            raise ValueError(
+                f"turn {t + 1}: rewards {tuple(reward.shape)}, children {tuple(child.shape)} and values "
+                f"{tuple(value.shape)} do not fit (M, J, N), (M, J), (M, N)"
+            )
+        turn_return = reward.clone()
+        has_child = child >= 0
+        if has_child.any():
+            if next_value is None:
+                raise ValueError(f"turn {t + 1} has children but it is the last turn")
+            nodes = child[has_child]
+            bootstrap = (1 - lam) * next_value[nodes] + lam * next_return[nodes]
+            turn_return[has_child] += gamma * bootstrap
+        returns[t] = turn_return
+        next_value, next_return = value, turn_return.mean(dim=1)
+    return returns
+
+
 def tree_returns(rewards: Sequence[Tensor], children: Sequence[Tensor], discount: float) -> list[Tensor]:
-    """Return of every joint action of every turn, computed from the last turn back.
+    """Monte-Carlo return of every joint action of every turn: :func:`tree_lambda_returns`
+    with ``lam = 1``, so no critic value enters (zeros stand in for them).
 
     Args:
         rewards: one ``(M_t, J, N)`` tensor per turn: the reward of joint action j of node m
             for each of the N agents.
         children: one ``(M_t, J)`` long tensor per turn: the index of the node at turn t+1
-            that joint action j of node m started, or -1 when the branch stopped there (last
-            turn, early termination, or the environment ended it).
+            that joint action j of node m started, or -1 when the branch stopped there.
         discount: weight of the next turn's return, in [0, 1].
 
     Returns:
         One ``(M_t, J, N)`` tensor per turn: ``R = r + discount * mean_j'(R of the child's j')``
         where there is a child, ``R = r`` where there is none.
     """
-    if len(rewards) != len(children):
-        raise ValueError(f"{len(rewards)} turns of rewards but {len(children)} turns of children")
-    returns: list[Tensor] = [None] * len(rewards)  # type: ignore[list-item]
-    next_value = None  # (M_{t+1}, N): mean return over each child node's joint actions
-    for t in reversed(range(len(rewards))):
-        reward, child = rewards[t], children[t]
-        if child.shape != reward.shape[:2]:
-            raise ValueError(f"turn {t + 1}: children {tuple(child.shape)} do not match rewards {tuple(reward.shape)}")
-        turn_return = reward.clone()
-        has_child = child >= 0
-        if has_child.any():
-            if next_value is None:
-                raise ValueError(f"turn {t + 1} has children but it is the last turn")
-            turn_return[has_child] += discount * next_value[child[has_child]]
-        returns[t] = turn_return
-        next_value = turn_return.mean(dim=1)
-    return returns
+    # (1 - 1) * 0 + 1 * R is R exactly, so these returns are bit-identical to a loop of their own.
+    no_values = [reward.new_zeros(reward.shape[0], reward.shape[-1]) for reward in rewards]
+    return tree_lambda_returns(rewards, children, no_values, discount, 1.0)
 
 
 class TreeAdvantages(NamedTuple):
@@ -71,13 +106,16 @@ def tree_advantages(
     discount: float,
     mode: str,
     normalize: bool,
+    std_floor: float = 1e-2,
 ) -> TreeAdvantages:
     """From the rewards of a rollout tree to each agent's group-relative advantages: returns
     over the tree (:func:`tree_returns`), credit per agent sample (:func:`per_agent_returns`),
-    then a baseline per node and agent (:func:`group_advantages`)."""
+    then a baseline per node and agent (:func:`group_advantages`, whose ``std_floor``, in the
+    reward's unit, bounds the scale-up of a near-constant group at ``1 / std_floor``)."""
     returns = tree_returns(rewards, children, discount)
     credits = [per_agent_returns(r, joint_indices, num_generations) for r in returns]
     advantages = [
-        [group_advantages(c[i], mode, normalize).reshape(-1) for c in credits] for i in range(joint_indices.shape[1])
+        [group_advantages(c[i], mode, normalize, std_floor).reshape(-1) for c in credits]
+        for i in range(joint_indices.shape[1])
     ]
     return TreeAdvantages(returns, credits, advantages)

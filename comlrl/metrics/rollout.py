@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import torch
 
+from comlrl.metrics import stats
+from comlrl.metrics.stats import Stat
 from comlrl.rollout.prompts import PromptTable
 from comlrl.rollout.tree import RolloutTree
 
-
-def _std(values: torch.Tensor) -> float:
-    return values.std().item() if values.numel() > 1 else 0.0
+_AGENT_KEY = re.compile(r"^agent(\d+)/")
 
 
 def rollout_metrics(
@@ -19,10 +20,10 @@ def rollout_metrics(
     returns: list[torch.Tensor],
     credits: list[torch.Tensor],
     advantages: list[list[torch.Tensor]],
-) -> dict[str, float]:
+) -> dict[str, Stat]:
     """What one step's samples look like: rewards (joint, per function, per agent, per turn),
     advantages, completion lengths, truncation and groups that carry no signal (all returns
-    equal), over every turn of the tree.
+    equal), over every turn of the tree; as :class:`Stat` sums that add up over ranks.
 
     Args:
         tree: the step's rollout.
@@ -34,31 +35,33 @@ def rollout_metrics(
     rewards = torch.cat([t.rewards.reshape(-1, t.rewards.shape[-1]) for t in turns])  # (joint actions, N)
     per_function = torch.cat([t.per_function_rewards.flatten(1, 2) for t in turns], dim=1)  # (F, joint actions, N)
     metrics = {
-        "reward/mean": rewards.mean().item(),
-        "reward/std": _std(rewards),
-        "reward/raw_mean": torch.cat([t.raw_rewards.reshape(-1) for t in turns]).mean().item(),
-        "rollout/generate_calls": float(tree.generate_calls),
-        "rollout/transition_calls": float(tree.transition_calls),
+        "reward/mean": stats.mean_of(rewards),
+        "reward/std": stats.std_of(rewards),
+        "reward/raw_mean": stats.mean_of(torch.cat([t.raw_rewards.reshape(-1) for t in turns])),
+        # every rank makes the same calls
+        "rollout/generate_calls": stats.same(tree.generate_calls),
+        "rollout/transition_calls": stats.total(tree.transition_calls),
     }
     for name, values in zip(tree.reward_names, per_function):
-        metrics[f"reward/{name}/mean"] = values.mean().item()
-        metrics[f"reward/{name}/std"] = _std(values)
+        metrics[f"reward/{name}/mean"] = stats.mean_of(values)
+        metrics[f"reward/{name}/std"] = stats.std_of(values)
     for turn, turn_returns in zip(turns, returns):
-        metrics[f"turn{turn.number}/reward_mean"] = turn.rewards.mean().item()
-        metrics[f"turn{turn.number}/return_mean"] = turn_returns.mean().item()
-        metrics[f"turn{turn.number}/nodes"] = float(turn.num_nodes)
+        metrics[f"turn{turn.number}/reward_mean"] = stats.mean_of(turn.rewards)
+        metrics[f"turn{turn.number}/return_mean"] = stats.mean_of(turn_returns)
+        metrics[f"turn{turn.number}/nodes"] = stats.total(turn.num_nodes)
     for i in range(rewards.shape[1]):
         lengths = torch.cat([t.agents[i].lengths for t in turns]).float()
         agent_advantages = torch.cat(advantages[i])
-        metrics[f"agent{i}/reward_mean"] = rewards[:, i].mean().item()
-        metrics[f"agent{i}/advantage_mean"] = agent_advantages.mean().item()
-        metrics[f"agent{i}/advantage_std"] = _std(agent_advantages)
-        group_std = torch.cat([c[i].std(dim=1) for c in credits]) if credits[0].shape[-1] > 1 else None
-        metrics[f"agent{i}/zero_std_group_frac"] = 1.0 if group_std is None else (group_std == 0).float().mean().item()
-        metrics[f"agent{i}/completion_length"] = lengths.mean().item()
-        metrics[f"agent{i}/completion_length_min"] = lengths.min().item()
-        metrics[f"agent{i}/completion_length_max"] = lengths.max().item()
-        metrics[f"agent{i}/truncated_frac"] = torch.cat([t.agents[i].truncated for t in turns]).float().mean().item()
+        metrics[f"agent{i}/reward_mean"] = stats.mean_of(rewards[:, i])
+        metrics[f"agent{i}/advantage_mean"] = stats.mean_of(agent_advantages)
+        metrics[f"agent{i}/advantage_std"] = stats.std_of(agent_advantages)
+        groups = torch.cat([c[i] for c in credits])  # (groups, G)
+        flat = (groups.std(dim=1) == 0) if groups.shape[-1] > 1 else torch.ones(groups.shape[0], dtype=torch.bool)
+        metrics[f"agent{i}/zero_std_group_frac"] = stats.mean_of(flat.float())
+        metrics[f"agent{i}/completion_length"] = stats.mean_of(lengths)
+        metrics[f"agent{i}/completion_length_min"] = stats.minimum(lengths)
+        metrics[f"agent{i}/completion_length_max"] = stats.maximum(lengths)
+        metrics[f"agent{i}/truncated_frac"] = stats.mean_of(torch.cat([t.agents[i].truncated for t in turns]).float())
     return metrics
 
 
@@ -86,6 +89,22 @@ def completion_samples(
 
 
 def format_metrics(step: int, metrics: dict[str, float]) -> str:
-    """A compact one-line view of the logged metrics for the console."""
-    shown = ", ".join(f"{key}={value:.4g}" for key, value in metrics.items() if not key.startswith("time/"))
-    return f"step {step}: {shown}"
+    """The console's line for a logging step: the step, the reward, each agent's loss and
+    completion length, seconds per step; for an evaluation, its ``eval/`` metrics. The full
+    set is in ``metrics.jsonl``."""
+    if any(key.startswith("eval/") for key in metrics):
+        shown = [f"{key} {value:.4g}" for key, value in metrics.items() if key.startswith("eval/")]
+        return " | ".join([f"step {step}"] + shown)
+    shown = [f"step {step}"]
+    if "reward/mean" in metrics:
+        shown.append(f"reward {metrics['reward/mean']:.4g}")
+    agents = sorted({int(match.group(1)) for key in metrics if (match := _AGENT_KEY.match(key))})
+    for i in agents:
+        loss, length = metrics.get(f"agent{i}/loss"), metrics.get(f"agent{i}/completion_length")
+        described = ([f"loss {loss:.3g}"] if loss is not None else []) + (
+            [f"length {length:.1f}"] if length is not None else []
+        )
+        shown.append(f"agent{i} " + " ".join(described))
+    if "time/step_s" in metrics:
+        shown.append(f"{metrics['time/step_s']:.1f} s/step")
+    return " | ".join(shown)

@@ -41,7 +41,7 @@ _INSTALL = "pip install 'comlrl[vllm]'"
 
 def vllm_sampling_kwargs(sampling: dict[str, Any], num_generations: int, eos_ids: Sequence[int]) -> dict[str, Any]:
     """vLLM ``SamplingParams`` keyword arguments equivalent to Hugging Face ``generate``'s
-    ``sampling`` (a trainer's ``sampling_kwargs()``), for ``num_generations`` samples.
+    ``sampling`` (a trainer's ``SamplingSpec.generate_kwargs()``), for ``num_generations`` samples.
 
     Greedy decoding asks for one completion (vLLM refuses ``n > 1`` without sampling; the G
     greedy completions are identical anyway). Completions stop at exactly ``eos_ids``

@@ -9,9 +9,10 @@ import numbers
 from dataclasses import dataclass, field
 from typing import Any
 
-from comlrl.algorithms import JOINT_MODES, LOSS_AGGREGATIONS
+from comlrl.algorithms import JOINT_MODES, LOSS_AGGREGATIONS, TURN_WEIGHTINGS
 from comlrl.optim import LR_SCHEDULES
 from comlrl.rollout.backends import BACKENDS
+from comlrl.rollout.sampling import check_generation_kwargs
 
 
 def is_real(value: Any) -> bool:
@@ -86,7 +87,9 @@ class TrainerConfig:
     top_k: int | None = 50
     """Sample among the k most likely tokens; ``None`` or 0 turns it off."""
     generation_kwargs: dict[str, Any] = field(default_factory=dict)
-    """Extra keyword arguments forwarded to ``generate`` (e.g. ``{"min_new_tokens": 64}``)."""
+    """Further ``generate`` keyword arguments the fields above do not cover (e.g.
+    ``{"min_new_tokens": 64}``); a key that shadows a field (``temperature``, ``top_p``,
+    ``top_k``, ``max_new_tokens``, ``do_sample``, ...) is refused: set the field."""
     generation_backend: str = "hf"
     """What samples completions: ``hf`` (the training model's own ``generate``) or ``vllm``
     (a vLLM engine per agent on its GPU, weights copied in after every update; needs
@@ -127,6 +130,10 @@ class TrainerConfig:
     """Token normalisation of the loss: ``dapo`` (mean over all tokens of the batch, the
     default: no length bias), ``grpo`` (per-sequence mean, then mean), ``dr_grpo`` (sum over
     ``num_sequences * max_new_tokens``)."""
+    turn_weighting: str = "episode"
+    """How a multi-turn loss weighs its turns: ``episode`` (each turn normalised over its own
+    sequences, scaled by the share of its possible nodes played, averaged over turns, as an
+    episode's policy gradient) or ``sequence`` (all turns' sequences pooled: wider turns weigh more)."""
 
     agent_devices: str | list[str] | None = None
     """Where each agent (and its reference model) lives: ``None`` leaves them where they are
@@ -137,6 +144,11 @@ class TrainerConfig:
     mixed_precision: str | None = None
     """``"bf16"``: run generation and the forward passes under bf16 autocast (on GPUs with
     bf16; weights, gradients and optimizer state keep their dtype); ``None``: full precision."""
+    disable_dropout: bool = True
+    """Turn every dropout of the agents (and critics) off when the trainer is built, as TRL
+    does: sampling and the frozen log-probs run in eval mode, the loss's forward in train
+    mode, and with dropout on they would be different functions (the first pass's ratio
+    would not be 1, the KL to an unchanged reference not 0). False keeps dropout in the loss."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass instead of keeping them: less memory for
     about a third more update time."""
@@ -189,7 +201,9 @@ class TrainerConfig:
         for name in ("micro_batch_size", "eval_num_samples", "save_steps", "save_total_limit"):
             check_int(self, name, allow_none=True)
         check_int(self, "eval_interval", minimum=0, note=" (0: only after training)")
-        check_bool(self, "shuffle", "external_prompt_passthrough", "eval_do_sample", "log_tensorboard")
+        check_bool(
+            self, "shuffle", "external_prompt_passthrough", "eval_do_sample", "log_tensorboard", "disable_dropout"
+        )
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise ValueError(f"seed must be an integer, got {self.seed!r}")
         rates = self.agent_learning_rate
@@ -231,9 +245,7 @@ class TrainerConfig:
             raise ValueError(f"top_k must be an integer >= 0 or None, got {self.top_k!r}")
         if not isinstance(self.generation_kwargs, dict):
             raise ValueError(f"generation_kwargs must be a dict, got {type(self.generation_kwargs).__name__}")
-        reserved = {"input_ids", "attention_mask", "do_sample", "num_return_sequences"} & set(self.generation_kwargs)
-        if reserved:
-            raise ValueError(f"generation_kwargs may not set {sorted(reserved)}: the trainer controls them")
+        check_generation_kwargs(self.generation_kwargs, type(self).__name__)
         if self.mixed_precision not in (None, "bf16"):
             raise ValueError(
                 f"mixed_precision={self.mixed_precision!r}; expected None or 'bf16' (fp16 would need loss scaling)"
@@ -254,35 +266,6 @@ class TrainerConfig:
         if not (is_real(self.vllm_gpu_memory_utilization) and 0 < self.vllm_gpu_memory_utilization < 1):
             raise ValueError(f"vllm_gpu_memory_utilization must be in (0, 1), got {self.vllm_gpu_memory_utilization!r}")
         check_choice(self, "loss_type", LOSS_AGGREGATIONS)
+        check_choice(self, "turn_weighting", TURN_WEIGHTINGS)
         if not isinstance(self.output_dir, str) or not self.output_dir:
             raise ValueError(f"output_dir must be a non-empty path string, got {self.output_dir!r}")
-
-    @property
-    def discount(self) -> float:
-        """Weight of the next turn in a joint action's return (logged and evaluated returns)."""
-        raise NotImplementedError
-
-    @property
-    def updates_per_step(self) -> int:
-        """Optimizer steps each agent takes per training step."""
-        raise NotImplementedError
-
-    def sampling_kwargs(self) -> dict[str, Any]:
-        """The keyword arguments for ``generate`` this config implies."""
-        kwargs = {
-            "do_sample": True,
-            "temperature": self.temperature,
-            "top_p": self.top_p,
-            "top_k": self.top_k or 0,
-            "max_new_tokens": self.max_new_tokens,
-        }
-        kwargs.update(self.generation_kwargs)
-        return kwargs
-
-    def eval_sampling_kwargs(self) -> dict[str, Any]:
-        """The keyword arguments for ``generate`` during evaluation."""
-        if self.eval_do_sample:
-            return self.sampling_kwargs()
-        kwargs = {"do_sample": False, "max_new_tokens": self.max_new_tokens}
-        kwargs.update(self.generation_kwargs)
-        return kwargs

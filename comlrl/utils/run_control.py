@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 import signal
 import threading
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -42,6 +43,16 @@ class StopOnSignal:
 
     def __exit__(self, *exc_info: Any) -> None:
         self._restore()
+
+
+def cuda_devices(devices: Iterable[torch.device]) -> list[int]:
+    """The CUDA device indices among ``devices`` (``cuda`` alone is the current device), each
+    once: those whose generators ``torch.random.fork_rng`` must fork."""
+    indices = set()
+    for device in map(torch.device, devices):
+        if device.type == "cuda":
+            indices.add(device.index if device.index is not None else torch.cuda.current_device())
+    return sorted(indices)
 
 
 def generator_states() -> tuple[dict[str, Any], dict[str, torch.Tensor]]:

@@ -65,15 +65,6 @@ class ActorCriticConfig(TrainerConfig):
                 f"{self.num_generations}; raise one or set advantage_normalization=False"
             )
 
-    @property
-    def discount(self) -> float:
-        """``gamma``: the discount of the returns logged and evaluated."""
-        return self.gamma
-
-    @property
-    def updates_per_step(self) -> int:
-        return self.ppo_epochs
-
 
 @dataclass
 class IACConfig(ActorCriticConfig):

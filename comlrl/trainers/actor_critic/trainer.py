@@ -15,50 +15,31 @@ One training step:
 from __future__ import annotations
 
 import functools
-import math
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import Tensor
 
 from comlrl.algorithms import per_agent_returns
-from comlrl.algorithms.critic import clipped_value_loss, explained_variance, tree_lambda_returns, whiten
+from comlrl.algorithms.critic import tree_lambda_returns, whiten
 from comlrl.algorithms.returns import tree_returns
 from comlrl.checkpoint import load_weights
 from comlrl.models.loading import check_agents, enable_activation_checkpointing, load_agents, resolve_tokenizers
+from comlrl.models.modes import disable_dropout
 from comlrl.models.value import Critic, EncodedInputs, ValueHead, hidden_size
 from comlrl.rollout.tree import RolloutTree, Turn
 from comlrl.trainers.actor_critic.config import ActorCriticConfig, IACConfig, MAACConfig
+from comlrl.trainers.actor_critic.critics import (
+    CentralizedCritic,
+    CriticEstimate,
+    CriticLayout,
+    CriticLoss,
+    IndependentCritics,
+    frozen_values,
+    joint_critic_text,
+)
 from comlrl.trainers.base import MultiAgentTrainer
-
-
-@dataclass
-class CriticEstimate:
-    """Advantages of a step's rollout tree and what its critics learn from."""
-
-    returns: list[Tensor]
-    """Per turn, ``(M_t, J, N)`` discounted return of each joint action (logged)."""
-    credits: list[Tensor]
-    """Per turn, ``(N, M_t, G)`` lambda-return credited to each agent's sample."""
-    advantages: list[list[Tensor]]
-    """``[agent][turn]`` ``(M_t * G,)`` advantage of each sample."""
-    inputs: list[list[EncodedInputs]]
-    """``[critic][turn]`` the critic's tokenized inputs."""
-    old_values: list[list[Tensor]]
-    """``[critic][turn]`` ``(S, K)`` the critic's values at rollout time."""
-    targets: list[list[Tensor]]
-    """``[critic][turn]`` ``(S, K)`` what the critic learns to predict (lambda-returns)."""
-
-
-def joint_critic_text(prompts: Sequence[str], completions: Sequence[str] | None = None) -> str:
-    """A centralized critic's input: every agent's prompt, then (for a Q-critic) every agent's action."""
-    parts = [f"[Agent {i}]\n{prompt}" for i, prompt in enumerate(prompts)]
-    if completions is not None:
-        parts += [f"[Agent {i} action]\n{completion}" for i, completion in enumerate(completions)]
-    return "\n\n".join(parts)
 
 
 class ActorCriticTrainer(MultiAgentTrainer):
@@ -74,6 +55,7 @@ class ActorCriticTrainer(MultiAgentTrainer):
     """
 
     config_class: type[ActorCriticConfig] = ActorCriticConfig
+    args: ActorCriticConfig
     centralized = False
     """One critic for all agents (MAAC) instead of one per agent (IAC)."""
 
@@ -86,13 +68,35 @@ class ActorCriticTrainer(MultiAgentTrainer):
         **kwargs: Any,
     ):
         super().__init__(*args, **kwargs)
+        args = self.args
         self.critics = self._build_critics(critic_model, critics, critic_tokenizer)
+        layout = CentralizedCritic if self.centralized else IndependentCritics
+        self.layout: CriticLayout = layout(self.num_agents, args.critic_type)
         self.add_learners(
             [critic.name for critic in self.critics],
             [critic.parameters() for critic in self.critics],
-            [self.args.critic_learning_rate] * len(self.critics),
+            [args.critic_learning_rate] * len(self.critics),
+        )
+        self.update.auxiliary.append(
+            CriticLoss(
+                self.critics,
+                self.agents,
+                self.parallel,
+                args.value_clip_range,
+                args.value_loss_coef,
+                args.micro_batch_size,
+            )
         )
         self._check_first_turn_inputs()
+
+    @property
+    def discount(self) -> float:
+        """``gamma``: the discount of the returns logged and evaluated."""
+        return self.args.gamma
+
+    @property
+    def passes(self) -> int:
+        return self.args.ppo_epochs
 
     # ----------------------------------------------------------------------------------------
     # critics
@@ -128,7 +132,8 @@ class ActorCriticTrainer(MultiAgentTrainer):
         if critics is None:
             # IAC without a separate critic: a value head on each agent's own model.
             return [
-                self._critic(f"critic {i}", agent, self.tokenizers[i], agent=i) for i, agent in enumerate(self.agents)
+                self._critic(f"critic {i}", agent, self.agents.tokenizers[i], agent=i)
+                for i, agent in enumerate(self.agents)
             ]
         critics = check_agents(critics)
         agent_ids = {id(agent) for agent in self.agents}
@@ -140,12 +145,13 @@ class ActorCriticTrainer(MultiAgentTrainer):
         if self.centralized and isinstance(tokenizer, list | tuple):
             raise ValueError(f"critic_tokenizer is a list of {len(tokenizer)}; MAAC's one critic takes one tokenizer")
         tokenizers = resolve_tokenizers(tokenizer, critics, self.tokenizer_kwargs, role="critic")
-        if self.agents_placed:  # a separate critic follows its agent (MAAC's, agent 0)
-            for c, model in enumerate(critics):
-                model.to(next(self.agents[c].parameters()).device)
-        if self.args.gradient_checkpointing:
-            for model in critics:
+        for c, model in enumerate(critics):
+            if self.agents.placed:  # a separate critic follows its agent (MAAC's, agent 0)
+                model.to(self.agents.device(c))
+            if self.args.gradient_checkpointing:
                 enable_activation_checkpointing(model)
+            if self.args.disable_dropout:
+                disable_dropout(model)
         return [self._critic(f"critic {c}", model, tok) for c, (model, tok) in enumerate(zip(critics, tokenizers))]
 
     def _check_first_turn_inputs(self) -> None:
@@ -164,45 +170,21 @@ class ActorCriticTrainer(MultiAgentTrainer):
         head.to(next(backbone.parameters()).device)
         return Critic(name, backbone, head, tokenizer, agent)
 
-    def _critic_texts(self, turn: Turn, joint_indices: Tensor) -> list[list[str]]:
-        """``[critic][input]`` texts of one turn, in the order ``_node_values`` reads them."""
-        raise NotImplementedError
-
-    def _node_values(self, values: list[Tensor], turn: Turn) -> Tensor:
-        """``(M, N)`` value of each node, per agent, from each critic's ``(S, K)`` outputs."""
-        raise NotImplementedError
-
-    def _value_targets(self, lambda_returns: Tensor, credit: Tensor) -> list[Tensor]:
-        """Per critic, ``(S, K)`` targets of its inputs, from the turn's ``(M, J, N)``
-        lambda-returns and their ``(N, M, G)`` credit per agent sample."""
-        raise NotImplementedError
-
-    def _critic_values(self, critic: Critic, inputs: EncodedInputs) -> Tensor:
-        """``(S, K)`` values of all ``inputs``, micro-batched, without gradient."""
-        if critic.agent is not None:
-            self._activate(critic.agent)
-        was_training = critic.backbone.training
-        critic.backbone.eval()
-        with torch.no_grad(), self._precision(critic.backbone):
-            values = torch.cat([critic.values(inputs, rows) for rows in self._micro_batches(len(inputs))])
-        critic.backbone.train(was_training)
-        return values
-
     # ----------------------------------------------------------------------------------------
-    # the estimate and the critics' update
+    # the estimate
     # ----------------------------------------------------------------------------------------
-    def _estimate(self, tree: RolloutTree) -> CriticEstimate:
+    def estimate(self, tree: RolloutTree) -> CriticEstimate:
         args = self.args
         inputs: list[list[EncodedInputs]] = [[] for _ in self.critics]
-        old_values: list[list[Tensor]] = [[] for _ in self.critics]
+        old_values: list[list[torch.Tensor]] = [[] for _ in self.critics]
         node_values = []
         for turn in tree.turns:
-            texts = self._critic_texts(turn, tree.joint_indices)
+            texts = self.layout.texts(turn, tree.joint_indices)
             for c, critic in enumerate(self.critics):
                 encoded = critic.encode(texts[c], functools.partial(self._describe_input, turn, len(texts[c])))
                 inputs[c].append(encoded)
-                old_values[c].append(self._critic_values(critic, encoded).cpu())
-            node_values.append(self._node_values([v[-1] for v in old_values], turn))
+                old_values[c].append(frozen_values(critic, self.agents, encoded, args.micro_batch_size).cpu())
+            node_values.append(self.layout.node_values([v[-1] for v in old_values], turn))
         rewards = [turn.rewards for turn in tree.turns]
         children = [turn.children for turn in tree.turns]
         lambda_returns = tree_lambda_returns(rewards, children, node_values, args.gamma, args.gae_lambda)
@@ -216,7 +198,7 @@ class ActorCriticTrainer(MultiAgentTrainer):
                 list(whiten(torch.cat(a), reduce=self.parallel.sum_values).split([x.numel() for x in a]))
                 for a in advantages
             ]
-        targets_per_turn = [self._value_targets(g, credit) for g, credit in zip(lambda_returns, credits)]
+        targets_per_turn = [self.layout.targets(g, credit) for g, credit in zip(lambda_returns, credits)]
         return CriticEstimate(
             returns=tree_returns(rewards, children, args.gamma),
             credits=credits,
@@ -231,48 +213,13 @@ class ActorCriticTrainer(MultiAgentTrainer):
         per_node = count // turn.num_nodes
         return f"turn {turn.number}, dataset row {turn.rows[k // per_node]}"
 
-    def _auxiliary_backward(self, tree: RolloutTree, estimate: CriticEstimate) -> dict[str, float]:
-        """Each critic's clipped value loss, accumulated micro-batch by micro-batch."""
-        args = self.args
-        metrics = {}
-        for c, critic in enumerate(self.critics):
-            key = critic.name.replace(" ", "")
-            self.optimizers[self.learners.index(critic.name)].zero_grad(set_to_none=True)
-            if critic.agent is not None:
-                self._activate(critic.agent)
-            critic.backbone.train()
-            local_count = sum(t.numel() for t in estimate.targets[c])
-            # Over every rank's inputs: summed gradients are those of the global batch.
-            count = self.parallel.sum_values([local_count])[0]
-            total = clipped = 0.0
-            for inputs, old, targets in zip(estimate.inputs[c], estimate.old_values[c], estimate.targets[c]):
-                for rows in self._micro_batches(len(inputs)):
-                    with self._precision(critic.backbone):
-                        values = critic.values(inputs, rows)
-                    losses, was_clipped = clipped_value_loss(
-                        values, old[rows].to(values.device), targets[rows].to(values.device), args.value_clip_range
-                    )
-                    (args.value_loss_coef * losses.sum() / count).backward()
-                    total += losses.sum().item()
-                    clipped += was_clipped.sum().item()
-            old_values = torch.cat([v.reshape(-1) for v in estimate.old_values[c]])
-            all_targets = torch.cat([t.reshape(-1) for t in estimate.targets[c]])
-            metrics[f"{key}/value_loss"] = total / local_count
-            metrics[f"{key}/value_clip_fraction"] = clipped / local_count
-            metrics[f"{key}/value_mean"] = old_values.mean().item()
-            metrics[f"{key}/target_mean"] = all_targets.mean().item()
-            explained = explained_variance(old_values, all_targets)
-            if math.isfinite(explained):  # undefined when the targets do not vary
-                metrics[f"{key}/explained_variance"] = explained
-        return metrics
-
     # ----------------------------------------------------------------------------------------
     # saving and loading
     # ----------------------------------------------------------------------------------------
     def write_agent(self, agent: int, folder: str, merge_adapters: bool = False) -> None:
         """Agent ``agent``'s weights (or adapter) and tokenizer, and its value head when the
         critic sits on the agent's model (``value_head.safetensors``)."""
-        super().write_agent(agent, folder, merge_adapters)
+        self.agents.write(agent, folder, merge_adapters)
         for critic in self.critics:
             if critic.agent == agent:
                 critic.head.save(folder)
@@ -284,16 +231,20 @@ class ActorCriticTrainer(MultiAgentTrainer):
         critic.tokenizer.save_pretrained(folder)
         critic.head.save(folder)
 
-    def _model_writers(self, merge_adapters: bool = False) -> list[tuple[str, Callable[[str], None]]]:
+    def model_writers(self, merge_adapters: bool = False) -> list[tuple[str, Callable[[str], None]]]:
+        agents = [
+            (f"agent_{i}", functools.partial(self.write_agent, i, merge_adapters=merge_adapters))
+            for i in range(self.num_agents)
+        ]
         separate = [
             (f"critic_{c}", functools.partial(self.write_critic, c))
             for c, critic in enumerate(self.critics)
             if critic.agent is None
         ]
-        return super()._model_writers(merge_adapters) + separate
+        return agents + separate
 
-    def _load_models(self, path: str) -> None:
-        super()._load_models(path)
+    def load_models(self, path: str) -> None:
+        super().load_models(path)
         separate = [critic for critic in self.critics if critic.agent is None]
         load_weights(path, [critic.backbone for critic in separate], [None] * len(separate), prefix="critic")
         for c, critic in enumerate(self.critics):
@@ -309,25 +260,6 @@ class IACTrainer(ActorCriticTrainer):
     config_class = IACConfig
     algorithm_name = "IAC"
 
-    def _critic_texts(self, turn: Turn, joint_indices: Tensor) -> list[list[str]]:
-        if self.args.critic_type == "v":
-            return [list(turn.prompts[i]) for i in range(self.num_agents)]
-        group = turn.agents[0].completion_ids.shape[0] // turn.num_nodes
-        return [
-            [turn.prompts[i][k // group] + text for k, text in enumerate(turn.agents[i].texts)]
-            for i in range(self.num_agents)
-        ]
-
-    def _node_values(self, values: list[Tensor], turn: Turn) -> Tensor:
-        per_agent = [v[:, 0].reshape(turn.num_nodes, -1).mean(dim=1) for v in values]
-        return torch.stack(per_agent, dim=1)
-
-    def _value_targets(self, lambda_returns: Tensor, credit: Tensor) -> list[Tensor]:
-        if self.args.critic_type == "v":
-            node_targets = lambda_returns.mean(dim=1)  # (M, N)
-            return [node_targets[:, i : i + 1] for i in range(self.num_agents)]
-        return [credit[i].reshape(-1, 1) for i in range(self.num_agents)]
-
 
 class MAACTrainer(ActorCriticTrainer):
     """Multi-agent actor-critic with one centralized critic (``critic_model`` / ``critics``)
@@ -337,30 +269,6 @@ class MAACTrainer(ActorCriticTrainer):
     config_class = MAACConfig
     algorithm_name = "MAAC"
     centralized = True
-
-    def _critic_texts(self, turn: Turn, joint_indices: Tensor) -> list[list[str]]:
-        prompts = [[turn.prompts[i][m] for i in range(self.num_agents)] for m in range(turn.num_nodes)]
-        if self.args.critic_type == "v":
-            return [[joint_critic_text(p) for p in prompts]]
-        group = turn.agents[0].completion_ids.shape[0] // turn.num_nodes
-        return [
-            [
-                joint_critic_text(
-                    prompts[m],
-                    [turn.agents[i].texts[m * group + joint_indices[j, i].item()] for i in range(self.num_agents)],
-                )
-                for m in range(turn.num_nodes)
-                for j in range(joint_indices.shape[0])
-            ]
-        ]
-
-    def _node_values(self, values: list[Tensor], turn: Turn) -> Tensor:
-        return values[0].reshape(turn.num_nodes, -1, self.num_agents).mean(dim=1)
-
-    def _value_targets(self, lambda_returns: Tensor, credit: Tensor) -> list[Tensor]:
-        if self.args.critic_type == "v":
-            return [lambda_returns.mean(dim=1)]
-        return [lambda_returns.reshape(-1, self.num_agents)]
 
 
 __all__ = ["ActorCriticTrainer", "CriticEstimate", "IACTrainer", "MAACTrainer", "joint_critic_text"]

@@ -1,7 +1,8 @@
 """REINFORCE-family multi-agent trainers: MAGRPO and its variants, one implementation."""
 
+from comlrl.trainers.loop import TrainResult
 from comlrl.trainers.reinforce.config import MAGRPOConfig
-from comlrl.trainers.reinforce.trainer import MAGRPOTrainer, TrainResult
+from comlrl.trainers.reinforce.trainer import MAGRPOTrainer
 from comlrl.trainers.reinforce.variants import (
     MAREINFORCEConfig,
     MAREINFORCETrainer,

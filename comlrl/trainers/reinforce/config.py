@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from comlrl.algorithms import BASELINES
-from comlrl.trainers.config import TrainerConfig, check_bool, check_choice, check_fraction, check_int
+from comlrl.trainers.config import TrainerConfig, check_bool, check_choice, check_fraction, check_int, is_real
 
 
 @dataclass
@@ -19,6 +20,8 @@ class MAGRPOConfig(TrainerConfig):
     """Group baseline: ``mean`` (GRPO), ``rloo`` (leave-one-out), ``max`` (ReMax-style), ``raw`` (none)."""
     advantage_normalization: bool = True
     """Divide advantages by the group's reward std (never re-centres)."""
+    advantage_std_floor: float = 1e-2
+    """Normalisation divides by ``max(group std, this)``, in the reward's unit: scale-up at most ``1 / this``."""
     num_iterations: int = 1
     """Optimisation passes (one optimizer step each) over every rollout; above 1 the PPO-style
     clipped ratio against the sampling-time log-probs keeps the policy near the sampler."""
@@ -28,6 +31,9 @@ class MAGRPOConfig(TrainerConfig):
         check_fraction(self, "discount")
         check_choice(self, "advantage_mode", BASELINES)
         check_bool(self, "advantage_normalization")
+        floor = self.advantage_std_floor
+        if not (is_real(floor) and math.isfinite(floor) and floor > 0):
+            raise ValueError(f"advantage_std_floor must be a finite number > 0 (reward units), got {floor!r}")
         check_int(self, "num_iterations")
         needs_group = self.advantage_mode != "raw" or self.advantage_normalization
         if needs_group and self.num_generations < 2:
@@ -36,7 +42,3 @@ class MAGRPOConfig(TrainerConfig):
                 f"advantage_normalization={self.advantage_normalization} (a group of one has no "
                 f"baseline or std), got {self.num_generations}"
             )
-
-    @property
-    def updates_per_step(self) -> int:
-        return self.num_iterations

@@ -1,7 +1,7 @@
 """MAGRPO: several LLM agents trained together with group-relative policy gradients on a
 shared (joint) reward.
 
-One training step, as the code reads (``MultiAgentTrainer`` does all but the advantages):
+One training step, as the code reads (``MultiAgentTrainer`` wires all but the advantages):
 
     rows ─formatters─▶ prompts per agent ─generate─▶ G completions per prompt and agent
     ─joint actions─▶ reward_func ─reward_processor─▶ joint rewards (nodes, J)
@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from comlrl.algorithms.returns import TreeAdvantages, tree_advantages
 from comlrl.rollout.tree import RolloutTree
-from comlrl.trainers.base import MultiAgentTrainer, TrainResult
+from comlrl.trainers.base import MultiAgentTrainer
 from comlrl.trainers.reinforce.config import MAGRPOConfig
 
-__all__ = ["MAGRPOTrainer", "TrainResult"]
+__all__ = ["MAGRPOTrainer"]
 
 
 class MAGRPOTrainer(MultiAgentTrainer):
@@ -31,7 +31,17 @@ class MAGRPOTrainer(MultiAgentTrainer):
     """The config built when ``args`` is not given; variants only change this."""
     algorithm_name = "MAGRPO"
 
-    def _estimate(self, tree: RolloutTree) -> TreeAdvantages:
+    args: MAGRPOConfig
+
+    @property
+    def discount(self) -> float:
+        return self.args.discount
+
+    @property
+    def passes(self) -> int:
+        return self.args.num_iterations
+
+    def estimate(self, tree: RolloutTree) -> TreeAdvantages:
         args = self.args
         return tree_advantages(
             [turn.rewards for turn in tree.turns],
@@ -41,4 +51,5 @@ class MAGRPOTrainer(MultiAgentTrainer):
             args.discount,
             args.advantage_mode,
             args.advantage_normalization,
+            std_floor=args.advantage_std_floor,
         )

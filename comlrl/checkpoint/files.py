@@ -105,23 +105,20 @@ def complete_checkpoints(output_dir: str) -> list[str]:
 def save_checkpoint(
     output_dir: str,
     write_models: Callable[[str], None],
-    optimizers: Sequence[torch.optim.Optimizer],
-    schedulers: Sequence[Any],
+    optimizer_state: dict[str, Any],
     generators: dict[str, torch.Tensor],
     state: TrainerState,
     total_limit: int | None = None,
 ) -> str:
     """Write ``output_dir/checkpoint-{global_step}`` atomically; keep the newest ``total_limit``.
-    ``write_models(folder)`` writes every agent's (and critic's) weights or adapter, and tokenizer."""
+    ``write_models(folder)`` writes every agent's (and critic's) weights or adapter, and tokenizer;
+    ``optimizer_state`` holds the optimizers' and schedulers' state dicts."""
     final = os.path.join(output_dir, f"{PREFIX}{state.global_step}")
     partial = final + ".partial"
     shutil.rmtree(partial, ignore_errors=True)
     os.makedirs(partial)
     write_models(partial)
-    torch.save(
-        {"optimizers": [o.state_dict() for o in optimizers], "schedulers": [s.state_dict() for s in schedulers]},
-        os.path.join(partial, OPTIMIZER_FILE),
-    )
+    torch.save(optimizer_state, os.path.join(partial, OPTIMIZER_FILE))
     torch.save(generators, os.path.join(partial, RNG_FILE))
     with open(os.path.join(partial, STATE_FILE), "w", encoding="utf-8") as f:
         json.dump(asdict(state), f, indent=1)

@@ -1,0 +1,156 @@
+"""The agents and what they carry: models, tokenizers, LoRA adapters, frozen references,
+devices, the active adapter, precision, train/eval mode and saving.
+
+:class:`Agents` is a sequence of the agents' models (``agents[i]`` is agent i's module, the
+shared base model for every agent when they share one), with everything else the trainer
+needs to know about them beside it. It imports nothing of the trainers above it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+
+from comlrl.checkpoint import describe_agent, load_weights
+from comlrl.models.loading import check_agents, enable_activation_checkpointing, load_agents, resolve_tokenizers
+from comlrl.models.lora import attach_adapters, is_peft_model, merged_copy, save_adapter, trainable_parameters
+from comlrl.models.modes import disable_dropout, frozen
+from comlrl.models.placement import place_agents
+
+
+class Agents(Sequence[torch.nn.Module]):
+    """N agents: ``agents[i]`` is agent i's model.
+
+    Attributes:
+        tokenizers: one per agent.
+        adapters: per agent, its adapter's name in a shared base model, or None.
+        parameters: per agent, what its optimizer trains.
+        references: per agent, a frozen copy of its initial weights for the KL term, or None
+            (no KL term, or an adapter: its base model without the adapter is the reference).
+        placed: whether ``agent_devices`` (or torchrun on GPUs) chose the devices.
+    """
+
+    def __init__(
+        self,
+        models: Sequence[torch.nn.Module],
+        tokenizers: Sequence[Any],
+        adapters: Sequence[str | None],
+        placed: bool,
+        with_references: bool,
+        mixed_precision: str | None,
+    ):
+        self.models = list(models)
+        self.tokenizers = list(tokenizers)
+        self.adapters = list(adapters)
+        self.placed = placed
+        self.mixed_precision = mixed_precision
+        self.parameters = [trainable_parameters(m, a) for m, a in zip(self.models, self.adapters)]
+        self.references = [
+            copy.deepcopy(model).eval().requires_grad_(False) if with_references and not is_peft_model(model) else None
+            for model in self.models
+        ]
+
+    @classmethod
+    def build(
+        cls,
+        agents: Sequence[torch.nn.Module] | None,
+        agent_model: str | None,
+        num_agents: int,
+        tokenizer: Any,
+        model_kwargs: dict[str, Any],
+        tokenizer_kwargs: dict[str, Any],
+        peft_config: Any,
+        args: Any,
+        local_rank: int | None,
+    ) -> Agents:
+        """The agents from the trainer's arguments: loaded by name or given, checked, placed
+        on their devices, wrapped in adapters, with activation checkpointing and without dropout
+        as the config says, and each with a tokenizer that can pad."""
+        if agents is not None and agent_model is not None:
+            raise ValueError("pass either agents or agent_model, not both")
+        if agents is None and agent_model is None:
+            raise ValueError("no agents: pass agents=[model, ...] or agent_model=<folder or hub id>")
+        if agents is None:
+            # With adapters, one base model serves every agent.
+            agents = load_agents(agent_model, 1 if peft_config is not None else num_agents, model_kwargs)
+            agents = agents * num_agents if peft_config is not None else agents
+        models = check_agents(agents, shared_base_allowed=peft_config is not None)
+        placed = place_agents(models, args.agent_devices, local_rank)
+        adapters: list[str | None] = [None] * len(models)
+        if peft_config is not None:
+            models, adapters = attach_adapters(models, peft_config)
+        for model in unique(models):
+            if args.gradient_checkpointing:
+                enable_activation_checkpointing(model)
+            if args.disable_dropout:
+                disable_dropout(model)
+        tokenizers = resolve_tokenizers(tokenizer, models, tokenizer_kwargs)
+        return cls(models, tokenizers, adapters, placed, args.beta > 0, args.mixed_precision)
+
+    def __len__(self) -> int:
+        return len(self.models)
+
+    def __getitem__(self, index):  # type: ignore[override]
+        return self.models[index]
+
+    def device(self, agent: int) -> torch.device:
+        return next(self.models[agent].parameters()).device
+
+    def activate(self, agent: int) -> None:
+        """Make agent ``agent``'s adapter the active one when agents share a base model."""
+        if self.adapters[agent] is not None:
+            self.models[agent].set_adapter(self.adapters[agent])
+
+    def precision(self, model: torch.nn.Module) -> contextlib.AbstractContextManager:
+        """bf16 autocast on the model's device when ``mixed_precision="bf16"``; the weights,
+        gradients and optimizer state stay in their own dtype."""
+        if self.mixed_precision is None:
+            return contextlib.nullcontext()
+        return torch.autocast(next(model.parameters()).device.type, dtype=torch.bfloat16)
+
+    @contextlib.contextmanager
+    def frozen(self, agent: int, reference: bool = False) -> Iterator[torch.nn.Module]:
+        """Agent ``agent``'s model (or its frozen reference) in eval mode without gradient,
+        its adapter active (or, for the reference of an adapter, disabled); everything is
+        put back on the way out, an exception included."""
+        self.activate(agent)
+        model = self.models[agent]
+        if reference and self.references[agent] is not None:
+            model = self.references[agent]
+        without_adapter = model.disable_adapter() if reference and model is self.models[agent] else None
+        with frozen(model), without_adapter or contextlib.nullcontext():
+            yield model
+
+    def trainable(self, agent: int) -> torch.nn.Module:
+        """Agent ``agent``'s model, its adapter active, in train mode (activation checkpointing
+        runs only in train mode; dropout was turned off at construction unless asked not to)."""
+        self.activate(agent)
+        return self.models[agent].train()
+
+    def describe(self) -> list[dict[str, Any]]:
+        """What a checkpoint records of each agent, to refuse resuming with other ones."""
+        return [describe_agent(model) for model in self.models]
+
+    def write(self, agent: int, folder: str, merge_adapters: bool = False) -> None:
+        """Agent ``agent``'s weights (or adapter) and tokenizer into ``folder``."""
+        model = self.models[agent]
+        if merge_adapters and is_peft_model(model):
+            model = merged_copy(model, self.adapters[agent])
+        if self.adapters[agent] is not None and not merge_adapters:
+            save_adapter(model, self.adapters[agent], folder)
+        else:
+            model.save_pretrained(folder)
+        self.tokenizers[agent].save_pretrained(folder)
+
+    def load(self, checkpoint: str) -> None:
+        """The weights :meth:`write` put into ``checkpoint/agent_{i}``, loaded in place."""
+        load_weights(checkpoint, self.models, self.adapters)
+
+
+def unique(models: Sequence[torch.nn.Module]) -> list[torch.nn.Module]:
+    """Each module once (agents sharing a base model hold the same one)."""
+    return list({id(model): model for model in models}.values())

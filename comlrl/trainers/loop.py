@@ -1,0 +1,174 @@
+"""The training loop: epochs of shuffled rows, one training step per batch, logging,
+evaluation and checkpoints at their cadence, and a clean stop on SIGINT/SIGTERM.
+
+    resume (or start) -> [evaluate] -> for each epoch: order the rows
+        for each step: trainer.step(rows) -> log every logging_steps -> evaluate every
+        eval_interval -> checkpoint every save_steps, or after a signal, then stop
+    -> evaluate after the last step -> TrainResult
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from comlrl.checkpoint.trainer import resume_trainer, save_trainer, start_state
+from comlrl.metrics import MetricsLogger
+from comlrl.metrics.rollout import completion_samples, format_metrics
+from comlrl.utils.run_control import StopOnSignal, seed_everything
+
+
+@dataclass
+class TrainResult:
+    """What ``train()`` returns."""
+
+    global_step: int
+    """Optimizer steps taken (each agent takes one per step)."""
+    epoch_reward_means: list[float]
+    """Mean processed joint reward of each epoch (what the advantages were computed from)."""
+    epoch_raw_reward_means: list[float]
+    """Mean joint reward of each epoch as ``reward_func`` returned it, before the processor."""
+    train_seconds: float
+    """Wall time of ``train()``."""
+    interrupted: bool = False
+    """SIGINT or SIGTERM stopped training early, after writing a checkpoint."""
+
+
+class TrainingLoop:
+    """One call of ``trainer.train()``: the loop and what it keeps between steps."""
+
+    def __init__(self, trainer: Any, resume_from_checkpoint: bool | str | None):
+        self.trainer, self.args = trainer, trainer.args
+        self.main = trainer.parallel.is_main
+        self.data_order = torch.Generator()
+        if resume_from_checkpoint:
+            say = tqdm.write if self.main else lambda note: None
+            self.progress = resume_trainer(trainer, resume_from_checkpoint, self.data_order, say)
+        else:
+            self.progress = start_state(trainer)
+            # Ranks sample differently; they all shuffle the data alike.
+            seed_everything(self.args.seed + trainer.parallel.rank)
+            self.data_order.manual_seed(self.args.seed)
+        self.bar = tqdm(
+            total=self.args.num_train_epochs * trainer.steps_per_epoch,
+            initial=trainer.global_step,
+            desc=trainer.algorithm_name,
+            unit="step",
+            dynamic_ncols=True,
+            disable=not self.main,
+        )
+        self.logger = MetricsLogger(trainer.sinks() if self.main else [])
+        self.logger.add_window(self.progress.metrics_window)
+        self.evaluates = trainer.eval_prompts is not None and self.main
+        self.interrupted = False
+
+    def run(self) -> TrainResult:
+        """Train to the last epoch, or until a signal; the metrics of every step taken are
+        written whatever stops training (after a signal, into the checkpoint)."""
+        started = time.perf_counter()
+        try:
+            with StopOnSignal() as stop:
+                if self.periodic_evaluation and self.trainer.global_step == 0:
+                    self.evaluate()
+                for epoch in range(self.progress.epoch, self.args.num_train_epochs):
+                    self.progress.epoch = epoch
+                    epoch_order_state = self.data_order.get_state()  # a checkpoint rebuilds the order from it
+                    order = self.epoch_order()
+                    for step_in_epoch in range(self.progress.step_in_epoch, self.trainer.steps_per_epoch):
+                        self.step(order, step_in_epoch, epoch)
+                        self.interrupted = self.trainer.parallel.any(stop.signal is not None)
+                        if self.interrupted or self.due(self.args.save_steps):
+                            folder = self.save(epoch_order_state)
+                        if self.interrupted:
+                            self.say_stopped(stop.signal, folder)
+                            return self.result(started)
+                    self.end_epoch()
+                if self.evaluates and not (self.periodic_evaluation and self.due(self.args.eval_interval)):
+                    self.evaluate()
+        finally:
+            self.close()
+        return self.result(started)
+
+    @property
+    def periodic_evaluation(self) -> bool:
+        return self.evaluates and self.args.eval_interval > 0
+
+    def due(self, every: int | None) -> bool:
+        """Whether the step just taken is a multiple of ``every`` (None or 0: never)."""
+        return bool(every) and self.trainer.global_step % every == 0
+
+    def epoch_order(self) -> list[int]:
+        rows = len(self.trainer.train_prompts)
+        if self.args.shuffle:
+            return torch.randperm(rows, generator=self.data_order).tolist()
+        return list(range(rows))
+
+    def step(self, order: list[int], step_in_epoch: int, epoch: int) -> None:
+        """One training step on the rows of ``order`` at ``step_in_epoch``, then its logging
+        and evaluation."""
+        trainer, progress = self.trainer, self.progress
+        rows_per_step = self.args.per_device_train_batch_size * trainer.parallel.world_size
+        rows = order[step_in_epoch * rows_per_step : (step_in_epoch + 1) * rows_per_step]
+        result = trainer.step(trainer.parallel.shard(rows))
+        trainer.global_step = progress.global_step = trainer.global_step + 1
+        progress.step_in_epoch = step_in_epoch + 1
+        progress.step_rewards.append(result.metrics["reward/mean"])
+        progress.step_raw_rewards.append(result.metrics["reward/raw_mean"])
+        self.logger.add(result.metrics)
+        self.bar.update(1)
+        self.bar.set_postfix(epoch=epoch + 1, reward=f"{result.metrics['reward/mean']:.3g}")
+        if self.due(self.args.logging_steps):
+            flushed = self.logger.flush(trainer.global_step)
+            if self.main:
+                self.bar.write(format_metrics(trainer.global_step, flushed))
+            samples = completion_samples(
+                result.tree, result.returns, trainer.train_prompts, self.args.num_completions_to_log
+            )
+            self.logger.log_samples(samples, trainer.global_step)
+        if self.periodic_evaluation and self.due(self.args.eval_interval):
+            self.evaluate()
+
+    def end_epoch(self) -> None:
+        progress = self.progress
+        progress.epoch_reward_means.append(sum(progress.step_rewards) / len(progress.step_rewards))
+        progress.epoch_raw_reward_means.append(sum(progress.step_raw_rewards) / len(progress.step_raw_rewards))
+        progress.step_rewards, progress.step_raw_rewards, progress.step_in_epoch = [], [], 0
+
+    def evaluate(self) -> None:
+        metrics = self.trainer.evaluate()
+        self.logger.log(metrics, self.trainer.global_step)
+        self.bar.write(format_metrics(self.trainer.global_step, metrics))
+
+    def save(self, epoch_order_state: torch.Tensor) -> str:
+        self.progress.metrics_window = self.logger.window()
+        return save_trainer(self.trainer, self.progress, epoch_order_state)
+
+    def say_stopped(self, signal_number: int | None, folder: str) -> None:
+        if self.main:
+            cause = signal.Signals(signal_number).name if signal_number else "a signal to another rank"
+            self.bar.write(
+                f"stopped by {cause} after step {self.trainer.global_step}: checkpoint {folder}; "
+                "continue with train(resume_from_checkpoint=True)"
+            )
+
+    def close(self) -> None:
+        # After a signal the pending metrics are in the checkpoint, and the resumed run writes them.
+        if not self.interrupted:
+            self.logger.flush(self.trainer.global_step)
+        self.bar.close()
+        self.logger.close()
+
+    def result(self, started: float) -> TrainResult:
+        progress = self.progress
+        return TrainResult(
+            self.trainer.global_step,
+            progress.epoch_reward_means,
+            progress.epoch_raw_reward_means,
+            time.perf_counter() - started,
+            self.interrupted,
+        )

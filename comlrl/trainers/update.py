@@ -1,0 +1,221 @@
+"""One update: every learner's optimizer steps on one step's rollout tree.
+
+    token weights (loss_type over each turn, turn_weighting across turns, all ranks' counts)
+    sampling-time log-probs (only with several passes) and reference log-probs (beta > 0),
+        frozen: eval mode, no gradient
+    for each pass:
+        zero every gradient
+        per agent, micro-batch by micro-batch: log-probs (train mode) -> policy loss -> backward
+        auxiliary losses (critics) -> backward
+        per learner: gradients summed over ranks -> clipped -> optimizer and schedule step
+
+Modes are decided here and in :mod:`comlrl.models.modes`: frozen forwards run in eval mode,
+the loss's forward in train mode, and dropout was turned off when the agents were built
+(``disable_dropout``), so both modes compute the same function and the first pass's ratio
+is exactly 1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+from comlrl.algorithms import policy_gradient_loss, turn_token_weights
+from comlrl.distributed import DataParallel
+from comlrl.metrics import stats
+from comlrl.metrics.stats import Stat
+from comlrl.models.forward import completion_logprobs
+from comlrl.models.placement import map_agents
+from comlrl.optim import Learners
+from comlrl.rollout import AgentRollout
+from comlrl.rollout.sampling import SamplingSpec
+from comlrl.rollout.tree import RolloutTree
+from comlrl.trainers.agents import Agents
+from comlrl.trainers.config import TrainerConfig
+
+
+class Estimate(Protocol):
+    """What a trainer's ``estimate`` gives for a step's rollout tree."""
+
+    returns: list[Tensor]
+    """Per turn, ``(M_t, J, N)`` return of each joint action, per agent (logged)."""
+    credits: list[Tensor]
+    """Per turn, ``(N, M_t, G)`` return credited to each agent's sample (logged)."""
+    advantages: list[list[Tensor]]
+    """``[agent][turn]`` ``(M_t * G,)`` advantage of each sample, node-major."""
+
+
+class AuxiliaryLoss(Protocol):
+    """Something else an update trains besides the policies (a critic)."""
+
+    def backward(self, tree: RolloutTree, estimate: Estimate) -> dict[str, Stat]:
+        """Its loss's backward over the step, micro-batch by micro-batch; returns its metrics."""
+        ...
+
+
+def micro_batches(count: int, size: int | None) -> list[slice]:
+    """Rows of a batch of ``count`` sequences, ``size`` at a time (None: all at once)."""
+    size = size or count
+    return [slice(start, start + size) for start in range(0, count, size)]
+
+
+class PolicyUpdate:
+    """``passes`` optimizer steps per learner on one rollout tree."""
+
+    def __init__(
+        self,
+        agents: Agents,
+        learners: Learners,
+        args: TrainerConfig,
+        sampling: SamplingSpec,
+        parallel: DataParallel,
+        passes: int,
+    ):
+        self.agents, self.learners, self.args = agents, learners, args
+        self.sampling, self.parallel, self.passes = sampling, parallel, passes
+        self.auxiliary: list[AuxiliaryLoss] = []
+
+    def __call__(self, tree: RolloutTree, estimate: Estimate, step_number: int) -> dict[str, Stat]:
+        """Every pass over ``tree``; returns the metrics averaged over the passes."""
+        args = self.args
+        weights = [self.token_weights(tree, i) for i in range(len(self.agents))]
+        old_logps = self.frozen_logprobs(tree, reference=False) if self.passes > 1 else None
+        ref_logps = self.frozen_logprobs(tree, reference=True) if args.beta > 0 else None
+        history = []
+        for _ in range(self.passes):
+            self.learners.zero_grad()
+            per_agent = map_agents(
+                self.agents,
+                lambda i: self.agent_backward(
+                    i,
+                    [turn.agents[i] for turn in tree.turns],
+                    estimate.advantages[i],
+                    weights[i],
+                    None if old_logps is None else old_logps[i],
+                    None if ref_logps is None else ref_logps[i],
+                ),
+            )
+            metrics = {key: value for agent_metrics in per_agent for key, value in agent_metrics.items()}
+            for auxiliary in self.auxiliary:
+                metrics.update(auxiliary.backward(tree, estimate))
+            norms = self.learners.step(args.max_grad_norm, self.parallel.sum_gradients, step_number)
+            metrics.update(
+                {f"{learner_key(name)}/grad_norm": stats.same(n) for name, n in zip(self.learners.names, norms)}
+            )
+            history.append(metrics)
+        metrics = stats.average(history)
+        for name, rate in zip(self.learners.names, self.learners.learning_rates()):
+            metrics[f"{learner_key(name)}/learning_rate"] = stats.same(rate)
+        return metrics
+
+    def token_weights(self, tree: RolloutTree, agent: int) -> list[Tensor]:
+        """Per turn, the token weight of each of ``agent``'s sequences, normalised over every
+        rank's sequences, so the micro-batches' losses (and ranks' gradients) add up to the
+        loss of the whole batch. Turns no branch reached count as empty (every rank then
+        passes ``num_turns`` turns, and the scale does not depend on where branches ended)."""
+        lengths = [turn.agents[agent].lengths for turn in tree.turns]
+        nodes = [turn.num_nodes for turn in tree.turns]
+        missing = self.args.num_turns - len(lengths)
+        weights = turn_token_weights(
+            lengths + [lengths[0].new_zeros(0)] * missing,
+            nodes + [0] * missing,
+            tree.joint_indices.shape[0],
+            self.args.loss_type,
+            self.sampling.max_new_tokens,
+            self.args.turn_weighting,
+            self.parallel.sum_values,
+        )
+        return weights[: len(tree.turns)]
+
+    def frozen_logprobs(self, tree: RolloutTree, reference: bool) -> list[list[Tensor]]:
+        """``[agent][turn]`` log-probs of each agent's completions without gradient: under the
+        agent as it is now, or under its frozen reference (its base model, for an adapter)."""
+
+        def agent_logprobs(i: int) -> list[Tensor]:
+            with self.agents.frozen(i, reference) as model:
+                return [
+                    torch.cat(
+                        [self.logprobs(model, turn.agents[i], rows) for rows in self.micro_batches(turn.agents[i])]
+                    )
+                    for turn in tree.turns
+                ]
+
+        return map_agents(self.agents, agent_logprobs)
+
+    def micro_batches(self, rollout: AgentRollout) -> list[slice]:
+        return micro_batches(len(rollout.texts), self.args.micro_batch_size)
+
+    def logprobs(
+        self, model: torch.nn.Module, rollout: AgentRollout, rows: slice, with_entropy: bool = False
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        """Log-probs (and entropies) of the completions ``rows`` at the sampling temperature."""
+        with self.agents.precision(model):
+            return completion_logprobs(
+                model,
+                rollout.prompt_ids[rows],
+                rollout.prompt_mask[rows],
+                rollout.completion_ids[rows],
+                rollout.completion_mask[rows],
+                temperature=self.sampling.temperature,
+                with_entropy=with_entropy,
+            )
+
+    def agent_backward(
+        self,
+        agent: int,
+        rollouts: Sequence[AgentRollout],
+        advantages: Sequence[Tensor],
+        weights: Sequence[Tensor],
+        old_logps: Sequence[Tensor] | None,
+        ref_logps: Sequence[Tensor] | None,
+    ) -> dict[str, Stat]:
+        """Agent ``agent``'s loss over all its turns (one rollout, advantages and token weights
+        per turn), accumulated micro-batch by micro-batch; returns its metrics."""
+        args = self.args
+        model = self.agents.trainable(agent)
+        with_entropy = args.entropy_coef > 0
+        loss = clipped = kl = entropy = tokens = 0.0
+        for t, rollout in enumerate(rollouts):
+            for rows in self.micro_batches(rollout):
+                if with_entropy:
+                    token_logps, token_entropy = self.logprobs(model, rollout, rows, with_entropy=True)
+                else:
+                    token_logps, token_entropy = self.logprobs(model, rollout, rows), None
+                mask = rollout.completion_mask[rows]
+                out = policy_gradient_loss(
+                    token_logps,
+                    advantages[t][rows].to(token_logps.device),
+                    mask,
+                    old_logps=None if old_logps is None else old_logps[t][rows],
+                    epsilon=args.epsilon,
+                    epsilon_high=args.epsilon_high,
+                    ref_logps=None if ref_logps is None else ref_logps[t][rows],
+                    beta=args.beta,
+                    entropy=token_entropy,
+                    entropy_coef=args.entropy_coef,
+                    sequence_weights=weights[t][rows].to(token_logps.device),
+                )
+                out.loss.backward()
+                count = mask.sum().item()
+                loss += out.loss.item()
+                clipped += out.clip_fraction.item() * count
+                kl += out.kl.item() * count
+                entropy += out.entropy.item() * count
+                tokens += count
+        # The loss is a share of one normalised over every rank's tokens: ranks' shares add up.
+        metrics = {f"agent{agent}/loss": stats.total(loss)}
+        if self.passes > 1:
+            metrics[f"agent{agent}/clip_fraction"] = stats.mean(clipped, tokens)
+        if args.beta > 0:
+            metrics[f"agent{agent}/kl"] = stats.mean(kl, tokens)
+        if with_entropy:
+            metrics[f"agent{agent}/entropy"] = stats.mean(entropy, tokens)
+        return metrics
+
+
+def learner_key(name: str) -> str:
+    """A learner's metric prefix: "agent 0" -> "agent0"."""
+    return name.replace(" ", "")

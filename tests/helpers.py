@@ -1,0 +1,261 @@
+"""Shared test helpers (no tests, no fixtures): tiny offline tokenizers and models, the
+examples loader, a small MAGRPO trainer with its data, config and rewards, weight
+snapshots, the multi-turn transition and trainer, checkpoint and config-doc helpers, a LoRA
+config, and the data-parallel worker that tests/ddp_worker.py runs under torchrun. Test
+modules import from here, never from each other or from conftest.py."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import inspect
+import json
+import os
+import signal
+import types
+from pathlib import Path
+
+import torch
+from peft import LoraConfig, get_peft_model
+from tokenizers import Tokenizer, decoders, models
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from comlrl.trainers.actor_critic import IACConfig, IACTrainer
+from comlrl.trainers.reinforce import MAGRPOConfig, MAGRPOTrainer, MAREINFORCEConfig, MAREINFORCETrainer
+
+# ------------------------------------------------------------------------------ tiny tokenizers and models
+LOWER = "abcdefghijklmnopqrstuvwxyz .,:!?"
+MIXED = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789 .,:;!?'-"
+
+
+def char_tokenizer(alphabet: str = LOWER, pad: bool = True) -> PreTrainedTokenizerFast:
+    """A character-level tokenizer: one token per character of ``alphabet``, plus specials."""
+    specials = ["<unk>", "<eos>"] + (["<pad>"] if pad else [])
+    vocab = {tok: i for i, tok in enumerate(specials + list(dict.fromkeys(alphabet)))}
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    backend.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        unk_token="<unk>",
+        eos_token="<eos>",
+        pad_token="<pad>" if pad else None,
+    )
+
+
+def tiny_llama(tokenizer, seed: int = 0) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=None,
+    )
+    return LlamaForCausalLM(config)
+
+
+def tiny_gpt2(tokenizer, seed: int = 0) -> GPT2LMHeadModel:
+    torch.manual_seed(seed)
+    config = GPT2Config(
+        vocab_size=len(tokenizer),
+        n_embd=32,
+        n_layer=2,
+        n_head=2,
+        n_positions=256,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.eos_token_id,
+    )
+    return GPT2LMHeadModel(config)
+
+
+def with_lora(build):
+    """``build``'s model under a LoRA adapter that changes its outputs (B not zero). The
+    wrapper's forward names few arguments and passes the others on to the base model."""
+
+    def wrapped(tok):
+        model = build(tok)
+        targets = ["c_attn"] if hasattr(model, "transformer") else ["q_proj", "v_proj"]
+        return get_peft_model(model, LoraConfig(r=4, target_modules=targets, init_lora_weights=False))
+
+    return wrapped
+
+
+def lora():
+    return LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0, task_type="CAUSAL_LM")
+
+
+def load_example(filename: str) -> types.ModuleType:
+    """A script of ``examples/`` (their names have dashes) imported as a module."""
+    path = Path(__file__).resolve().parents[1] / "examples" / filename
+    spec = importlib.util.spec_from_file_location(path.stem.replace("-", "_"), path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# ------------------------------------------------------------------------------ a small MAGRPO trainer
+DATA = [{"prompt": "hello there:"}, {"prompt": "a cat"}, {"prompt": "tell me, why?"}]
+
+
+def small_config(tmp_path, **overrides):
+    values = dict(
+        num_train_epochs=1,
+        num_generations=2,
+        max_new_tokens=6,
+        logging_steps=1,
+        agent_learning_rate=1e-3,
+        output_dir=str(tmp_path / "run"),
+    )
+    values.update(overrides)
+    return MAGRPOConfig(**values)
+
+
+def length_sum(*completions):
+    return [float(sum(len(c) for c in joint)) for joint in zip(*completions)]
+
+
+def content_score(*completions):
+    """Depends on every agent's text, so each agent's samples get different credit."""
+    return [float(sum(ord(ch) for c in joint for ch in c) % 13) for joint in zip(*completions)]
+
+
+def make_trainer(tmp_path, agents=None, tokenizer=None, **kwargs):
+    tok = tokenizer or char_tokenizer()
+    if agents is None:
+        agents = [tiny_llama(tok, seed=i) for i in range(2)]
+    kwargs.setdefault("train_dataset", DATA)
+    kwargs.setdefault("reward_func", length_sum)
+    kwargs.setdefault("args", small_config(tmp_path))
+    return MAGRPOTrainer(agents=agents, tokenizer=tok, **kwargs)
+
+
+def snapshot(agents):
+    return [[p.detach().clone() for p in a.parameters()] for a in agents]
+
+
+def unchanged(before, agents):
+    return all(torch.equal(b, p) for bs, a in zip(before, agents) for b, p in zip(bs, a.parameters()))
+
+
+def weights(trainer) -> list[torch.Tensor]:
+    """Each agent's parameters (then each critic's value head's, if the trainer has critics) as one flat tensor."""
+    modules = list(trainer.agents) + [critic.head for critic in getattr(trainer, "critics", [])]
+    return [torch.cat([p.detach().reshape(-1) for p in m.parameters()]) for m in modules]
+
+
+# ------------------------------------------------------------------------------ multi-turn
+def revise(prompt, agent_completions, num_agents, prompt_history_per_agent, response_history_per_agent):
+    """The original library's transition signature: every agent sees the others' last texts."""
+    return [
+        f"{prompt} | others: {' / '.join(agent_completions[:i] + agent_completions[i + 1 :])}"
+        for i in range(num_agents)
+    ]
+
+
+def multi_turn_trainer(
+    tmp_path, num_agents=2, transition=revise, reward=length_sum, formatters=None, trainer_kwargs=None, **overrides
+):
+    tok = char_tokenizer()
+    values = dict(num_turns=2, num_generations=2, max_new_tokens=3)
+    values.update(overrides)
+    return make_trainer(
+        tmp_path,
+        agents=[tiny_llama(tok, seed=i) for i in range(num_agents)],
+        tokenizer=tok,
+        reward_func=reward,
+        formatters=formatters,
+        external_transition=transition,
+        args=small_config(tmp_path, **values),
+        **(trainer_kwargs or {}),
+    )
+
+
+# ------------------------------------------------------------------------------ checkpoints and logs
+def interrupting_reward(at_call, score=length_sum):
+    """``score`` that sends this process SIGINT during its ``at_call``-th call (that step still finishes)."""
+    calls = []
+
+    def reward(a, b):
+        calls.append(1)
+        if len(calls) == at_call:
+            os.kill(os.getpid(), signal.SIGINT)
+        return score(a, b)
+
+    reward.__name__ = score.__name__  # logged under the same name as the straight run's reward
+    return reward
+
+
+def log_lines(run_dir, name):
+    """The JSONL log without the timings, which differ between runs."""
+    lines = [json.loads(line) for line in (run_dir / name).read_text().splitlines()]
+    return [{k: v for k, v in line.items() if not k.startswith("time/")} for line in lines]
+
+
+# ------------------------------------------------------------------------------ configs
+def assert_every_field_documented(config_class):
+    """Each field, in whichever class of the hierarchy declares it, has a docstring line."""
+    sources = [inspect.getsource(c) for c in config_class.__mro__ if dataclasses.is_dataclass(c)]
+    for field in dataclasses.fields(config_class):
+        source = next(s for s in sources if f"    {field.name}: " in s)
+        declaration = source.index(f"    {field.name}: ")
+        following = source[declaration:].split("\n", 2)[1].strip()
+        assert following.startswith('"""'), f"{config_class.__name__}.{field.name} has no docstring line"
+
+
+# ------------------------------------------------------------------------------ data parallelism (torchrun)
+ROWS = [{"prompt": text} for text in ["a cat", "hello", "why?", "go on", "the sea", "rain", "a b c", "yes"]]
+
+
+def score(prompts, a, b):
+    """Differs between rows (through the prompt), so advantages have a spread to whiten."""
+    return [float(len(p) + x.count("a") - y.count("e")) for p, x, y in zip(prompts, a, b)]
+
+
+def build_trainer(algorithm: str, output_dir: Path, per_device_rows: int):
+    """top_k=1 samples deterministically, so any split of the rows over ranks samples the
+    same completions as one process would."""
+    tok = char_tokenizer()
+    common = dict(
+        num_train_epochs=2,
+        per_device_train_batch_size=per_device_rows,
+        num_generations=2,
+        max_new_tokens=6,
+        top_k=1,
+        logging_steps=1,
+        save_steps=2,
+        agent_learning_rate=1e-3,
+        micro_batch_size=3,
+        output_dir=str(output_dir),
+    )
+    if algorithm == "iac":
+        trainer_class, args = IACTrainer, IACConfig(critic_learning_rate=1e-3, **common)
+    else:
+        trainer_class, args = MAREINFORCETrainer, MAREINFORCEConfig(**common)
+    agents = [tiny_llama(tok, seed=i) for i in range(2)]
+    return trainer_class(agents=agents, tokenizer=tok, train_dataset=ROWS, reward_func=score, args=args)
+
+
+def run_ddp_worker(algorithm: str, out: str, per_device_rows: int) -> None:
+    """One rank's run for tests/test_distributed.py: trains the tiny agents on its share of
+    each step's rows, resumes from the mid-run checkpoint, and saves what it holds (weights
+    to ``rank{rank}.pt``, world size, saved folders and steps to ``rank{rank}.json``)."""
+    out_dir = Path(out)
+    straight = build_trainer(algorithm, out_dir / "run", per_device_rows)
+    straight.train()
+    rank = straight.parallel.rank
+    saved = straight.save_model(str(out_dir / "saved"))
+    resumed = build_trainer(algorithm, out_dir / "run", per_device_rows)
+    resumed.train(resume_from_checkpoint=str(out_dir / "run" / "checkpoint-2"))
+    torch.save({"straight": weights(straight), "resumed": weights(resumed)}, out_dir / f"rank{rank}.pt")
+    (out_dir / f"rank{rank}.json").write_text(
+        json.dumps({"world_size": straight.parallel.world_size, "saved": saved, "steps": straight.global_step})
+    )
