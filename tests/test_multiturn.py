@@ -256,7 +256,8 @@ def test_micro_batches_give_the_loss_and_gradient_of_one_pass(tmp_path, loss_typ
         trainer.update.args = dataclasses.replace(trainer.args, micro_batch_size=size)
         trainer.learners.zero_grad()
         out = trainer.update.agent_backward(0, rollouts, advantages, weights, None, None)
-        results.append((torch.tensor(out["agent0/loss"].value()), torch.cat([p.grad.reshape(-1) for p in trainer.agents[0].parameters()])))
+        gradient = torch.cat([p.grad.reshape(-1) for p in trainer.agents[0].parameters()])
+        results.append((torch.tensor(out["agent0/loss"].value()), gradient))
     for loss, grad in results[1:]:
         torch.testing.assert_close(loss, results[0][0], rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(grad, results[0][1], rtol=1e-4, atol=1e-6)
