@@ -12,7 +12,7 @@ Printed per pass: seconds, and the share of the matrix-product rate (measured in
 process, between the passes) that 6 * P * T FLOPs reach, T counting every token of every row
 as trained (the issue's count, so computing a prompt once shows as a higher rate); then the
 median plain/shared time ratio. Shared here means always (``share_prompts=True``); the
-trainer shares only where that saves ``MIN_SAVED_PROMPT_TOKENS`` tokens or more.
+trainer shares only where that saves ``min_saved_prompt_tokens(device)`` tokens or more.
 """
 
 from __future__ import annotations

@@ -59,7 +59,9 @@ def tiny_llama(tokenizer, seed: int = 0) -> LlamaForCausalLM:
     return LlamaForCausalLM(config)
 
 
-def tiny_gpt2(tokenizer, seed: int = 0) -> GPT2LMHeadModel:
+def tiny_gpt2(tokenizer, seed: int = 0, dropout: float = 0.1) -> GPT2LMHeadModel:
+    """A tiny GPT-2 with what real ones have: absolute positions, tied embeddings and
+    GPT-2's own dropout of 0.1 (built from a config, it is in train mode)."""
     torch.manual_seed(seed)
     config = GPT2Config(
         vocab_size=len(tokenizer),
@@ -67,9 +69,9 @@ def tiny_gpt2(tokenizer, seed: int = 0) -> GPT2LMHeadModel:
         n_layer=2,
         n_head=2,
         n_positions=256,
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
-        attn_pdrop=0.0,
+        resid_pdrop=dropout,
+        embd_pdrop=dropout,
+        attn_pdrop=dropout,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=tokenizer.eos_token_id,

@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from comlrl.models.forward import MIN_SAVED_PROMPT_TOKENS, completion_logprobs
+from comlrl.models.forward import completion_logprobs, min_saved_prompt_tokens
+from comlrl.models.modes import disable_dropout
 from comlrl.rollout import generate_group
 
 from .helpers import MIXED, char_tokenizer, tiny_gpt2, tiny_llama, with_lora
@@ -105,6 +106,7 @@ def logprobs_and_gradients(model, rollout, share_prompts):
 def test_shared_prompts_run_once_with_the_plain_paths_logprobs_and_gradients(build):
     tok = char_tokenizer(MIXED)
     model = build(tok)
+    disable_dropout(model)  # as the trainers do: in train mode both paths then compute one function
     torch.manual_seed(0)
     with torch.no_grad():
         rollout = generate_group(
@@ -137,7 +139,8 @@ def test_prompts_run_with_their_completions_when_sharing_saves_little_or_checkpo
     distinct = generate_group(model, tok, ["Hi", long_prompt], 1, {"do_sample": True, "max_new_tokens": 4})
     few = generate_group(model, tok, [long_prompt], 2, {"do_sample": True, "max_new_tokens": 4})  # saves 48
     enough = generate_group(model, tok, [long_prompt], 3, {"do_sample": True, "max_new_tokens": 4})  # saves 96
-    assert 48 < MIN_SAVED_PROMPT_TOKENS <= 96
+    assert 48 < min_saved_prompt_tokens(torch.device("cpu")) <= 96
+    assert min_saved_prompt_tokens(torch.device("cuda", 0)) == min_saved_prompt_tokens(torch.device("xpu")) == 256
     sizes = forward_batch_sizes(model)
     for rollout in (distinct, few, enough):
         completion_logprobs(

@@ -14,9 +14,21 @@ from comlrl.algorithms import selective_log_softmax
 from comlrl.algorithms.logprobs import token_entropy
 
 # The shortcut of ``_shared_prompt_logits`` gives every parameter a second gradient, which
-# autograd adds to the first: a fixed cost, measured on a 2-core CPU as large as the compute
-# of ~90 tokens (benchmarks/README.md, ``bench_update.py``). Below this saving it does not pay.
-MIN_SAVED_PROMPT_TOKENS = 96
+# autograd adds to the first: a fixed cost, set against the compute of the prompt tokens it
+# saves. Below this saving (prompt tokens per micro-batch) it does not pay, per device type:
+# - cpu: measured on a 2-core CPU as ~90 tokens (benchmarks/README.md, ``bench_update.py``).
+# - any accelerator: NOT measured, chosen from the costs' ratio. The fixed cost reads and
+#   writes each parameter's gradient once more (~12 bytes per parameter, bandwidth-bound); a
+#   saved token costs ~6 FLOPs per parameter (forward and backward). A GPU that does 100-200
+#   bf16 FLOPs per byte of memory bandwidth (A100, H100, H200) breaks even at ~200-400 tokens;
+#   256. ``bench_update.py --prompt-tokens N`` measures the break-even on any device.
+MIN_SAVED_PROMPT_TOKENS = {"cpu": 96}
+ACCELERATOR_MIN_SAVED_PROMPT_TOKENS = 256
+
+
+def min_saved_prompt_tokens(device: torch.device) -> int:
+    """The fewest prompt tokens a micro-batch on ``device`` must save to share its prompts."""
+    return MIN_SAVED_PROMPT_TOKENS.get(device.type, ACCELERATOR_MIN_SAVED_PROMPT_TOKENS)
 
 
 @functools.cache
@@ -64,7 +76,7 @@ def completion_logprobs(
 
     Rows that share a prompt (the G samples of a prompt) compute it once where the model
     allows (see ``_shared_prompt_logits``): by default when that saves at least
-    ``MIN_SAVED_PROMPT_TOKENS`` tokens, always with ``share_prompts=True``, never with
+    :func:`min_saved_prompt_tokens` tokens on the model's device, always with ``share_prompts=True``, never with
     ``False`` (one forward over the whole rows). The values are the same.
 
     Columns that are padding in every row (a micro-batch of short prompts or completions
@@ -138,7 +150,7 @@ def _shared_prompt_logits(
 ) -> Tensor | None:
     """``(S, T, V)`` logits with each distinct prompt computed once, or None (-> one forward
     over the whole rows) when no two rows share a prompt, the model cannot take the shortcut,
-    or (unless ``force``) it would save fewer than ``MIN_SAVED_PROMPT_TOKENS`` tokens.
+    or (unless ``force``) it would save fewer than :func:`min_saved_prompt_tokens` tokens.
 
     The G samples of a prompt share it, so the plain path computes every prompt G times. Here
     the distinct prompts but their last token run once with a KV cache, the cache is gathered
@@ -149,7 +161,8 @@ def _shared_prompt_logits(
     """
     unique_rows, inverse = torch.unique(torch.cat([prompt_ids, prompt_mask], dim=1), dim=0, return_inverse=True)
     saved_tokens = (len(prompt_ids) - len(unique_rows)) * (prompt_ids.shape[1] - 1)
-    worth_it = saved_tokens > 0 and (force or saved_tokens >= MIN_SAVED_PROMPT_TOKENS)
+    threshold = min_saved_prompt_tokens(prompt_ids.device)
+    worth_it = saved_tokens > 0 and (force or saved_tokens >= threshold)
     if not worth_it or completion_ids.shape[1] == 0 or _checkpointed(model):
         return None
     cache_name = next((name for name in ("cache", "past_key_values") if accepts(model, name)), None)
