@@ -58,6 +58,18 @@ class DataParallel:
         start = self.rank * share + min(self.rank, extra)
         return rows[start : start + share + (self.rank < extra)]
 
+    def check_rows(self, num_rows: int, per_device_batch_size: int) -> None:
+        """Every rank needs a row at every step of an epoch, the last one included."""
+        rows_per_step = per_device_batch_size * self.world_size
+        last = num_rows % rows_per_step
+        if 0 < last < self.world_size or num_rows < self.world_size:
+            raise ValueError(
+                f"train_dataset has {num_rows} rows; with {self.world_size} ranks x per_device_train_batch_size="
+                f"{per_device_batch_size} = {rows_per_step} rows per step, the last step of each epoch holds "
+                f"{last or num_rows}, fewer than the {self.world_size} ranks. Use a row count whose remainder "
+                f"modulo {rows_per_step} is 0 or at least {self.world_size}"
+            )
+
     def sum_values(self, values: list[float]) -> list[float]:
         """Each number summed over the ranks (counts, totals), in float64."""
         if not self.enabled:

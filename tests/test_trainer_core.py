@@ -210,3 +210,18 @@ def test_console_line_is_compact_and_the_log_keeps_everything(tmp_path, capsys):
         "step 3 | eval/reward_mean 0.5 | eval/turn1/reward_mean 0.25"
     )
     assert math.isfinite(logged["agent0/loss"])
+
+
+# ------------------------------------------------------------------------------ public surface
+def test_the_public_surface_is_flat_and_the_tutorials_paths_keep_working():
+    import comlrl
+    import comlrl.trainers
+    from comlrl.trainers.reinforce import MAGRPOConfig, MAGRPOTrainer
+    from comlrl.utils.reward_processor import RewardProcessors
+
+    assert comlrl.MAGRPOTrainer is MAGRPOTrainer and comlrl.MAGRPOConfig is MAGRPOConfig
+    assert comlrl.RewardProcessors is RewardProcessors
+    for name in ("IACTrainer", "IACConfig", "MAACTrainer", "MAACConfig", "MARLOOTrainer", "TrainResult"):
+        assert getattr(comlrl, name) is getattr(comlrl.trainers, name) and name in comlrl.__all__
+    with pytest.raises(AttributeError, match="no attribute 'Trainer'"):
+        comlrl.Trainer  # noqa: B018

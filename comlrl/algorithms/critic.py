@@ -1,12 +1,7 @@
-"""Actor-critic estimates over a rollout tree: lambda-returns (GAE), the value loss and
-per-agent advantage whitening. Tensors in, tensors out.
-
-Turn t of a step holds M_t nodes; a node's critic value V estimates the return of the joint
-actions played there. Where a joint action started a child node (the next turn of its
-branch), GAE bootstraps from that child; each node has J joint actions, so the child's
-"next step" is the mean over its joint actions. The lambda-returns live with the Monte-Carlo
-returns in :mod:`comlrl.algorithms.returns` (one backward loop for both) and are re-exported here.
-"""
+"""Actor-critic pieces: the clipped value loss and per-agent advantage whitening. Tensors
+in, tensors out. GAE's lambda-returns over the rollout tree live with the Monte-Carlo returns
+in :mod:`comlrl.algorithms.returns` (one backward loop for both); the critics' explained
+variance is a metric (:func:`comlrl.metrics.stats.explained_variance`)."""
 
 from __future__ import annotations
 
@@ -14,10 +9,6 @@ from collections.abc import Callable
 
 import torch
 from torch import Tensor
-
-from comlrl.algorithms.returns import tree_lambda_returns
-
-__all__ = ["clipped_value_loss", "explained_variance", "tree_lambda_returns", "whiten"]
 
 
 def whiten(values: Tensor, eps: float = 1e-8, reduce: Callable[[list[float]], list[float]] | None = None) -> Tensor:
@@ -53,12 +44,3 @@ def clipped_value_loss(
     clipped_values = old_values + torch.clamp(values - old_values, -clip_range, clip_range)
     clipped_squared = (clipped_values - targets) ** 2
     return 0.5 * torch.maximum(squared, clipped_squared), clipped_squared > squared
-
-
-def explained_variance(predictions: Tensor, targets: Tensor) -> float:
-    """``1 - Var(targets - predictions) / Var(targets)``: 1 for a perfect critic, 0 for one that
-    predicts the mean, negative for worse; NaN when the targets do not vary."""
-    variance = targets.var() if targets.numel() > 1 else targets.new_tensor(0.0)
-    if variance == 0:
-        return float("nan")
-    return (1 - (targets - predictions).var() / variance).item()

@@ -15,6 +15,7 @@ from comlrl.checkpoint.files import (
     read_state,
     save_checkpoint,
     truncate_log,
+    write_folders,
 )
 
 __all__ = [
@@ -32,4 +33,5 @@ __all__ = [
     "read_state",
     "save_checkpoint",
     "truncate_log",
+    "write_folders",
 ]

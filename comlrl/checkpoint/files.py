@@ -130,6 +130,22 @@ def save_checkpoint(
     return final
 
 
+def write_folders(output_dir: str, writers: Sequence[tuple[str, Callable[[str], None]]]) -> list[str]:
+    """``output_dir/<name>`` written by each ``(name, write)``, under a temporary name renamed
+    when complete, so an interrupted save never leaves a folder that looks complete."""
+    os.makedirs(output_dir, exist_ok=True)
+    folders = []
+    for name, write in writers:
+        final = os.path.join(output_dir, name)
+        partial = os.path.join(output_dir, f".{name}.partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        write(partial)
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(partial, final)
+        folders.append(final)
+    return folders
+
+
 def find_checkpoint(output_dir: str, resume_from_checkpoint: bool | str) -> str:
     """The checkpoint folder to resume from: the newest complete one in ``output_dir`` when
     ``resume_from_checkpoint`` is True, else that path (which must be complete)."""

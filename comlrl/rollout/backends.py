@@ -49,6 +49,16 @@ class GenerationBackend(Protocol):
         ...
 
 
+def build_backend(name: str, agents: Any, vllm_gpu_memory_utilization: float) -> GenerationBackend:
+    """The backend ``name`` (a key of ``BACKENDS``) for ``agents`` (the trainer's
+    :class:`~comlrl.trainers.agents.Agents`: models, tokenizers, adapters, precision)."""
+    if name == "vllm":
+        from comlrl.rollout.vllm_backend import VLLMBackend
+
+        return VLLMBackend(agents, agents.tokenizers, agents.adapters, vllm_gpu_memory_utilization)
+    return HFBackend(agents, agents.tokenizers, agents.activate, agents.precision)
+
+
 class HFBackend:
     """Sampling with the training models themselves: nothing to synchronise."""
 

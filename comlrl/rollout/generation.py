@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 
 from comlrl.algorithms import completion_mask
+from comlrl.models.modes import frozen
 from comlrl.rollout.decoding import decode, decoding_settings
 
 # Agents may share one tokenizer and generate in parallel threads; a fast tokenizer sets its
@@ -97,21 +98,14 @@ def generate_group(
     eos_ids = eos_token_ids(model, tokenizer) if eos is None else [eos] if isinstance(eos, int) else list(eos)
     kwargs.setdefault("pad_token_id", tokenizer.pad_token_id)
     settings = decoding_settings(model, kwargs)
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.inference_mode():
-            if settings is None:
-                sequences = model.generate(
-                    input_ids=prompt_ids, attention_mask=prompt_mask, eos_token_id=eos_ids, **kwargs
-                )
-                completion_ids = sequences[:, prompt_ids.shape[1] :]
-            else:
-                pad_id = kwargs["pad_token_id"]
-                if pad_id is None:  # no row can finish without an EOS id, so no pad is written
-                    pad_id = eos_ids[0] if eos_ids else 0
-                completion_ids = decode(model, prompt_ids, prompt_mask, settings, eos_ids, pad_id, generator)
-    finally:
-        model.train(was_training)
+    with frozen(model, inference=True):
+        if settings is None:
+            sequences = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, eos_token_id=eos_ids, **kwargs)
+            completion_ids = sequences[:, prompt_ids.shape[1] :]
+        else:
+            pad_id = kwargs["pad_token_id"]
+            if pad_id is None:  # no row can finish without an EOS id, so no pad is written
+                pad_id = eos_ids[0] if eos_ids else 0
+            completion_ids = decode(model, prompt_ids, prompt_mask, settings, eos_ids, pad_id, generator)
     # Inference tensors cannot enter autograd; the ids are small, a copy is cheap.
     return rollout_from_ids(tokenizer, prompt_ids, prompt_mask, completion_ids.clone(), eos_ids)

@@ -97,6 +97,22 @@ def tree_size(num_rows: int, num_agents: int, num_generations: int, num_joint: i
     )
 
 
+def check_tree_budget(
+    num_rows: int, num_agents: int, num_generations: int, num_joint: int, num_turns: int, joint_mode: str, limit: int
+) -> None:
+    """Refuse a config whose rollout tree could sample more than ``limit`` completions per step,
+    naming the numbers and the knobs that lower them."""
+    size = tree_size(num_rows, num_agents, num_generations, num_joint, num_turns)
+    if size.generations > limit:
+        raise ValueError(
+            f"this config's rollout tree samples up to {size.generations} completions per step "
+            f"({size.nodes} nodes x {num_agents} agents x {num_generations} generations; {num_rows} rows, "
+            f"{num_turns} turns, joint_mode={joint_mode!r} with {num_joint} joint actions per node), above "
+            f"max_generations_per_step={limit}. Lower num_generations, num_turns or per_device_train_batch_size, "
+            "use joint_mode='aligned', or raise max_generations_per_step"
+        )
+
+
 def _generate_agent(generate: GenerateFn, prompts: list[list[str]], agent: int) -> AgentRollout:
     return generate(agent, prompts[agent])
 

@@ -21,7 +21,6 @@ import abc
 import functools
 import math
 import os
-import shutil
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
@@ -29,6 +28,7 @@ from typing import Any, NamedTuple
 import torch
 
 from comlrl.algorithms import joint_action_indices
+from comlrl.checkpoint import write_folders
 from comlrl.checkpoint.config_record import config_record
 from comlrl.distributed import DataParallel
 from comlrl.metrics import JsonlSink, TensorBoardSink, WandbSink
@@ -40,11 +40,11 @@ from comlrl.models.placement import map_agents
 from comlrl.optim import Learners, per_agent_learning_rates
 from comlrl.rewards import JointReward
 from comlrl.rollout import AgentRollout
-from comlrl.rollout.backends import GenerationBackend, HFBackend
+from comlrl.rollout.backends import build_backend
 from comlrl.rollout.prompts import Formatter, PromptTable
 from comlrl.rollout.sampling import SamplingSpec
 from comlrl.rollout.transition import Transition
-from comlrl.rollout.tree import RolloutTree, build_tree, tree_size
+from comlrl.rollout.tree import RolloutTree, build_tree, check_tree_budget
 from comlrl.trainers.agents import Agents
 from comlrl.trainers.config import TrainerConfig
 from comlrl.trainers.loop import TrainingLoop, TrainResult
@@ -137,19 +137,19 @@ class MultiAgentTrainer(abc.ABC):
         eval_aggregator: Callable[..., dict[str, float]] | None = None,
         peft_config: Any = None,
     ):
-        self.args = args if args is not None else self.config_class()
-        if not isinstance(self.args, self.config_class):
-            raise TypeError(f"args must be a {self.config_class.__name__}, got {type(self.args).__name__}")
+        self.args = args = args if args is not None else self.config_class()
+        if not isinstance(args, self.config_class):
+            raise TypeError(f"args must be a {self.config_class.__name__}, got {type(args).__name__}")
         if reward_func is None:
             raise ValueError("reward_func is required")
         if train_dataset is None:
             raise ValueError("train_dataset is required")
-        if self.args.num_turns > 1 and external_transition is None:
+        if args.num_turns > 1 and external_transition is None:
             raise ValueError(
-                f"num_turns={self.args.num_turns} needs external_transition=, a function that writes each "
+                f"num_turns={args.num_turns} needs external_transition=, a function that writes each "
                 "agent's next-turn prompt from the joint action just taken"
             )
-        self.sampling = SamplingSpec.from_config(self.args)
+        self.sampling = SamplingSpec.from_config(args)
         """How completions are sampled, fixed for the run: generation, the log-probs'
         temperature and the loss's constants all read it."""
         self.parallel = DataParallel.from_environment()
@@ -162,30 +162,38 @@ class MultiAgentTrainer(abc.ABC):
             self.model_kwargs,
             self.tokenizer_kwargs,
             peft_config,
-            self.args,
+            args,
             self.parallel.local_rank if self.parallel.enabled else None,
         )
         self.num_agents = len(self.agents)
-        self.reward = JointReward(reward_func, self.num_agents, reward_processor, weights=self.args.reward_weights)
+        self.reward = JointReward(reward_func, self.num_agents, reward_processor, weights=args.reward_weights)
         self.transition = None if external_transition is None else Transition(external_transition, self.num_agents)
         self.train_prompts = PromptTable(train_dataset, formatters, self.num_agents, "train_dataset")
-        self._check_rank_shares()
+        self.parallel.check_rows(len(self.train_prompts), args.per_device_train_batch_size)
         self.eval_prompts = (
             None if eval_dataset is None else PromptTable(eval_dataset, formatters, self.num_agents, "eval_dataset")
         )
         self.eval_hooks = EvalHooks(eval_logger, eval_aggregator)
         self.wandb_config = wandb_config
-        self.joint_indices = joint_action_indices(self.num_agents, self.args.num_generations, self.args.joint_mode)
-        self._check_tree_budget()
+        self.joint_indices = joint_action_indices(self.num_agents, args.num_generations, args.joint_mode)
+        check_tree_budget(
+            args.per_device_train_batch_size,
+            self.num_agents,
+            args.num_generations,
+            self.joint_indices.shape[0],
+            args.num_turns,
+            args.joint_mode,
+            args.max_generations_per_step,
+        )
         self.learners = Learners()
         """Every optimizer and schedule: one per agent ("agent 0", ...), then the critics'."""
         self.add_learners(
             [f"agent {i}" for i in range(self.num_agents)],
             self.agents.parameters,
-            per_agent_learning_rates(self.args.agent_learning_rate, self.num_agents),
+            per_agent_learning_rates(args.agent_learning_rate, self.num_agents),
         )
-        self.backend = self._build_backend()
-        self.update = PolicyUpdate(self.agents, self.learners, self.args, self.sampling, self.parallel, self.passes)
+        self.backend = build_backend(args.generation_backend, self.agents, args.vllm_gpu_memory_utilization)
+        self.update = PolicyUpdate(self.agents, self.learners, args, self.sampling, self.parallel, self.passes)
         self.global_step = 0
 
     # ----------------------------------------------------------------------------------------
@@ -208,49 +216,11 @@ class MultiAgentTrainer(abc.ABC):
     # ----------------------------------------------------------------------------------------
     # set-up
     # ----------------------------------------------------------------------------------------
-    def _build_backend(self) -> GenerationBackend:
-        if self.args.generation_backend == "vllm":
-            from comlrl.rollout.vllm_backend import VLLMBackend
-
-            return VLLMBackend(
-                self.agents, self.agents.tokenizers, self.agents.adapters, self.args.vllm_gpu_memory_utilization
-            )
-        return HFBackend(self.agents, self.agents.tokenizers, self.agents.activate, self.agents.precision)
-
     @property
     def steps_per_epoch(self) -> int:
         """Training steps per epoch (the last batch of an epoch may hold fewer rows); a step
         takes ``per_device_train_batch_size`` rows on each data-parallel rank."""
         return math.ceil(len(self.train_prompts) / (self.args.per_device_train_batch_size * self.parallel.world_size))
-
-    def _check_rank_shares(self) -> None:
-        """Under data parallelism every rank needs a row at every step, the last one included."""
-        ranks = self.parallel.world_size
-        rows_per_step = self.args.per_device_train_batch_size * ranks
-        last = len(self.train_prompts) % rows_per_step
-        if 0 < last < ranks or len(self.train_prompts) < ranks:
-            raise ValueError(
-                f"train_dataset has {len(self.train_prompts)} rows; with {ranks} ranks x per_device_train_batch_size="
-                f"{self.args.per_device_train_batch_size} = {rows_per_step} rows per step, the last step of each epoch "
-                f"holds {last or len(self.train_prompts)}, fewer than the {ranks} ranks. Use a row count whose "
-                f"remainder modulo {rows_per_step} is 0 or at least {ranks}"
-            )
-
-    def _check_tree_budget(self) -> None:
-        args = self.args
-        joint_actions = self.joint_indices.shape[0]
-        size = tree_size(
-            args.per_device_train_batch_size, self.num_agents, args.num_generations, joint_actions, args.num_turns
-        )
-        if size.generations > args.max_generations_per_step:
-            raise ValueError(
-                f"this config's rollout tree samples up to {size.generations} completions per step "
-                f"({size.nodes} nodes x {self.num_agents} agents x {args.num_generations} generations; "
-                f"{args.per_device_train_batch_size} rows, {args.num_turns} turns, joint_mode={args.joint_mode!r} "
-                f"with {joint_actions} joint actions per node), above max_generations_per_step="
-                f"{args.max_generations_per_step}. Lower num_generations, num_turns or per_device_train_batch_size, "
-                "use joint_mode='aligned', or raise max_generations_per_step"
-            )
 
     def add_learners(
         self, names: Sequence[str], parameters: Sequence[Sequence[torch.nn.Parameter]], learning_rates: Sequence[float]
@@ -410,17 +380,7 @@ class MultiAgentTrainer(abc.ABC):
         """
         if not self.parallel.is_main:
             return []
-        os.makedirs(output_dir, exist_ok=True)
-        folders = []
-        for name, write in self.model_writers(merge_adapters):
-            final = os.path.join(output_dir, name)
-            partial = os.path.join(output_dir, f".{name}.partial")
-            shutil.rmtree(partial, ignore_errors=True)
-            write(partial)
-            shutil.rmtree(final, ignore_errors=True)
-            os.replace(partial, final)
-            folders.append(final)
-        return folders
+        return write_folders(output_dir, self.model_writers(merge_adapters))
 
     def model_writers(self, merge_adapters: bool = False) -> list[tuple[str, Callable[[str], None]]]:
         """Folder name and writer of every trained model, for ``save_model`` and checkpoints."""

@@ -22,8 +22,8 @@ from typing import Any
 import torch
 
 from comlrl.algorithms import per_agent_returns
-from comlrl.algorithms.critic import tree_lambda_returns, whiten
-from comlrl.algorithms.returns import tree_returns
+from comlrl.algorithms.critic import whiten
+from comlrl.algorithms.returns import tree_lambda_returns, tree_returns
 from comlrl.checkpoint import load_weights
 from comlrl.models.loading import check_agents, enable_activation_checkpointing, load_agents, resolve_tokenizers
 from comlrl.models.modes import disable_dropout
