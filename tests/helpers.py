@@ -42,9 +42,11 @@ def char_tokenizer(alphabet: str = LOWER, pad: bool = True) -> PreTrainedTokeniz
     )
 
 
-def tiny_llama(tokenizer, seed: int = 0) -> LlamaForCausalLM:
+def tiny_llama(tokenizer, seed: int = 0, attention_dropout: float = 0.0) -> LlamaForCausalLM:
+    """A tiny Llama (rotary positions, untied embeddings; Llama checkpoints' attention dropout is 0)."""
     torch.manual_seed(seed)
     config = LlamaConfig(
+        attention_dropout=attention_dropout,
         vocab_size=len(tokenizer),
         hidden_size=32,
         intermediate_size=64,

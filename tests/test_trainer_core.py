@@ -8,7 +8,7 @@ import math
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, LogitsProcessor, LogitsProcessorList
+from transformers import LogitsProcessor, LogitsProcessorList
 
 from comlrl.metrics import stats
 from comlrl.metrics.rollout import format_metrics
@@ -16,7 +16,15 @@ from comlrl.models.modes import disable_dropout, frozen
 from comlrl.rollout.sampling import SamplingSpec
 from comlrl.utils.run_control import cuda_devices
 
-from .helpers import char_tokenizer, content_score, make_trainer, multi_turn_trainer, small_config, tiny_gpt2
+from .helpers import (
+    char_tokenizer,
+    content_score,
+    make_trainer,
+    multi_turn_trainer,
+    small_config,
+    tiny_gpt2,
+    tiny_llama,
+)
 
 
 # ------------------------------------------------------------------------------ dropout
@@ -56,16 +64,7 @@ def test_disable_dropout_zeroes_modules_and_attention_rates_but_not_the_config()
     assert disable_dropout(gpt2) == 2 * 3 + 1  # per block: attention, its residual, the MLP's; embeddings
     assert all(m.p == 0.0 for m in gpt2.modules() if isinstance(m, torch.nn.Dropout))
     assert gpt2.config.resid_pdrop == 0.1
-    llama = LlamaForCausalLM(
-        LlamaConfig(
-            vocab_size=len(tok),
-            hidden_size=16,
-            intermediate_size=32,
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            attention_dropout=0.25,
-        )  # fmt: skip
-    )
+    llama = tiny_llama(tok, attention_dropout=0.25)
     assert [layer.self_attn.attention_dropout for layer in llama.model.layers] == [0.25, 0.25]
     assert disable_dropout(llama) == 2
     assert [layer.self_attn.attention_dropout for layer in llama.model.layers] == [0.0, 0.0]
