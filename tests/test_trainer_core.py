@@ -14,7 +14,7 @@ from comlrl.metrics import stats
 from comlrl.metrics.rollout import format_metrics
 from comlrl.models.modes import disable_dropout, frozen
 from comlrl.rollout.sampling import SamplingSpec
-from comlrl.utils.run_control import cuda_devices
+from comlrl.utils.run_control import seeded_cuda_devices
 
 from .helpers import (
     char_tokenizer,
@@ -165,10 +165,11 @@ def test_undefined_metrics_are_left_out_and_passes_are_averaged():
 
 
 # ------------------------------------------------------------------------------ evaluation's generators
-def test_evaluation_forks_the_generator_of_every_cuda_device_in_use():
-    devices = [torch.device("cuda", 1), torch.device("cpu"), torch.device("cuda", 0), torch.device("cuda", 1)]
-    assert cuda_devices(devices) == [0, 1]
-    assert cuda_devices([torch.device("cpu")]) == []
+def test_evaluation_forks_the_generator_of_every_gpu(monkeypatch):
+    assert seeded_cuda_devices() == ([] if not torch.cuda.is_available() else list(range(torch.cuda.device_count())))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert seeded_cuda_devices() == [0, 1]  # torch.manual_seed reseeds both
 
 
 def test_evaluation_leaves_the_training_generators_untouched(tmp_path):

@@ -49,7 +49,7 @@ from comlrl.trainers.agents import Agents
 from comlrl.trainers.config import TrainerConfig
 from comlrl.trainers.loop import TrainingLoop, TrainResult
 from comlrl.trainers.update import Estimate, PolicyUpdate
-from comlrl.utils.run_control import cuda_devices
+from comlrl.utils.run_control import seeded_cuda_devices
 
 RewardFunction = Callable[..., Sequence[Any]]
 
@@ -331,9 +331,9 @@ class MultiAgentTrainer(abc.ABC):
         the reward mean over all turns, the reward and expected return of each turn, and the
         metrics of the ``eval_logger`` hook.
 
-        Sampling uses its own generators seeded by ``seed`` on every device the agents use:
-        evaluations of the same weights agree, and evaluating during training does not change
-        the training samples.
+        Sampling uses generators seeded by ``seed``, and every generator (the CPU's and each
+        GPU's) is put back afterwards: evaluations of the same weights agree, and evaluating
+        during training does not change the training samples.
         """
         if self.eval_prompts is None:
             raise ValueError("evaluate() needs an eval_dataset: pass eval_dataset= to the trainer")
@@ -341,8 +341,8 @@ class MultiAgentTrainer(abc.ABC):
         rows = list(range(len(self.eval_prompts)))[: args.eval_num_samples]
         single_path = torch.zeros(1, self.num_agents, dtype=torch.long)
         sampling = self.sampling if args.eval_do_sample else self.sampling.greedy()
-        devices = cuda_devices(self.agents.device(i) for i in range(self.num_agents))
-        with torch.random.fork_rng(devices=devices, device_type="cuda"):
+        # manual_seed reseeds the CPU's generator and every GPU's: all of them are put back.
+        with torch.random.fork_rng(devices=seeded_cuda_devices(), device_type="cuda"):
             torch.manual_seed(args.seed)
             trees = [
                 self.rollout(

@@ -54,6 +54,8 @@ class TrainingLoop:
             # Ranks sample differently; they all shuffle the data alike.
             seed_everything(self.args.seed + trainer.parallel.rank)
             self.data_order.manual_seed(self.args.seed)
+        self.logger = MetricsLogger(trainer.sinks() if self.main else [])
+        self.logger.add_window(self.progress.metrics_window)
         self.bar = tqdm(
             total=self.args.num_train_epochs * trainer.steps_per_epoch,
             initial=trainer.global_step,
@@ -62,8 +64,6 @@ class TrainingLoop:
             dynamic_ncols=True,
             disable=not self.main,
         )
-        self.logger = MetricsLogger(trainer.sinks() if self.main else [])
-        self.logger.add_window(self.progress.metrics_window)
         self.evaluates = trainer.eval_prompts is not None and self.main
         self.interrupted = False
 

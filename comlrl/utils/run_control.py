@@ -5,7 +5,6 @@ from __future__ import annotations
 import random
 import signal
 import threading
-from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -45,14 +44,10 @@ class StopOnSignal:
         self._restore()
 
 
-def cuda_devices(devices: Iterable[torch.device]) -> list[int]:
-    """The CUDA device indices among ``devices`` (``cuda`` alone is the current device), each
-    once: those whose generators ``torch.random.fork_rng`` must fork."""
-    indices = set()
-    for device in map(torch.device, devices):
-        if device.type == "cuda":
-            indices.add(device.index if device.index is not None else torch.cuda.current_device())
-    return sorted(indices)
+def seeded_cuda_devices() -> list[int]:
+    """Every CUDA device whose generator ``torch.manual_seed`` reseeds (all visible ones), so
+    what ``torch.random.fork_rng`` must fork to leave every generator as it was."""
+    return list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
 
 
 def generator_states() -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
