@@ -201,7 +201,8 @@ def test_each_turn_of_an_episode_weighs_the_same_whatever_its_width(tmp_path, lo
 def test_console_line_is_compact_and_the_log_keeps_everything(tmp_path, capsys):
     trainer = make_trainer(tmp_path, args=small_config(tmp_path))
     trainer.train()
-    line = capsys.readouterr().out.splitlines()[0]
+    announced, line = capsys.readouterr().out.splitlines()[:2]
+    assert announced == f"MAGRPO: this run writes to {tmp_path / 'run'}"
     assert line.startswith("step 1 | reward ") and "agent0 loss " in line and "agent1 loss " in line
     assert line.endswith(" s/step") and "advantage" not in line and len(line) < 120
     logged = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])

@@ -43,7 +43,9 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     try:
         from matplotlib.figure import Figure
     except ImportError:
-        raise ImportError("plotting needs matplotlib: pip install 'comlrl[plot]'") from None
+        raise ImportError(
+            "plotting needs matplotlib: pip install matplotlib (in a clone of comlrl: pip install -e '.[plot]')"
+        ) from None
     log = Path(run_dir) / "metrics.jsonl"
     if not log.is_file():
         raise FileNotFoundError(f"no metrics log at {log}: is {run_dir} a run's output_dir?")

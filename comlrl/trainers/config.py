@@ -169,7 +169,8 @@ class TrainerConfig:
 
     # --- output ---------------------------------------------------------------------------
     output_dir: str = "comlrl_output"
-    """Where the run's logs are written: ``metrics.jsonl``, ``samples.jsonl``, ``tensorboard/``."""
+    """Where the run writes (``train()`` prints it when it starts): ``metrics.jsonl``,
+    ``samples.jsonl``, ``checkpoint-{step}/``, ``tensorboard/``."""
     logging_steps: int = 50
     """Write averaged metrics every this many training steps."""
     num_completions_to_log: int = 4

@@ -9,6 +9,7 @@ evaluation and checkpoints at their cadence, and a clean stop on SIGINT/SIGTERM.
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 from dataclasses import dataclass
@@ -65,6 +66,8 @@ class TrainingLoop:
             disable=not self.main,
         )
         self.evaluates = trainer.eval_prompts is not None and self.main
+        if self.main:
+            self.bar.write(f"{trainer.algorithm_name}: this run writes to {os.path.abspath(self.args.output_dir)}")
         self.interrupted = False
 
     def run(self) -> TrainResult:
