@@ -161,7 +161,8 @@ def test_function_that_raises_with_prompts():
 
 @pytest.mark.parametrize("values", [[1.0], [1.0, 2.0, 3.0]])
 def test_wrong_number_of_values(values):
-    with pytest.raises(ValueError, match=rf"returned {len(values)} values for 2 joint actions"):
+    count = f"{len(values)} value{'' if len(values) == 1 else 's'}"
+    with pytest.raises(ValueError, match=rf"returned {count} \(.*\) for joint actions 0-1 \(dataset rows 5, 7\)"):
         score(lambda c1, c2: values)
 
 
@@ -211,7 +212,11 @@ def test_non_number_inside_a_per_agent_reward():
 
 @pytest.mark.parametrize("returned, type_name", [(3.0, "float"), (None, "NoneType"), (7, "int")])
 def test_non_sequence_return(returned, type_name):
-    with pytest.raises(TypeError, match=rf"must return a sequence of 2 numbers.*got {type_name}"):
+    with pytest.raises(
+        TypeError,
+        match=rf"returned {returned!r} \({type_name}\) for joint actions 0-1 \(dataset rows 5, 7\); "
+        "expected a sequence of 2 numbers",
+    ):
         score(lambda c1, c2: returned)
 
 
@@ -497,7 +502,7 @@ def test_wrong_per_agent_width():
     with pytest.raises(ValueError) as info:
         score(per_agent)
     assert str(info.value) == (
-        "reward_func f returned 3 values for joint action 1 (dataset row 7); "
+        "reward_func f returned 3 values ([1.0, 2.0, 3.0]) for joint action 1 (dataset row 7); "
         "a per-agent reward needs 2 values (one per agent)"
     )
 
@@ -515,7 +520,7 @@ def test_wrong_per_agent_width():
 def test_wrong_per_agent_width_forms(returned, width, k):
     with pytest.raises(
         ValueError,
-        match=rf"returned {width} values for joint action {k} \(dataset row {ROWS[k]}\); "
+        match=rf"returned {width} values? \(.*\) for joint action {k} \(dataset row {ROWS[k]}\); "
         r"a per-agent reward needs 2 values \(one per agent\)",
     ):
         score(lambda c1, c2: returned)
@@ -555,3 +560,56 @@ def test_weighted_sum_overflow_is_named():
 def test_empty_batch():
     batch = JointReward([lambda c1, c2: [], lambda c1, c2: torch.zeros(0, 2)], 2)([], [[], []], [])
     assert batch.per_function.shape == (2, 0, 2) and batch.raw.shape == (0, 2) and batch.processed.shape == (0, 2)
+
+
+# ---------------------------------------------------------------- a wrong count or a non-list names rows and value
+
+
+def one_value_reward(c1, c2):
+    return [0.25]
+
+
+def test_wrong_count_names_the_rows_the_value_and_the_count():
+    with pytest.raises(ValueError) as info:
+        score(one_value_reward)
+    assert str(info.value) == (
+        "reward_func one_value_reward returned 1 value ([0.25]) for joint actions 0-1 (dataset rows 5, 7); "
+        "expected 2 values (one per joint action)"
+    )
+
+
+def test_wrong_count_names_each_dataset_row_once():
+    # G = 2 samples of dataset row 3: its joint actions share the row, which is named once
+    with pytest.raises(ValueError, match=r"returned 3 values \(\[1, 2, 3\]\) for joint actions 0-1 \(dataset row 3\)"):
+        JointReward(lambda c1, c2: [1, 2, 3], 2)(PROMPTS, COMPLETIONS, [3, 3])
+
+
+@pytest.mark.parametrize(
+    "returned, shown",
+    [(0.5, "0.5 (float)"), ("ok", "'ok' (str)"), ("1.0", "'1.0' (str)"), ({"a": 1.0, "b": 2.0}, "(dict)")],
+)
+def test_non_list_return_names_the_rows_and_the_value(returned, shown):
+    # a string or a dict of the right length is not read as one reward per character or key
+    with pytest.raises(TypeError) as info:
+        score(lambda c1, c2: returned)
+    message = str(info.value)
+    assert f"returned {returned!r} ({type(returned).__name__}) for joint actions 0-1 (dataset rows 5, 7)" in message
+    assert shown in message
+    assert "expected a sequence of 2 numbers (one per joint action)" in message
+
+
+def test_long_return_is_cut_short():
+    with pytest.raises(ValueError) as info:
+        score(lambda c1, c2: list(range(1000)))
+    message = str(info.value)
+    assert "returned 1000 values ([0, 1, 2," in message
+    assert "...) for joint actions 0-1 (dataset rows 5, 7)" in message
+    assert len(message) < 400
+
+
+def test_single_value_per_agent_reward_is_singular():
+    with pytest.raises(ValueError) as info:
+        score(lambda c1, c2: [1.0, [2.0]])
+    assert "returned 1 value ([2.0]) for joint action 1 (dataset row 7); a per-agent reward needs 2 values" in str(
+        info.value
+    )

@@ -5,10 +5,12 @@ import math
 
 import pytest
 import torch
+import transformers
 
 from comlrl.algorithms import token_weights
 from comlrl.models.forward import completion_logprobs
 from comlrl.models.loading import split_model_config
+from comlrl.trainers.actor_critic import IACConfig, IACTrainer
 from comlrl.trainers.reinforce import MAGRPOTrainer
 
 from .helpers import char_tokenizer, content_score, make_trainer, small_config, tiny_llama
@@ -88,3 +90,72 @@ def test_bf16_autocast_trains_with_float32_logprobs_and_weights(tmp_path):
 def test_fp16_is_refused_with_what_is_allowed(tmp_path):
     with pytest.raises(ValueError, match=r"mixed_precision='fp16'; expected None or 'bf16'"):
         small_config(tmp_path, mixed_precision="fp16")
+
+
+# ---------------------------------------------------------------- a model path or id that cannot be loaded
+
+
+def magrpo_with(tmp_path, agent_model):
+    return MAGRPOTrainer(
+        agent_model=agent_model,
+        num_agents=2,
+        train_dataset=[{"prompt": "ab"}],
+        reward_func=content_score,
+        args=small_config(tmp_path),
+    )
+
+
+@pytest.mark.parametrize("agent_model", ["/x/y", "./nowhere", "~/no/such/model", "a/b/c", "bad name"])
+def test_missing_folder_is_named_not_read_as_a_hub_id(tmp_path, agent_model):
+    with pytest.raises(ValueError) as info:
+        magrpo_with(tmp_path, agent_model)
+    assert str(info.value).startswith(
+        f"agent_model {agent_model!r} is not a folder and not a model id (a hub id is 'name' or 'namespace/name'); "
+    )
+
+
+def test_folder_without_config_is_named(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ValueError, match=rf"^agent_model '{empty}' is a folder without config.json; "):
+        magrpo_with(tmp_path, str(empty))
+
+
+def test_file_instead_of_folder_is_named(tmp_path):
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(b"")
+    with pytest.raises(ValueError, match=rf"^agent_model '{weights}' is a file; pass the folder"):
+        magrpo_with(tmp_path, str(weights))
+
+
+def test_hub_id_that_cannot_be_fetched_names_the_argument(tmp_path, monkeypatch):
+    def offline(*args, **kwargs):
+        raise OSError("We couldn't connect to 'https://huggingface.co'")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", offline)
+    with pytest.raises(OSError) as info:
+        magrpo_with(tmp_path, "Qwen/Qwen2.5-0.5B")
+    assert str(info.value) == (
+        "agent_model 'Qwen/Qwen2.5-0.5B' could not be loaded: We couldn't connect to 'https://huggingface.co'"
+    )
+    assert isinstance(info.value.__cause__, OSError)
+
+
+def test_home_relative_folder_loads(tmp_path, monkeypatch, model_folder):
+    # transformers does not expand "~"; the folder must still be found
+    monkeypatch.setenv("HOME", str(tmp_path))
+    trainer = magrpo_with(tmp_path, "~/model")
+    assert len(trainer.agents) == 2
+
+
+def test_missing_critic_folder_names_critic_model(tmp_path):
+    tok = char_tokenizer()
+    with pytest.raises(ValueError, match=r"^critic_model '/x/y' is not a folder and not a model id"):
+        IACTrainer(
+            agents=[tiny_llama(tok, i) for i in range(2)],
+            tokenizer=tok,
+            critic_model="/x/y",
+            train_dataset=[{"prompt": "ab"}, {"prompt": "cd"}],
+            reward_func=content_score,
+            args=IACConfig(num_train_epochs=1, output_dir=str(tmp_path / "run")),
+        )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import re
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -31,11 +33,72 @@ def split_model_config(model_config: dict[str, Any] | None) -> tuple[dict[str, A
     return dict(config.get("model_kwargs") or {}), dict(config.get("tokenizer_kwargs") or {})
 
 
-def load_agents(agent_model: str, num_agents: int, model_kwargs: dict[str, Any]) -> list[torch.nn.Module]:
-    """``num_agents`` independent copies of the model ``agent_model`` (a folder or hub id)."""
+# A hub id is ``name`` or ``namespace/name`` (letters, digits, ``-``, ``_``, ``.``); anything else
+# can only be a folder on disk.
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.\-]*(/[A-Za-z0-9][\w.\-]*)?")
+
+
+def looks_like_path(value: str) -> bool:
+    """True when ``value`` can only mean a folder: absolute, ``.``/``~``-relative, nested, or no hub id."""
+    return (
+        os.path.isabs(value)
+        or value.startswith((".", "~"))
+        or value.count(os.sep) > 1
+        or HUB_ID.fullmatch(value) is None
+    )
+
+
+def check_model_source(value: str, argument: str) -> str:
+    """``value`` (a folder or a hub id) as ``from_pretrained`` should get it, or a ValueError naming
+    ``argument`` when it can only be a folder and is not one that holds a model.
+
+    Without this a missing folder reaches the user as transformers' "Repo id must be in the form
+    'repo_name' or 'namespace/repo_name'", which names neither the argument nor the path.
+    """
+    folder = os.path.expanduser(value)  # transformers does not expand ``~``
+    if os.path.isdir(folder):
+        if not os.path.isfile(os.path.join(folder, "config.json")):
+            raise ValueError(
+                f"{argument} {value!r} is a folder without config.json; pass a folder written by "
+                "model.save_pretrained(folder), or a hub id ('name' or 'namespace/name')"
+            )
+        return folder
+    if os.path.exists(folder):
+        raise ValueError(
+            f"{argument} {value!r} is a file; pass the folder that holds the model's config.json and weights"
+        )
+    if looks_like_path(value):
+        raise ValueError(
+            f"{argument} {value!r} is not a folder and not a model id (a hub id is 'name' or 'namespace/name'); "
+            "pass an existing folder written by model.save_pretrained(folder), or a hub id"
+        )
+    return value
+
+
+def load_agents(
+    agent_model: str | os.PathLike[str],
+    num_agents: int,
+    model_kwargs: dict[str, Any],
+    argument: str = "agent_model",
+) -> list[torch.nn.Module]:
+    """``num_agents`` independent copies of the model ``agent_model`` (a folder or hub id).
+
+    ``argument`` is the trainer argument the value came from ("agent_model", "critic_model"),
+    so that an error names what the user wrote.
+    """
     if isinstance(num_agents, bool) or not isinstance(num_agents, int) or num_agents < 1:
         raise ValueError(f"num_agents must be an integer >= 1, got {num_agents!r}")
-    return [AutoModelForCausalLM.from_pretrained(agent_model, **model_kwargs) for _ in range(num_agents)]
+    if isinstance(agent_model, os.PathLike):
+        agent_model = os.fspath(agent_model)
+    if not isinstance(agent_model, str):
+        raise TypeError(f"{argument} must be a folder or a hub id (str), got {type(agent_model).__name__}")
+    source = check_model_source(agent_model, argument)
+    try:
+        return [AutoModelForCausalLM.from_pretrained(source, **model_kwargs) for _ in range(num_agents)]
+    except OSError as error:
+        # A hub id that cannot be fetched (no network, a typo, a private repo): transformers says
+        # why; the prefix says which argument it was.
+        raise OSError(f"{argument} {agent_model!r} could not be loaded: {error}") from error
 
 
 def check_agents(agents: Sequence[torch.nn.Module], shared_base_allowed: bool = False) -> list[torch.nn.Module]:

@@ -22,7 +22,7 @@ import inspect
 import math
 import numbers
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -151,6 +151,16 @@ def _plural(count: int, word: str) -> str:
     return f"{count} {word}{'' if count == 1 else 's'}"
 
 
+def _short_repr(value: object, limit: int = 200) -> str:
+    """``repr(value)`` cut to ``limit`` characters, so an error quoting a long return stays readable."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}..."
+
+
+# How many distinct dataset rows an error lists before "...": a batch can hold hundreds.
+_ROWS_SHOWN = 10
+
+
 class JointReward:
     """Scores a batch of joint actions with the user's functions, weights and an optional processor.
 
@@ -276,13 +286,22 @@ class JointReward:
             ) from error
 
     @staticmethod
-    def _where(row_ids: Sequence[int], k: int, agent: int | None = None) -> str:
+    def _where(row_ids: Sequence[int], k: int | None = None, agent: int | None = None) -> str:
+        """How errors name joint action ``k`` and its dataset row (and ``agent``'s part of it); with
+        ``k`` None, all the joint actions of one call and their distinct dataset rows."""
+        if k is None and len(row_ids) == 1:
+            k = 0
+        if k is None:
+            rows = list(dict.fromkeys(row_ids))  # a row's G samples share it: name it once
+            shown = ", ".join(str(row) for row in rows[:_ROWS_SHOWN]) + (", ..." if len(rows) > _ROWS_SHOWN else "")
+            return f"joint actions 0-{len(row_ids) - 1} (dataset row{'' if len(rows) == 1 else 's'} {shown})"
         where = f"joint action {k} (dataset row {row_ids[k]})"
         return where if agent is None else f"{where}, agent {agent}"
 
     def _check(self, values: object, row_ids: Sequence[int], source: str) -> Tensor:
         """What one function returned for K joint actions, as a ``(K, N)`` float32 tensor."""
         expected, num_agents = len(row_ids), self.num_agents
+        returned = values  # kept as it came back, for the errors
         if isinstance(values, Tensor | np.ndarray):
             if isinstance(values, Tensor):
                 values = values.detach().cpu()
@@ -291,16 +310,21 @@ class JointReward:
             else:
                 values = values.reshape(-1).tolist()  # any other shape with K elements: one value each
         try:
+            # A string or a dict is iterable but is no list of rewards: list() would split it into
+            # characters or keys and the error would then blame one of those.
+            if isinstance(values, str | bytes | Mapping):
+                raise TypeError
             values = list(values)
         except TypeError:
             raise TypeError(
-                f"{source} must return a sequence of {expected} numbers (one per joint action), or of {expected} "
-                f"sequences of {num_agents} numbers (one per agent), got {type(values).__name__}"
+                f"{source} returned {_short_repr(returned)} ({type(returned).__name__}) for "
+                f"{self._where(row_ids)}; expected a sequence of {_plural(expected, 'number')} (one per joint "
+                f"action), or of {expected} sequences of {_plural(num_agents, 'number')} (one per agent)"
             ) from None
         if len(values) != expected:
             raise ValueError(
-                f"{source} returned {len(values)} values for {expected} joint actions "
-                f"(one value per joint action expected)"
+                f"{source} returned {_plural(len(values), 'value')} ({_short_repr(returned)}) for "
+                f"{self._where(row_ids)}; expected {_plural(expected, 'value')} (one per joint action)"
             )
         rows = []
         for k, value in enumerate(values):
@@ -315,8 +339,9 @@ class JointReward:
             items = list(value)
             if len(items) != num_agents:
                 raise ValueError(
-                    f"{source} returned {len(items)} values for {self._where(row_ids, k)}; a per-agent reward "
-                    f"needs {num_agents} values (one per agent)"
+                    f"{source} returned {_plural(len(items), 'value')} ({_short_repr(value)}) for "
+                    f"{self._where(row_ids, k)}; a per-agent reward needs {_plural(num_agents, 'value')} "
+                    "(one per agent)"
                 )
             rows.append(
                 [self._checked_number(item, source, self._where(row_ids, k, i)) for i, item in enumerate(items)]

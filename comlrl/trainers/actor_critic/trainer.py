@@ -117,7 +117,7 @@ class ActorCriticTrainer(MultiAgentTrainer):
             if len(critics) != count:
                 raise ValueError(f"critics holds {len(critics)} models; {kind} needs {count}")
         elif isinstance(critic_model, str):
-            critics = load_agents(critic_model, count, self.model_kwargs)
+            critics = load_agents(critic_model, count, self.model_kwargs, argument="critic_model")
         elif critic_model is not None:
             if count != 1:
                 raise ValueError(
