@@ -201,7 +201,11 @@ def raises(a, b):
             RuntimeError,
             r"reward_func raises raised ZeroDivisionError: boom \(called with 2 lists of sizes \[4, 4\]",
         ),
-        (lambda a, b: [1.0], ValueError, "returned 1 values for 4 joint actions"),
+        (
+            lambda a, b: [1.0],
+            ValueError,
+            r"returned 1 value \(\[1.0\]\) for joint actions 0-3 \(dataset rows \d, \d\); expected 4 values",
+        ),
         (lambda a, b: [1.0, math.nan, 1.0, 1.0], ValueError, r"returned nan for joint action 1 \(dataset row \d\)"),
         (lambda a, b: [1.0, 1.0, 1.0, "high"], TypeError, r"returned 'high' \(str\) for joint action 3"),
     ],
