@@ -12,6 +12,8 @@ import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
+from comlrl.utils.text import short_repr
+
 MARKER = "__not_json__"
 """The key of the dict that stands in for a value JSON cannot hold."""
 _REPR_CHARS = 200
@@ -26,13 +28,7 @@ def _type_name(value: Any) -> str:
 
 def _marker(value: Any) -> dict[str, Any]:
     """What a record holds in place of ``value``; its repr is only for a person to read."""
-    try:
-        text = repr(value)
-    except Exception as error:  # a broken __repr__ must not break the save
-        text = f"<repr failed: {type(error).__name__}>"
-    if len(text) > _REPR_CHARS:
-        text = text[: _REPR_CHARS - 3] + "..."
-    return {MARKER: {"type": _type_name(value), "repr": text}}
+    return {MARKER: {"type": _type_name(value), "repr": short_repr(value, _REPR_CHARS)}}
 
 
 def _jsonable(value: Any, ancestors: frozenset[int] = frozenset()) -> Any:

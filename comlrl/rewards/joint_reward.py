@@ -29,6 +29,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from comlrl.utils.text import short_repr
+
 
 def describe(func: Callable) -> str:
     """A readable name for a callable, ``partial`` objects included."""
@@ -149,12 +151,6 @@ def _is_vector(value: object) -> bool:
 
 def _plural(count: int, word: str) -> str:
     return f"{count} {word}{'' if count == 1 else 's'}"
-
-
-def _short_repr(value: object, limit: int = 200) -> str:
-    """``repr(value)`` cut to ``limit`` characters, so an error quoting a long return stays readable."""
-    text = repr(value)
-    return text if len(text) <= limit else f"{text[:limit]}..."
 
 
 # How many distinct dataset rows an error lists before "...": a batch can hold hundreds.
@@ -317,13 +313,13 @@ class JointReward:
             values = list(values)
         except TypeError:
             raise TypeError(
-                f"{source} returned {_short_repr(returned)} ({type(returned).__name__}) for "
+                f"{source} returned {short_repr(returned)} ({type(returned).__name__}) for "
                 f"{self._where(row_ids)}; expected a sequence of {_plural(expected, 'number')} (one per joint "
                 f"action), or of {expected} sequences of {_plural(num_agents, 'number')} (one per agent)"
             ) from None
         if len(values) != expected:
             raise ValueError(
-                f"{source} returned {_plural(len(values), 'value')} ({_short_repr(returned)}) for "
+                f"{source} returned {_plural(len(values), 'value')} ({short_repr(returned)}) for "
                 f"{self._where(row_ids)}; expected {_plural(expected, 'value')} (one per joint action)"
             )
         rows = []
@@ -339,7 +335,7 @@ class JointReward:
             items = list(value)
             if len(items) != num_agents:
                 raise ValueError(
-                    f"{source} returned {_plural(len(items), 'value')} ({_short_repr(value)}) for "
+                    f"{source} returned {_plural(len(items), 'value')} ({short_repr(value)}) for "
                     f"{self._where(row_ids, k)}; a per-agent reward needs {_plural(num_agents, 'value')} "
                     "(one per agent)"
                 )

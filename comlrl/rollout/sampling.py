@@ -65,8 +65,8 @@ class SamplingSpec:
 
     @classmethod
     def from_config(cls, config: Any) -> SamplingSpec:
-        """The training sampling of a trainer config."""
-        check_generation_kwargs(config.generation_kwargs, type(config).__name__)
+        """The training sampling of a trainer config (its ``generation_kwargs`` are checked
+        again, in ``__post_init__``: the config may have changed since its own check)."""
         return cls(
             temperature=float(config.temperature),
             top_p=float(config.top_p),

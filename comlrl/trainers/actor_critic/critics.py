@@ -24,7 +24,7 @@ from comlrl.models.modes import frozen
 from comlrl.models.value import Critic, EncodedInputs
 from comlrl.rollout.tree import RolloutTree, Turn
 from comlrl.trainers.agents import Agents
-from comlrl.trainers.update import micro_batches
+from comlrl.trainers.update import learner_key, micro_batches
 
 
 @dataclass
@@ -160,7 +160,7 @@ class CriticLoss:
         every rank's inputs (summed gradients are the global batch's)."""
         metrics: dict[str, Stat] = {}
         for c, critic in enumerate(self.critics):
-            key = critic.name.replace(" ", "")
+            key = learner_key(critic.name)
             if critic.agent is not None:
                 self.agents.activate(critic.agent)
             critic.backbone.train()
