@@ -385,9 +385,13 @@ class MultiAgentTrainer(abc.ABC):
     def model_writers(self, merge_adapters: bool = False) -> list[tuple[str, Callable[[str], None]]]:
         """Folder name and writer of every trained model, for ``save_model`` and checkpoints."""
         return [
-            (f"agent_{i}", functools.partial(self.agents.write, i, merge_adapters=merge_adapters))
+            (f"agent_{i}", functools.partial(self.write_agent, i, merge_adapters=merge_adapters))
             for i in range(self.num_agents)
         ]
+
+    def write_agent(self, agent: int, folder: str, merge_adapters: bool = False) -> None:
+        """Agent ``agent``'s weights (or adapter) and tokenizer into ``folder``."""
+        self.agents.write(agent, folder, merge_adapters)
 
     def write_models(self, folder: str) -> None:
         """Every trained model of a checkpoint into ``folder`` (``agent_{i}/``, ...)."""

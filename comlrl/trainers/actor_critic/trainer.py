@@ -219,7 +219,7 @@ class ActorCriticTrainer(MultiAgentTrainer):
     def write_agent(self, agent: int, folder: str, merge_adapters: bool = False) -> None:
         """Agent ``agent``'s weights (or adapter) and tokenizer, and its value head when the
         critic sits on the agent's model (``value_head.safetensors``)."""
-        self.agents.write(agent, folder, merge_adapters)
+        super().write_agent(agent, folder, merge_adapters)
         for critic in self.critics:
             if critic.agent == agent:
                 critic.head.save(folder)
@@ -232,16 +232,12 @@ class ActorCriticTrainer(MultiAgentTrainer):
         critic.head.save(folder)
 
     def model_writers(self, merge_adapters: bool = False) -> list[tuple[str, Callable[[str], None]]]:
-        agents = [
-            (f"agent_{i}", functools.partial(self.write_agent, i, merge_adapters=merge_adapters))
-            for i in range(self.num_agents)
-        ]
         separate = [
             (f"critic_{c}", functools.partial(self.write_critic, c))
             for c, critic in enumerate(self.critics)
             if critic.agent is None
         ]
-        return agents + separate
+        return super().model_writers(merge_adapters) + separate
 
     def load_models(self, path: str) -> None:
         super().load_models(path)
