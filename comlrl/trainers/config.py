@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import dataclass, field
+import os
+import sys
+import warnings
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
 from comlrl.algorithms import JOINT_MODES, LOSS_AGGREGATIONS, TURN_WEIGHTINGS
@@ -48,6 +51,58 @@ def check_choice(config: Any, name: str, allowed: Any) -> None:
         raise ValueError(f"{name}={getattr(config, name)!r}; expected one of {sorted(allowed)}")
 
 
+_RENAMED_WARNED: set[tuple[str, str]] = set()
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def user_stacklevel() -> int:
+    """The ``stacklevel`` that points a warning at the first frame outside this package (and
+    outside the code dataclasses generate), whatever the depth of config subclasses."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and (frame.f_code.co_filename.startswith(_PACKAGE) or frame.f_code.co_filename == "<string>"):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def renamed(new_name: str) -> Any:
+    """A field that holds comlrl 1.4.3's name of ``new_name``: accepted, with a one-time
+    warning, and moved to ``new_name`` by :func:`apply_renamed_fields` (then back to None)."""
+    return field(default=None, repr=False, metadata={"renamed_to": new_name})
+
+
+def field_default(config: Any, name: str) -> Any:
+    spec = next(f for f in fields(config) if f.name == name)
+    return spec.default_factory() if spec.default is MISSING else spec.default
+
+
+def apply_renamed_fields(config: Any) -> None:
+    """Move every value set under an old name (a :func:`renamed` field) to its new name.
+
+    Both names set to different values is an error: which one the user meant is unknowable.
+    """
+    for spec in fields(config):
+        new_name = spec.metadata.get("renamed_to")
+        value = getattr(config, spec.name)
+        if new_name is None or value is None:
+            continue
+        current = getattr(config, new_name)
+        if current != value and current != field_default(config, new_name):
+            raise ValueError(
+                f"{spec.name}={value!r} (comlrl 1.4.3's name for {new_name}) and {new_name}={current!r} "
+                f"disagree: set only {new_name}"
+            )
+        if (type(config).__name__, spec.name) not in _RENAMED_WARNED:
+            _RENAMED_WARNED.add((type(config).__name__, spec.name))
+            warnings.warn(
+                f"{type(config).__name__}: {spec.name} is comlrl 1.4.3's name for {new_name}; "
+                f"write {new_name}={value!r}",
+                FutureWarning,
+                stacklevel=user_stacklevel(),
+            )
+        setattr(config, new_name, value)
+        setattr(config, spec.name, None)
+
+
 @dataclass
 class TrainerConfig:
     """The fields every trainer's config has. Every field is checked in ``__post_init__``."""
@@ -58,6 +113,10 @@ class TrainerConfig:
     per_device_train_batch_size: int = 2
     """Dataset rows per training step; all their prompts are generated in one batch
     (2 matches the original library's rollout buffer)."""
+    train_batch_size: int | None = None
+    """Rows per optimizer step: a step's rollout of ``per_device_train_batch_size`` rows is
+    shuffled and split into minibatches of this many rows (each row's whole tree in one), one
+    optimizer step per agent each, as comlrl 1.4.3 did; ``None``: one minibatch (the whole rollout)."""
     shuffle: bool = True
     """Reshuffle the dataset rows at every epoch (seeded by ``seed``)."""
     seed: int = 42
@@ -98,6 +157,9 @@ class TrainerConfig:
     """Share in (0, 1) of each GPU's memory a vLLM engine may take (the rest is training's)."""
 
     # --- multi-agent structure ------------------------------------------------------------
+    num_agents: int | None = None
+    """How many agents the trainer must have: checked against the agents it is given or
+    loads (comlrl 1.4.3 kept it here); ``None``: the trainer's ``num_agents`` / ``agents`` decide."""
     num_turns: int = 1
     """Turns per episode; above 1 the trainer needs an ``external_transition`` and every joint
     action of a turn starts a branch of the rollout tree."""
@@ -120,7 +182,14 @@ class TrainerConfig:
     epsilon_high: float | None = None
     """Upper clip range (DAPO's clip-higher); ``None`` uses ``epsilon``."""
     beta: float = 0.0
-    """Weight of the k3 KL penalty to a frozen copy of each agent; 0 creates no reference model."""
+    """Weight of the k3 KL penalty to a frozen copy of each agent, in the loss (per token, as
+    GRPO); 0 creates no reference model for it."""
+    reference_kl_enabled: bool = False
+    """KL as reward shaping (comlrl 1.4.3's reference KL): each agent's reward of a joint action
+    becomes ``r - reference_kl_coef * KL``, KL the sum over its completion's tokens of k3 against
+    a frozen copy of the agent, at sampling time; advantages are computed from the shaped rewards."""
+    reference_kl_coef: float = 0.1
+    """Weight of the shaping KL (only with ``reference_kl_enabled``)."""
     entropy_coef: float = 0.0
     """Weight of an entropy bonus on each agent's token distributions (0: off; above 0 the
     update computes a softmax over the whole vocabulary at every completion token)."""
@@ -141,6 +210,12 @@ class TrainerConfig:
     (the CPU without one), one device for all (``"cuda:1"``), or a list with one per agent.
     Agents on different GPUs generate and update at the same time; a separate critic goes
     with its agent (MAAC's with agent 0)."""
+    parallel_training: str = "none"
+    """comlrl 1.4.3's switch for agents on several devices: ``"mp"`` requires ``agent_devices``
+    (agents on different GPUs then generate and update at the same time, as here whenever they
+    are placed so); ``"none"``: as ``agent_devices`` says."""
+    reference_devices: str | list[str] | None = None
+    """Where reference models live: ``None`` or the agents' devices (a frozen copy lives with its agent)."""
     mixed_precision: str | None = None
     """``"bf16"``: run generation and the forward passes under bf16 autocast (on GPUs with
     bf16; weights, gradients and optimizer state keep their dtype); ``None``: full precision."""
@@ -186,7 +261,16 @@ class TrainerConfig:
     """Also write metrics and samples as TensorBoard events to ``output_dir/tensorboard``
     (needs ``pip install 'comlrl[tensorboard]'``)."""
 
+    # --- comlrl 1.4.3's names (accepted with a one-time warning) ---------------------------
+    learning_rate: float | None = renamed("agent_learning_rate")
+    """Old name of ``agent_learning_rate``."""
+    actor_learning_rate: float | None = renamed("agent_learning_rate")
+    """Old name of ``agent_learning_rate``."""
+    rollout_buffer_size: int | None = renamed("per_device_train_batch_size")
+    """comlrl 1.4.3's name of ``per_device_train_batch_size`` (prompt groups per rollout)."""
+
     def __post_init__(self):
+        apply_renamed_fields(self)
         for name in (
             "num_train_epochs",
             "per_device_train_batch_size",
@@ -199,12 +283,39 @@ class TrainerConfig:
         ):
             check_int(self, name)
         check_int(self, "num_completions_to_log", minimum=0)
-        for name in ("micro_batch_size", "eval_num_samples", "save_steps", "save_total_limit"):
+        for name in (
+            "micro_batch_size",
+            "eval_num_samples",
+            "save_steps",
+            "save_total_limit",
+            "train_batch_size",
+            "num_agents",
+        ):
             check_int(self, name, allow_none=True)
         check_int(self, "eval_interval", minimum=0, note=" (0: only after training)")
         check_bool(
-            self, "shuffle", "external_prompt_passthrough", "eval_do_sample", "log_tensorboard", "disable_dropout"
+            self,
+            "shuffle",
+            "external_prompt_passthrough",
+            "eval_do_sample",
+            "log_tensorboard",
+            "disable_dropout",
+            "reference_kl_enabled",
         )
+        if self.train_batch_size is not None and self.train_batch_size > self.per_device_train_batch_size:
+            raise ValueError(
+                f"train_batch_size={self.train_batch_size} is more rows than a rollout holds "
+                f"(per_device_train_batch_size={self.per_device_train_batch_size}); it must be at most that"
+            )
+        if not (is_real(self.reference_kl_coef) and math.isfinite(self.reference_kl_coef) and self.reference_kl_coef >= 0):
+            raise ValueError(f"reference_kl_coef must be a finite number >= 0, got {self.reference_kl_coef!r}")
+        if isinstance(self.parallel_training, str) and self.parallel_training.strip().lower() == "null":
+            self.parallel_training = "none"
+        check_choice(self, "parallel_training", ("none", "mp"))
+        if self.parallel_training == "mp" and self.agent_devices is None:
+            raise ValueError(
+                "parallel_training='mp' needs agent_devices: a list with one device per agent (or 'auto')"
+            )
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise ValueError(f"seed must be an integer, got {self.seed!r}")
         rates = self.agent_learning_rate
@@ -261,6 +372,11 @@ class TrainerConfig:
             raise ValueError(
                 "agent_devices must be None, 'auto', a device name or a list of device names (one per agent), "
                 f"got {devices!r}"
+            )
+        if self.reference_devices is not None and self.reference_devices != self.agent_devices:
+            raise ValueError(
+                f"reference_devices={self.reference_devices!r}: a reference model lives on its agent's device "
+                f"here (agent_devices={self.agent_devices!r}); leave reference_devices=None"
             )
         check_choice(self, "joint_mode", JOINT_MODES)
         check_choice(self, "generation_backend", BACKENDS)
