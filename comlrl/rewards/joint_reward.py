@@ -39,6 +39,9 @@ def describe(func: Callable) -> str:
     return getattr(func, "__name__", None) or repr(func)
 
 
+REWARD_CALLS = ("auto", "batch", "per_joint_action")
+"""How reward functions are called (the config's ``reward_call``)."""
+
 REWARD_CONTEXT = ("turn", "prompt_history_per_agent", "response_history_per_agent")
 """Keyword arguments a reward function receives when its signature names them:
 ``turn`` (int, 1-based), ``prompt_history_per_agent`` and ``response_history_per_agent``

@@ -14,6 +14,7 @@ from typing import Any
 
 from comlrl.algorithms import JOINT_MODES, LOSS_AGGREGATIONS, TURN_WEIGHTINGS
 from comlrl.optim import LR_SCHEDULES
+from comlrl.rewards.joint_reward import REWARD_CALLS
 from comlrl.rollout.backends import BACKENDS
 from comlrl.rollout.sampling import check_generation_kwargs
 
@@ -193,6 +194,12 @@ class TrainerConfig:
     entropy_coef: float = 0.0
     """Weight of an entropy bonus on each agent's token distributions (0: off; above 0 the
     update computes a softmax over the whole vocabulary at every completion token)."""
+    reward_call: str = "auto"
+    """How reward functions are called: ``batch`` (all joint actions of a turn in one call,
+    one list per agent), ``per_joint_action`` (one call per joint action with one-element
+    lists, as comlrl 1.4.3 did), ``auto`` (``batch``; a function that returns one value for
+    several joint actions is taken for a 1.4.3-style one and called per joint action from
+    then on, with a warning)."""
     reward_weights: list[float] | None = None
     """Weight of each reward function when several are given; ``None`` weighs each 1."""
     loss_type: str = "dapo"
@@ -378,6 +385,7 @@ class TrainerConfig:
                 f"reference_devices={self.reference_devices!r}: a reference model lives on its agent's device "
                 f"here (agent_devices={self.agent_devices!r}); leave reference_devices=None"
             )
+        check_choice(self, "reward_call", REWARD_CALLS)
         check_choice(self, "joint_mode", JOINT_MODES)
         check_choice(self, "generation_backend", BACKENDS)
         if not (is_real(self.vllm_gpu_memory_utilization) and 0 < self.vllm_gpu_memory_utilization < 1):
