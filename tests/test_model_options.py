@@ -45,9 +45,17 @@ def test_model_config_reaches_from_pretrained(tmp_path, model_folder, model_conf
         assert trainer.agents.tokenizers[0].model_max_length == 77
 
 
-def test_mixed_model_config_is_refused():
-    with pytest.raises(ValueError, match=r"mixes model_kwargs/tokenizer_kwargs with other keys \['dtype'\]"):
-        split_model_config({"model_kwargs": {}, "dtype": "bfloat16"})
+def test_model_config_sections_and_flat_keys_combine_as_in_the_original():
+    config = split_model_config(
+        {"dtype": "bfloat16", "model_kwargs": {"attn_implementation": "eager"}, "special_tokens": {"pad_token": "<p>"}}
+    )
+    assert config.model_kwargs == {"dtype": "bfloat16", "attn_implementation": "eager"}
+    assert config.tokenizer_kwargs == {} and config.special_tokens == {"pad_token": "<p>"}
+
+
+def test_a_key_given_flat_and_in_model_kwargs_differently_is_refused():
+    with pytest.raises(ValueError, match=r"\['dtype'\] both flat and in model_kwargs"):
+        split_model_config({"model_kwargs": {"dtype": "float32"}, "dtype": "bfloat16"})
 
 
 def test_gradient_checkpointing_gives_the_same_gradients(tmp_path):

@@ -49,36 +49,42 @@ class Checkpointable(Protocol):
     def load_models(self, path: str) -> None: ...
 
 
-def save_trainer(trainer: Checkpointable, progress: TrainerState, epoch_order_state: torch.Tensor) -> str:
-    """Rank 0 writes ``output_dir/checkpoint-{step}``, with every rank's generator states
-    (each rank samples its own); returns the folder on every rank."""
+def save_trainer(
+    trainer: Checkpointable,
+    progress: TrainerState,
+    epoch_order_state: torch.Tensor,
+    checkpoint_dir: str,
+    total_limit: int | None,
+) -> str:
+    """Rank 0 writes ``checkpoint_dir/checkpoint-{step}`` (keeping the newest ``total_limit``),
+    with every rank's generator states (each rank samples its own); returns the folder on every rank."""
     json_states, tensors = generator_states()
     gathered = trainer.parallel.gather((json_states, tensors))
-    folder = os.path.join(trainer.args.output_dir, f"checkpoint-{trainer.global_step}")
+    folder = os.path.join(checkpoint_dir, f"checkpoint-{trainer.global_step}")
     if trainer.parallel.is_main:
         progress.generators = rank_generator_states([json for json, _ in gathered])
         generators = rank_generator_states([tensors for _, tensors in gathered])
         generators["data_order"] = epoch_order_state
         progress.config = config_record(trainer.args)
         folder = save_checkpoint(
-            trainer.args.output_dir,
-            trainer.write_models,
-            trainer.learners.state_dict(),
-            generators,
-            progress,
-            trainer.args.save_total_limit,
+            checkpoint_dir, trainer.write_models, trainer.learners.state_dict(), generators, progress, total_limit
         )
     trainer.parallel.barrier()
     return folder
 
 
 def resume_trainer(
-    trainer: Checkpointable, resume_from_checkpoint: bool | str, data_order: torch.Generator, say: Callable[[str], None]
+    trainer: Checkpointable,
+    resume_from_checkpoint: bool | str,
+    data_order: torch.Generator,
+    say: Callable[[str], None],
+    checkpoint_dir: str,
 ) -> TrainerState:
-    """Load a checkpoint into the trainer's models, optimizers, schedulers and generators and
-    the data-order generator; returns where the run stood. ``say`` prints notes (values of the
-    config the checkpoint could not store, taken from this run's config)."""
-    path = find_checkpoint(trainer.args.output_dir, resume_from_checkpoint)
+    """Load a checkpoint (with True: the newest in ``checkpoint_dir``) into the trainer's
+    models, optimizers, schedulers and generators and the data-order generator; returns where
+    the run stood. ``say`` prints notes (values of the config the checkpoint could not store,
+    taken from this run's config)."""
+    path = find_checkpoint(checkpoint_dir, resume_from_checkpoint)
     state = read_state(path)
     check_compatible(path, state, start_state(trainer))
     for note in check_resumed_config(path, state.config, trainer.args):

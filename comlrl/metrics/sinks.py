@@ -49,11 +49,36 @@ class JsonlSink:
         self._files.clear()
 
 
+def wandb_init_kwargs(wandb_config: dict[str, Any], run_config: dict[str, Any]) -> dict[str, Any]:
+    """``wandb.init`` keyword arguments from a ``wandb_config``, with comlrl 1.4.3's keys:
+    ``run_name`` is ``name``, ``config_sections`` (a dict of sections) joins the run's config
+    beside ours, ``dir`` is created. Other keys (``project``, ``entity``, ``tags``, ``config``,
+    ...) go to ``wandb.init`` as they are."""
+    if not isinstance(wandb_config, dict):
+        raise TypeError(f"wandb_config must be a dict of wandb.init arguments, got {type(wandb_config).__name__}")
+    kwargs = dict(wandb_config)
+    run_name = kwargs.pop("run_name", None)
+    if run_name is not None:
+        if kwargs.get("name") not in (None, run_name):
+            raise ValueError(
+                f"wandb_config has name={kwargs['name']!r} and run_name={run_name!r} (comlrl 1.4.3's name): keep one"
+            )
+        kwargs["name"] = run_name
+    sections = kwargs.pop("config_sections", None) or {}
+    if not isinstance(sections, dict):
+        raise TypeError(f"wandb_config['config_sections'] must be a dict of sections, got {type(sections).__name__}")
+    kwargs["config"] = {**run_config, **sections, **kwargs.get("config", {})}
+    if kwargs.get("dir") is not None:
+        os.makedirs(kwargs["dir"], exist_ok=True)
+    return kwargs
+
+
 class WandbSink:
     """Weights & Biases; ``wandb`` is imported only when this sink is created.
 
-    ``wandb_config`` keys follow the original library: ``project``, ``entity``, ``name``,
-    ``tags``, ``dir``, ``config`` (any other key is passed to ``wandb.init`` as well).
+    ``wandb_config`` keys are ``wandb.init``'s (``project``, ``entity``, ``name``, ``tags``,
+    ``dir``, ``config``, ...) and comlrl 1.4.3's ``run_name`` and ``config_sections``
+    (see :func:`wandb_init_kwargs`).
     """
 
     def __init__(self, wandb_config: dict[str, Any], run_config: dict[str, Any]):
@@ -64,9 +89,7 @@ class WandbSink:
                 "W&B logging was requested but wandb is not installed: pip install 'comlrl[wandb]'"
             ) from None
         self._wandb = wandb
-        init_kwargs = dict(wandb_config)
-        init_kwargs["config"] = {**run_config, **init_kwargs.get("config", {})}
-        self._run = wandb.init(**init_kwargs)
+        self._run = wandb.init(**wandb_init_kwargs(wandb_config, run_config))
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         self._run.log(metrics, step=step)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 import re
 import warnings
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -14,23 +14,59 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from comlrl.utils.per_agent import per_agent
 
 
-def split_model_config(model_config: dict[str, Any] | None) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``from_pretrained`` keyword arguments for the models and for their tokenizers.
+class ModelConfig(NamedTuple):
+    """What a trainer's ``model_config`` says, by destination."""
 
-    A flat dict (``{"dtype": "bfloat16", "attn_implementation": "sdpa"}``) is for the
-    models; the original library's ``{"model_kwargs": {...}, "tokenizer_kwargs": {...}}``
-    is accepted too.
+    model_kwargs: dict[str, Any]
+    """``from_pretrained`` keyword arguments of the models."""
+    tokenizer_kwargs: dict[str, Any]
+    """``from_pretrained`` keyword arguments of the tokenizers loaded by name."""
+    special_tokens: dict[str, Any]
+    """``add_special_tokens`` argument applied to every agent's tokenizer."""
+
+
+def split_model_config(model_config: dict[str, Any] | None) -> ModelConfig:
+    """``model_config`` by destination.
+
+    Flat keys (``{"dtype": "bfloat16", "attn_implementation": "sdpa"}``) are for the models;
+    comlrl 1.4.3's sections are accepted beside them: ``model_kwargs`` (merged over the flat
+    keys), ``tokenizer_kwargs`` and ``special_tokens``. A key given flat and in
+    ``model_kwargs`` with different values is an error.
     """
+    if model_config is not None and not isinstance(model_config, Mapping):
+        raise TypeError(f"model_config must be a dict, got {type(model_config).__name__}")
     config = dict(model_config or {})
-    nested = {"model_kwargs", "tokenizer_kwargs"}
-    if not nested & set(config):
-        return config, {}
-    if set(config) - nested:
+    sections = {}
+    for name in ModelConfig._fields:
+        section = config.pop(name, None) or {}
+        if not isinstance(section, Mapping):
+            raise TypeError(f"model_config[{name!r}] must be a dict, got {type(section).__name__}")
+        sections[name] = dict(section)
+    clash = sorted(key for key in set(config) & set(sections["model_kwargs"]) if config[key] != sections["model_kwargs"][key])
+    if clash:
         raise ValueError(
-            f"model_config mixes model_kwargs/tokenizer_kwargs with other keys {sorted(set(config) - nested)}; "
-            "put from_pretrained arguments inside model_kwargs, or pass them all flat"
+            f"model_config gives {clash} both flat and in model_kwargs, with different values: keep one"
         )
-    return dict(config.get("model_kwargs") or {}), dict(config.get("tokenizer_kwargs") or {})
+    sections["model_kwargs"] = {**config, **sections["model_kwargs"]}
+    return ModelConfig(**sections)
+
+
+def add_special_tokens(tokenizers: Sequence[Any], models: Sequence[torch.nn.Module], special_tokens: dict[str, Any]) -> None:
+    """``tokenizer.add_special_tokens(special_tokens)`` for each distinct tokenizer (as
+    comlrl 1.4.3's ``model_config["special_tokens"]``); a token id beyond its model's
+    embedding rows is an error here rather than an index error in the first forward."""
+    if not special_tokens:
+        return
+    for tokenizer in {id(t): t for t in tokenizers}.values():
+        tokenizer.add_special_tokens(special_tokens)
+    for i, (tokenizer, model) in enumerate(zip(tokenizers, models)):
+        rows = model.get_input_embeddings().weight.shape[0]
+        if len(tokenizer) > rows:
+            raise ValueError(
+                f"model_config special_tokens {special_tokens} grow agent {i}'s tokenizer to {len(tokenizer)} tokens, "
+                f"beyond its model's {rows} embedding rows: resize the model first "
+                "(model.resize_token_embeddings(len(tokenizer))) and pass it in agents=, or use existing tokens"
+            )
 
 
 # A hub id is ``name`` or ``namespace/name`` (letters, digits, ``-``, ``_``, ``.``); anything else
@@ -99,6 +135,28 @@ def load_agents(
         # A hub id that cannot be fetched (no network, a typo, a private repo): transformers says
         # why; the prefix says which argument it was.
         raise OSError(f"{argument} {agent_model!r} could not be loaded: {error}") from error
+
+
+def model_sources(
+    agents: Sequence[Any], agent_model: str | os.PathLike[str] | None, model_kwargs: dict[str, Any]
+) -> list[torch.nn.Module]:
+    """The agents given as a list, each entry a model or a folder / hub id to load (as
+    comlrl 1.4.3 accepted). With ``agent_model`` as well, every entry must be that model
+    (its name, or a model loaded from it): the two arguments then say the same thing."""
+    if isinstance(agents, str | bytes | os.PathLike) or not isinstance(agents, Sequence):
+        raise TypeError(f"agents must be a list of models or model names, got {type(agents).__name__}")
+    if agent_model is not None:
+        wanted = os.fspath(agent_model)
+        for i, entry in enumerate(agents):
+            name = os.fspath(entry) if isinstance(entry, str | os.PathLike) else getattr(entry, "name_or_path", None)
+            if name != wanted:
+                raise ValueError(
+                    f"agent_model={wanted!r} and agents[{i}] ({name!r}) disagree: pass only one of agent_model and agents"
+                )
+    return [
+        load_agents(entry, 1, model_kwargs, argument=f"agents[{i}]")[0] if isinstance(entry, str | os.PathLike) else entry
+        for i, entry in enumerate(agents)
+    ]
 
 
 def check_agents(agents: Sequence[torch.nn.Module], shared_base_allowed: bool = False) -> list[torch.nn.Module]:

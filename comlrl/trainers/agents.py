@@ -16,7 +16,15 @@ from typing import Any
 import torch
 
 from comlrl.checkpoint import describe_agent, load_weights
-from comlrl.models.loading import check_agents, enable_activation_checkpointing, load_agents, resolve_tokenizers
+from comlrl.models.loading import (
+    ModelConfig,
+    add_special_tokens,
+    check_agents,
+    enable_activation_checkpointing,
+    load_agents,
+    model_sources,
+    resolve_tokenizers,
+)
 from comlrl.models.lora import attach_adapters, is_peft_model, merged_copy, save_adapter, trainable_parameters
 from comlrl.models.modes import disable_dropout, frozen
 from comlrl.models.placement import place_agents
@@ -29,7 +37,7 @@ class Agents(Sequence[torch.nn.Module]):
         tokenizers: one per agent.
         adapters: per agent, its adapter's name in a shared base model, or None.
         parameters: per agent, what its optimizer trains.
-        references: per agent, a frozen copy of its initial weights for the KL term, or None
+        references: per agent, a frozen copy of its initial weights for the KL terms, or None
             (no KL term, or an adapter: its base model without the adapter is the reference).
         placed: whether ``agent_devices`` (or torchrun on GPUs) chose the devices.
     """
@@ -61,8 +69,7 @@ class Agents(Sequence[torch.nn.Module]):
         agent_model: str | None,
         num_agents: int,
         tokenizer: Any,
-        model_kwargs: dict[str, Any],
-        tokenizer_kwargs: dict[str, Any],
+        model_config: ModelConfig,
         peft_config: Any,
         args: Any,
         local_rank: int | None,
@@ -70,14 +77,20 @@ class Agents(Sequence[torch.nn.Module]):
         """The agents from the trainer's arguments: loaded by name or given, checked, placed
         on their devices, wrapped in adapters, with activation checkpointing and without dropout
         as the config says, and each with a tokenizer that can pad."""
-        if agents is not None and agent_model is not None:
-            raise ValueError("pass either agents or agent_model, not both")
         if agents is None and agent_model is None:
             raise ValueError("no agents: pass agents=[model, ...] or agent_model=<folder or hub id>")
-        if agents is None:
+        model_kwargs = model_config.model_kwargs
+        if agents is not None:
+            agents = model_sources(agents, agent_model, model_kwargs)
+        else:
             # With adapters, one base model serves every agent.
             agents = load_agents(agent_model, 1 if peft_config is not None else num_agents, model_kwargs)
             agents = agents * num_agents if peft_config is not None else agents
+        if args.num_agents is not None and len(agents) != args.num_agents:
+            raise ValueError(
+                f"the config's num_agents={args.num_agents} but the trainer has {len(agents)} agents: "
+                "make them agree, or leave the config's num_agents=None"
+            )
         models = check_agents(agents, shared_base_allowed=peft_config is not None)
         placed = place_agents(models, args.agent_devices, local_rank)
         adapters: list[str | None] = [None] * len(models)
@@ -88,8 +101,10 @@ class Agents(Sequence[torch.nn.Module]):
                 enable_activation_checkpointing(model)
             if args.disable_dropout:
                 disable_dropout(model)
-        tokenizers = resolve_tokenizers(tokenizer, models, tokenizer_kwargs)
-        return cls(models, tokenizers, adapters, placed, args.beta > 0, args.mixed_precision)
+        tokenizers = resolve_tokenizers(tokenizer, models, model_config.tokenizer_kwargs)
+        add_special_tokens(tokenizers, models, model_config.special_tokens)
+        with_references = args.beta > 0 or args.reference_kl_enabled
+        return cls(models, tokenizers, adapters, placed, with_references, args.mixed_precision)
 
     def __len__(self) -> int:
         return len(self.models)

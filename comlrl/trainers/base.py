@@ -18,21 +18,25 @@ A trainer class is this one plus its ``estimate``, the ``discount`` of its retur
 from __future__ import annotations
 
 import abc
+import dataclasses
 import functools
 import math
 import os
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import torch
 
 from comlrl.algorithms import joint_action_indices
+from comlrl.algorithms.shaping import kl_shaped_rewards, sequence_kl
 from comlrl.checkpoint import write_folders
 from comlrl.checkpoint.config_record import config_record
 from comlrl.distributed import DataParallel
 from comlrl.metrics import JsonlSink, TensorBoardSink, WandbSink
 from comlrl.metrics import stats as metric_stats
+from comlrl.metrics.callback import MetricsCallback, RolloutSample, rollout_samples
 from comlrl.metrics.evaluation import EvalHooks, evaluation_metrics
 from comlrl.metrics.rollout import rollout_metrics
 from comlrl.models.loading import split_model_config
@@ -47,8 +51,8 @@ from comlrl.rollout.transition import Transition
 from comlrl.rollout.tree import RolloutTree, build_tree, check_tree_budget
 from comlrl.trainers.agents import Agents
 from comlrl.trainers.config import TrainerConfig
-from comlrl.trainers.loop import TrainingLoop, TrainResult
-from comlrl.trainers.update import Estimate, PolicyUpdate
+from comlrl.trainers.loop import CheckpointPlan, TrainingLoop, TrainResult
+from comlrl.trainers.update import Estimate, FrozenLogprobs, PolicyUpdate, minibatch_count
 from comlrl.utils.run_control import seeded_cuda_devices
 
 RewardFunction = Callable[..., Sequence[Any]]
@@ -68,10 +72,12 @@ class MultiAgentTrainer(abc.ABC):
     steps an update takes (``passes``).
 
     Args:
-        agents: the agents, one causal LM instance each (any N >= 1; they may be different
-            architectures with different tokenizers).
+        agents: the agents, one causal LM each (any N >= 1; they may be different
+            architectures with different tokenizers): a model instance, or a folder or hub
+            id to load.
         agent_model: instead of ``agents``, a model folder or hub id to load ``num_agents``
-            copies of (with ``model_config`` as ``from_pretrained`` keyword arguments).
+            copies of (with ``model_config`` as ``from_pretrained`` keyword arguments); given
+            with ``agents``, each of those must be this model.
         num_agents: how many copies of ``agent_model`` to load.
         tokenizer: one tokenizer for all agents, a list with one per agent, or None to load
             each agent's tokenizer from where the agent was loaded.
@@ -80,11 +86,18 @@ class MultiAgentTrainer(abc.ABC):
         reward_func: scores joint actions: called with one list of completions per agent
             (N positional arguments), or with the prompts first when it takes N+1; returns,
             per joint action, one number shared by all agents or a sequence of N numbers (one
-            per agent). The prompts are the rows' ``prompt`` column, or agent 0's formatted
-            prompts when there is no such column. A function that names ``turn``,
-            ``prompt_history_per_agent`` or ``response_history_per_agent`` among its keyword
-            parameters also gets those (see ``comlrl.rewards.REWARD_CONTEXT``). A list of such
-            functions is summed with the config's ``reward_weights``.
+            per agent). The prompts are, as in comlrl 1.4.3, agent 0's prompt of the joint
+            action's turn as it saw it (its formatted prompt; at later turns the prompt the
+            transition produced). As in 1.4.3, a function that names ``batch_items`` gets the
+            dataset row (dict) of each joint action, one that names ``prompts`` gets them by
+            keyword when they are not positional, and one with ``**kwargs`` gets both. A
+            function that names ``turn``, ``prompt_history_per_agent`` or
+            ``response_history_per_agent`` among its keyword parameters also gets those (see
+            ``comlrl.rewards.joint_reward.REWARD_CONTEXT``). The config's ``reward_call`` says
+            whether a function scores the K joint actions of a turn in one call or, as in
+            1.4.3, one joint action per call (one-element lists); the default, ``auto``, tells
+            them apart by what they return. A list of such functions is summed with the
+            config's ``reward_weights``.
         reward_processor: ``float -> float`` applied to each reward (see ``RewardProcessors``).
         formatters: maps a row to an agent's prompt; one callable for all agents or a list
             with one per agent. Default: the row's ``prompt`` column.
@@ -96,8 +109,9 @@ class MultiAgentTrainer(abc.ABC):
             the next turn's prompt of every agent, or None to end the branch.
         args: the trainer's config (``config_class``); defaults to ``config_class()``.
         model_config: ``from_pretrained`` keyword arguments used with ``agent_model`` (e.g.
-            ``{"dtype": "bfloat16", "attn_implementation": "sdpa"}``), or the original
-            library's ``{"model_kwargs": {...}, "tokenizer_kwargs": {...}}``.
+            ``{"dtype": "bfloat16", "attn_implementation": "sdpa"}``), and the original
+            library's sections ``model_kwargs``, ``tokenizer_kwargs`` and ``special_tokens``
+            (added to every agent's tokenizer).
         wandb_config: turns on W&B logging: ``wandb.init`` arguments (``project``,
             ``entity``, ``name``, ...). Needs ``pip install 'comlrl[wandb]'``.
         eval_logger: evaluation hook, called with the keyword arguments it names among
@@ -106,6 +120,10 @@ class MultiAgentTrainer(abc.ABC):
             columns, as in the original library); returns a dict of metrics, or anything
             ``eval_aggregator`` turns into one.
         eval_aggregator: ``eval_aggregator(eval_logger_output, num_turns=...) -> dict``.
+        metrics_callback: ``metrics_callback(samples) -> dict``, comlrl 1.4.3's hook for
+            metrics of your own: called after every training rollout (its numbers are logged
+            beside ours; evaluation has ``eval_logger``) with each agent sample (:class:`~comlrl.metrics.callback.RolloutSample`: ``agent_idx``, ``prompt``,
+            ``completion``, ``reward``, ``returns``, ``advantage``, ``metadata``).
         peft_config: train LoRA adapters instead of whole models: a ``peft`` config (e.g.
             ``LoraConfig``) for every agent, or a list with one per agent (needs
             ``pip install 'comlrl[lora]'``). With ``agent_model``, or with the same model
@@ -136,10 +154,9 @@ class MultiAgentTrainer(abc.ABC):
         eval_logger: Callable[..., Any] | None = None,
         eval_aggregator: Callable[..., dict[str, float]] | None = None,
         peft_config: Any = None,
+        metrics_callback: Callable[[list[RolloutSample]], dict[str, float]] | None = None,
     ):
-        self.args = args = args if args is not None else self.config_class()
-        if not isinstance(args, self.config_class):
-            raise TypeError(f"args must be a {self.config_class.__name__}, got {type(args).__name__}")
+        self.args = args = self.accept_config(args)
         if reward_func is None:
             raise ValueError("reward_func is required")
         if train_dataset is None:
@@ -149,24 +166,36 @@ class MultiAgentTrainer(abc.ABC):
                 f"num_turns={args.num_turns} needs external_transition=, a function that writes each "
                 "agent's next-turn prompt from the joint action just taken"
             )
+        if args.num_turns == 1 and external_transition is not None:
+            raise ValueError(
+                "external_transition is given but num_turns=1, so it would never be called (comlrl 1.4.3's "
+                "default was num_turns=2; ours is 1): set num_turns=2 (or more) in the config, or drop external_transition"
+            )
         self.sampling = SamplingSpec.from_config(args)
         """How completions are sampled, fixed for the run: generation, the log-probs'
         temperature and the loss's constants all read it."""
         self.parallel = DataParallel.from_environment()
-        self.model_kwargs, self.tokenizer_kwargs = split_model_config(model_config)
+        if self.parallel.enabled and args.train_batch_size not in (None, args.per_device_train_batch_size):
+            raise ValueError(
+                f"train_batch_size={args.train_batch_size} (several optimizer steps per rollout) is not supported "
+                "under torchrun yet: leave it None, or lower per_device_train_batch_size instead"
+            )
+        model_config = split_model_config(model_config)
+        self.model_kwargs, self.tokenizer_kwargs = model_config.model_kwargs, model_config.tokenizer_kwargs
         self.agents = Agents.build(
             agents,
             agent_model,
             num_agents,
             tokenizer,
-            self.model_kwargs,
-            self.tokenizer_kwargs,
+            model_config,
             peft_config,
             args,
             self.parallel.local_rank if self.parallel.enabled else None,
         )
         self.num_agents = len(self.agents)
-        self.reward = JointReward(reward_func, self.num_agents, reward_processor, weights=args.reward_weights)
+        self.reward = JointReward(
+            reward_func, self.num_agents, reward_processor, weights=args.reward_weights, call=args.reward_call
+        )
         self.transition = None if external_transition is None else Transition(external_transition, self.num_agents)
         self.train_prompts = PromptTable(train_dataset, formatters, self.num_agents, "train_dataset")
         self.parallel.check_rows(len(self.train_prompts), args.per_device_train_batch_size)
@@ -174,6 +203,7 @@ class MultiAgentTrainer(abc.ABC):
             None if eval_dataset is None else PromptTable(eval_dataset, formatters, self.num_agents, "eval_dataset")
         )
         self.eval_hooks = EvalHooks(eval_logger, eval_aggregator)
+        self.metrics_callback = MetricsCallback(metrics_callback)
         self.wandb_config = wandb_config
         self.joint_indices = joint_action_indices(self.num_agents, args.num_generations, args.joint_mode)
         check_tree_budget(
@@ -196,6 +226,15 @@ class MultiAgentTrainer(abc.ABC):
         self.update = PolicyUpdate(self.agents, self.learners, args, self.sampling, self.parallel, self.passes)
         self.global_step = 0
 
+    @classmethod
+    def accept_config(cls, args: TrainerConfig | None) -> TrainerConfig:
+        """The run's config: ``args``, which must be a ``config_class``, or its defaults."""
+        if args is None:
+            return cls.config_class()
+        if not isinstance(args, cls.config_class):
+            raise TypeError(f"args must be a {cls.config_class.__name__}, got {type(args).__name__}")
+        return args
+
     # ----------------------------------------------------------------------------------------
     # what an algorithm says
     # ----------------------------------------------------------------------------------------
@@ -211,7 +250,7 @@ class MultiAgentTrainer(abc.ABC):
     @property
     @abc.abstractmethod
     def passes(self) -> int:
-        """Optimizer steps each learner takes per training step."""
+        """Passes each update makes over a step's rollout (one optimizer step per minibatch each)."""
 
     # ----------------------------------------------------------------------------------------
     # set-up
@@ -228,7 +267,8 @@ class MultiAgentTrainer(abc.ABC):
         """One AdamW and one learning-rate schedule (the config's) for each named parameter set;
         every update pass steps them all, after clipping each set's gradient on its own."""
         args = self.args
-        total_steps = args.num_train_epochs * self.steps_per_epoch * self.passes
+        steps_per_rollout = self.passes * minibatch_count(args.per_device_train_batch_size, args.train_batch_size)
+        total_steps = args.num_train_epochs * self.steps_per_epoch * steps_per_rollout
         self.parallel.broadcast_parameters(p for group in parameters for p in group)
         self.learners.add(
             names, parameters, learning_rates, args.weight_decay, args.lr_scheduler_type, args.warmup_ratio, total_steps
@@ -237,33 +277,56 @@ class MultiAgentTrainer(abc.ABC):
     # ----------------------------------------------------------------------------------------
     # training
     # ----------------------------------------------------------------------------------------
-    def train(self, resume_from_checkpoint: bool | str | None = None) -> TrainResult:
+    def train(
+        self,
+        resume_from_checkpoint: bool | str | None = None,
+        checkpoint_dir: str | None = None,
+        checkpoint_interval: int | None = None,
+        checkpoint_total_limit: int | None = None,
+    ) -> TrainResult:
         """Train every agent for ``num_train_epochs`` epochs; returns a ``TrainResult``.
 
         Args:
             resume_from_checkpoint: True continues from the newest complete checkpoint in
-                ``output_dir``, a path from that checkpoint; the run then goes on exactly as
-                if it had not stopped (same data order, samples and weights).
+                the checkpoint folder, a path from that checkpoint; the run then goes on
+                exactly as if it had not stopped (same data order, samples and weights).
+            checkpoint_dir: where checkpoints go (default ``output_dir``), as in comlrl 1.4.3;
+                given alone, a checkpoint is written after every epoch.
+            checkpoint_interval: write a checkpoint every this many epochs (comlrl 1.4.3's
+                cadence; the config's ``save_steps`` counts steps: set one of the two).
+            checkpoint_total_limit: comlrl 1.4.3's name of the config's ``save_total_limit``.
 
         With an ``eval_dataset``, ``evaluate()`` runs before the first step and every
         ``eval_interval`` steps (when it is > 0), and always after the last step. Every
         ``save_steps`` steps a checkpoint is written; SIGINT or SIGTERM during training
         writes one after the current step and returns early (a second signal stops at once).
         """
-        return TrainingLoop(self, resume_from_checkpoint).run()
+        plan = CheckpointPlan.resolve(
+            self.args, self.steps_per_epoch, checkpoint_dir, checkpoint_interval, checkpoint_total_limit
+        )
+        return TrainingLoop(self, resume_from_checkpoint, plan).run()
 
     def step(self, row_ids: list[int]) -> StepResult:
         """Sample, score and update every agent on this rank's dataset rows ``row_ids``."""
         started = time.perf_counter()
         tree = self.rollout(self.train_prompts, row_ids)
         generated = time.perf_counter()
-        estimate = self.estimate(tree)
-        stats = self.update(tree, estimate, self.global_step + 1)
+        frozen = self.update.frozen(tree)
+        shaping_metrics: dict[str, metric_stats.Stat] = {}
+        estimated_tree = tree
+        if self.args.reference_kl_enabled:
+            estimated_tree, shaping_metrics = self.shape_with_reference_kl(tree, frozen)
+        estimate = self.estimate(estimated_tree)
+        stats = self.update(tree, estimate, frozen, self.global_step + 1)
         # Once, after the last pass: nothing samples between the passes.
         for i in range(self.num_agents):
             self.backend.sync_weights(i)
         updated = time.perf_counter()
         stats.update(rollout_metrics(tree, estimate.returns, estimate.credits, estimate.advantages))
+        stats.update(shaping_metrics)
+        if self.metrics_callback.callback is not None:
+            samples = rollout_samples(tree, estimate.credits, estimate.advantages, self.train_prompts)
+            stats.update({key: metric_stats.mean(value, 1) for key, value in self.metrics_callback(samples).items()})
         generated_tokens = sum(agent.lengths.sum().item() for turn in tree.turns for agent in turn.agents)
         # Ranks work side by side: a step lasts as long as the slowest, their throughputs add.
         stats["time/generate_s"] = metric_stats.maximum(generated - started)
@@ -271,6 +334,26 @@ class MultiAgentTrainer(abc.ABC):
         stats["time/step_s"] = metric_stats.maximum(updated - started)
         stats["time/generated_tokens_per_s"] = metric_stats.total(generated_tokens / max(generated - started, 1e-9))
         return StepResult(self.parallel.reduce_metrics(stats), tree, estimate.returns)
+
+    def shape_with_reference_kl(
+        self, tree: RolloutTree, frozen: FrozenLogprobs
+    ) -> tuple[RolloutTree, dict[str, metric_stats.Stat]]:
+        """``tree`` with each agent's rewards lowered by ``reference_kl_coef`` times the KL of
+        its completion to its frozen reference (comlrl 1.4.3's reference KL), and the KL's
+        metrics per turn; the tree itself keeps the task rewards (logged as such)."""
+        coef = self.args.reference_kl_coef
+        turns, metrics = [], {}
+        for t, turn in enumerate(tree.turns):
+            kls = [
+                sequence_kl(frozen.sampling[i][t], frozen.reference[i][t], agent.completion_mask.to(frozen.sampling[i][t]))
+                for i, agent in enumerate(turn.agents)
+            ]
+            shaped = kl_shaped_rewards(turn.rewards, kls, tree.joint_indices, tree.num_generations, coef)
+            turns.append(dataclasses.replace(turn, rewards=shaped))
+            all_kls = torch.cat([kl.cpu() for kl in kls])
+            metrics[f"turn_{turn.number}/reference_kl_mean"] = metric_stats.mean_of(all_kls)
+            metrics[f"turn_{turn.number}/reference_kl_penalty_mean"] = metric_stats.mean_of(coef * all_kls)
+        return dataclasses.replace(tree, turns=turns), metrics
 
     def training_step(self, row_ids: list[int]) -> dict[str, float]:
         """Sample, score and update every agent on the dataset rows ``row_ids``; returns the step's metrics."""
@@ -325,7 +408,7 @@ class MultiAgentTrainer(abc.ABC):
     # ----------------------------------------------------------------------------------------
     # evaluation
     # ----------------------------------------------------------------------------------------
-    def evaluate(self) -> dict[str, float]:
+    def evaluate(self, num_eval_samples: int | None = None) -> dict[str, float]:
         """Score the first ``eval_num_samples`` rows of ``eval_dataset``: one episode per row
         (one sample per agent and turn, greedy or sampled as ``eval_do_sample`` says), with
         the reward mean over all turns, the reward and expected return of each turn, and the
@@ -336,9 +419,13 @@ class MultiAgentTrainer(abc.ABC):
         during training does not change the training samples.
         """
         if self.eval_prompts is None:
-            raise ValueError("evaluate() needs an eval_dataset: pass eval_dataset= to the trainer")
+            warnings.warn("evaluate() without an eval_dataset scores nothing: pass eval_dataset= to the trainer", stacklevel=2)
+            return {}
         args = self.args
-        rows = list(range(len(self.eval_prompts)))[: args.eval_num_samples]
+        count = args.eval_num_samples if num_eval_samples is None else num_eval_samples
+        if count is not None and (isinstance(count, bool) or not isinstance(count, int) or count < 1):
+            raise ValueError(f"num_eval_samples must be an integer >= 1 or None (all rows), got {count!r}")
+        rows = list(range(len(self.eval_prompts)))[:count]
         single_path = torch.zeros(1, self.num_agents, dtype=torch.long)
         sampling = self.sampling if args.eval_do_sample else self.sampling.greedy()
         # manual_seed reseeds the CPU's generator and every GPU's: all of them are put back.
@@ -359,7 +446,7 @@ class MultiAgentTrainer(abc.ABC):
             self.eval_hooks(
                 completions,
                 [self.eval_prompts.rows[r] for r in rows],
-                self.eval_prompts.reward_prompts(rows),
+                self.eval_prompts.row_prompts(rows),
                 args.num_turns,
             )
         )

@@ -3,7 +3,7 @@ evaluation and checkpoints at their cadence, and a clean stop on SIGINT/SIGTERM.
 
     resume (or start) -> [evaluate] -> for each epoch: order the rows
         for each step: trainer.step(rows) -> log every logging_steps -> evaluate every
-        eval_interval -> checkpoint every save_steps, or after a signal, then stop
+        eval_interval -> checkpoint at the plan's cadence, or after a signal, then stop
     -> evaluate after the last step -> TrainResult
 """
 
@@ -22,6 +22,56 @@ from comlrl.checkpoint.trainer import resume_trainer, save_trainer, start_state
 from comlrl.metrics import MetricsLogger
 from comlrl.metrics.rollout import completion_samples, format_metrics
 from comlrl.utils.run_control import StopOnSignal, seed_everything
+
+
+@dataclass(frozen=True)
+class CheckpointPlan:
+    """Where checkpoints go, how often, how many are kept."""
+
+    folder: str
+    """The folder of the ``checkpoint-{step}`` folders."""
+    every_steps: int | None
+    """A checkpoint every this many steps (None: only after a signal)."""
+    total_limit: int | None
+    """Keep the newest this many (None: all)."""
+
+    @classmethod
+    def resolve(
+        cls,
+        args: Any,
+        steps_per_epoch: int,
+        checkpoint_dir: str | None = None,
+        checkpoint_interval: int | None = None,
+        checkpoint_total_limit: int | None = None,
+    ) -> CheckpointPlan:
+        """The plan of the config (``save_steps``, ``save_total_limit``, ``output_dir``) and of
+        comlrl 1.4.3's ``train()`` arguments: ``checkpoint_dir`` (alone: a checkpoint every
+        epoch, as 1.4.3), ``checkpoint_interval`` (epochs), ``checkpoint_total_limit``."""
+        if checkpoint_dir is not None and (not isinstance(checkpoint_dir, str | os.PathLike) or not os.fspath(checkpoint_dir)):
+            raise ValueError(f"checkpoint_dir must be a folder path, got {checkpoint_dir!r}")
+        if checkpoint_interval is not None:
+            if isinstance(checkpoint_interval, bool) or not isinstance(checkpoint_interval, int) or checkpoint_interval < 1:
+                raise ValueError(f"checkpoint_interval must be an integer >= 1 (epochs), got {checkpoint_interval!r}")
+            if args.save_steps is not None:
+                raise ValueError(
+                    f"checkpoint_interval={checkpoint_interval} (epochs) and the config's save_steps={args.save_steps} "
+                    "both set a checkpoint cadence: keep one"
+                )
+        elif checkpoint_dir is not None and args.save_steps is None:
+            checkpoint_interval = 1
+        every_steps = args.save_steps if checkpoint_interval is None else checkpoint_interval * steps_per_epoch
+        total_limit = args.save_total_limit
+        if checkpoint_total_limit is not None:
+            if isinstance(checkpoint_total_limit, bool) or not isinstance(checkpoint_total_limit, int) or checkpoint_total_limit < 1:
+                raise ValueError(f"checkpoint_total_limit must be an integer >= 1, got {checkpoint_total_limit!r}")
+            if total_limit not in (None, checkpoint_total_limit):
+                raise ValueError(
+                    f"checkpoint_total_limit={checkpoint_total_limit} and the config's save_total_limit={total_limit} "
+                    "disagree: keep one"
+                )
+            total_limit = checkpoint_total_limit
+        folder = args.output_dir if checkpoint_dir is None else os.fspath(checkpoint_dir)
+        return cls(folder, every_steps, total_limit)
 
 
 @dataclass
@@ -43,13 +93,14 @@ class TrainResult:
 class TrainingLoop:
     """One call of ``trainer.train()``: the loop and what it keeps between steps."""
 
-    def __init__(self, trainer: Any, resume_from_checkpoint: bool | str | None):
+    def __init__(self, trainer: Any, resume_from_checkpoint: bool | str | None, checkpoints: CheckpointPlan):
         self.trainer, self.args = trainer, trainer.args
+        self.checkpoints = checkpoints
         self.main = trainer.parallel.is_main
         self.data_order = torch.Generator()
         if resume_from_checkpoint:
             say = tqdm.write if self.main else lambda note: None
-            self.progress = resume_trainer(trainer, resume_from_checkpoint, self.data_order, say)
+            self.progress = resume_trainer(trainer, resume_from_checkpoint, self.data_order, say, checkpoints.folder)
         else:
             self.progress = start_state(trainer)
             # Ranks sample differently; they all shuffle the data alike.
@@ -85,7 +136,7 @@ class TrainingLoop:
                     for step_in_epoch in range(self.progress.step_in_epoch, self.trainer.steps_per_epoch):
                         self.step(order, step_in_epoch, epoch)
                         self.interrupted = self.trainer.parallel.any(stop.signal is not None)
-                        if self.interrupted or self.due(self.args.save_steps):
+                        if self.interrupted or self.due(self.checkpoints.every_steps):
                             folder = self.save(epoch_order_state)
                         if self.interrupted:
                             self.say_stopped(stop.signal, folder)
@@ -149,7 +200,9 @@ class TrainingLoop:
 
     def save(self, epoch_order_state: torch.Tensor) -> str:
         self.progress.metrics_window = self.logger.window()
-        return save_trainer(self.trainer, self.progress, epoch_order_state)
+        return save_trainer(
+            self.trainer, self.progress, epoch_order_state, self.checkpoints.folder, self.checkpoints.total_limit
+        )
 
     def say_stopped(self, signal_number: int | None, folder: str) -> None:
         if self.main:

@@ -1,13 +1,14 @@
 """One update: every learner's optimizer steps on one step's rollout tree.
 
-    token weights (loss_type over each turn, turn_weighting across turns, all ranks' counts)
-    sampling-time log-probs (only with several passes) and reference log-probs (beta > 0),
-        frozen: eval mode, no gradient
+    sampling-time log-probs (several optimizer steps, or KL shaping) and reference log-probs
+        (beta > 0, or KL shaping), frozen: eval mode, no gradient (``frozen``, before the estimate)
     for each pass:
-        zero every gradient
-        per agent, micro-batch by micro-batch: log-probs (train mode) -> policy loss -> backward
-        auxiliary losses (critics) -> backward
-        per learner: gradients summed over ranks -> clipped -> optimizer and schedule step
+        for each minibatch (train_batch_size rows and their subtrees, shuffled; default: all):
+            token weights (loss_type over each turn, turn_weighting across turns, all ranks' counts)
+            zero every gradient
+            per agent, micro-batch by micro-batch: log-probs (train mode) -> policy loss -> backward
+            auxiliary losses (critics) -> backward
+            per learner: gradients summed over ranks -> clipped -> optimizer and schedule step
 
 Modes are decided here and in :mod:`comlrl.models.modes`: frozen forwards run in eval mode,
 the loss's forward in train mode, and dropout was turned off when the agents were built
@@ -17,7 +18,9 @@ is exactly 1.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -56,10 +59,50 @@ class AuxiliaryLoss(Protocol):
         ...
 
 
+Rows = slice | Tensor
+"""Sequences of one agent at one turn: a slice, or a tensor of their indices."""
+
+
 def micro_batches(count: int, size: int | None) -> list[slice]:
     """Rows of a batch of ``count`` sequences, ``size`` at a time (None: all at once)."""
     size = size or count
     return [slice(start, start + size) for start in range(0, count, size)]
+
+
+def subtree_nodes(children: Sequence[Tensor], roots: Tensor) -> list[Tensor]:
+    """Per turn, the sorted nodes of the subtrees of first-turn nodes ``roots``.
+
+    Args:
+        children: per turn, ``(M_t, J)`` index of the next-turn node each joint action led
+            to, or -1 (the tree's ``Turn.children``).
+        roots: first-turn nodes.
+    """
+    nodes = [roots.sort().values]
+    for turn_children in children[:-1]:
+        reached = turn_children[nodes[-1]].reshape(-1)
+        nodes.append(reached[reached >= 0].sort().values)
+    return nodes
+
+
+def node_sequences(nodes: Tensor, num_generations: int) -> Tensor:
+    """Indices of the G samples of each of ``nodes`` in a node-major rollout."""
+    return (nodes.unsqueeze(1) * num_generations + torch.arange(num_generations)).reshape(-1)
+
+
+def minibatch_count(rows: int, train_batch_size: int | None) -> int:
+    """Optimizer steps a pass takes over a rollout of ``rows`` rows."""
+    return 1 if train_batch_size is None else math.ceil(rows / train_batch_size)
+
+
+@dataclass
+class FrozenLogprobs:
+    """``[agent][turn]`` log-probs of a step's completions without gradient, taken once
+    before anything changes the agents."""
+
+    sampling: list[list[Tensor]] | None
+    """Under each agent as it sampled: the ratio's denominator after the first optimizer step."""
+    reference: list[list[Tensor]] | None
+    """Under each agent's frozen reference: the KL penalty's and the KL shaping's."""
 
 
 class PolicyUpdate:
@@ -78,46 +121,81 @@ class PolicyUpdate:
         self.sampling, self.parallel, self.passes = sampling, parallel, passes
         self.auxiliary: list[AuxiliaryLoss] = []
 
-    def __call__(self, tree: RolloutTree, estimate: Estimate, step_number: int) -> dict[str, Stat]:
-        """Every pass over ``tree``; returns the metrics averaged over the passes."""
+    @property
+    def steps_per_rollout(self) -> int:
+        """Optimizer steps per learner over a full rollout (``passes`` times its minibatches)."""
+        return self.passes * minibatch_count(self.args.per_device_train_batch_size, self.args.train_batch_size)
+
+    def frozen(self, tree: RolloutTree) -> FrozenLogprobs:
+        """The log-probs this step's update and KL shaping need, before either changes anything."""
         args = self.args
-        weights = [self.token_weights(tree, i) for i in range(len(self.agents))]
-        old_logps = self.frozen_logprobs(tree, reference=False) if self.passes > 1 else None
-        ref_logps = self.frozen_logprobs(tree, reference=True) if args.beta > 0 else None
+        several_steps = self.passes > 1 or minibatch_count(len(tree.turns[0].rows), args.train_batch_size) > 1
+        return FrozenLogprobs(
+            sampling=self.frozen_logprobs(tree, reference=False) if several_steps or args.reference_kl_enabled else None,
+            reference=self.frozen_logprobs(tree, reference=True) if args.beta > 0 or args.reference_kl_enabled else None,
+        )
+
+    def minibatches(self, tree: RolloutTree) -> list[list[Tensor] | None]:
+        """Per optimizer step of a pass, the nodes of each turn it trains on (``None``: all):
+        the first-turn nodes shuffled and cut into ``train_batch_size`` pieces, each with its subtrees."""
+        roots = len(tree.turns[0].rows)
+        if minibatch_count(roots, self.args.train_batch_size) == 1:
+            return [None]
+        children = [turn.children for turn in tree.turns]
+        return [subtree_nodes(children, piece) for piece in torch.randperm(roots).split(self.args.train_batch_size)]
+
+    def __call__(
+        self, tree: RolloutTree, estimate: Estimate, frozen: FrozenLogprobs, step_number: int
+    ) -> dict[str, Stat]:
+        """Every pass over ``tree``, one optimizer step per minibatch; returns the metrics
+        averaged over the optimizer steps."""
+        args = self.args
         history = []
         for _ in range(self.passes):
-            self.learners.zero_grad()
-            per_agent = map_agents(
-                self.agents,
-                lambda i: self.agent_backward(
-                    i,
-                    [turn.agents[i] for turn in tree.turns],
-                    estimate.advantages[i],
-                    weights[i],
-                    None if old_logps is None else old_logps[i],
-                    None if ref_logps is None else ref_logps[i],
-                ),
-            )
-            metrics = {key: value for agent_metrics in per_agent for key, value in agent_metrics.items()}
-            for auxiliary in self.auxiliary:
-                metrics.update(auxiliary.backward(tree, estimate))
-            norms = self.learners.step(args.max_grad_norm, self.parallel.sum_gradients, step_number)
-            metrics.update(
-                {f"{learner_key(name)}/grad_norm": stats.same(n) for name, n in zip(self.learners.names, norms)}
-            )
-            history.append(metrics)
+            batches = self.minibatches(tree)
+            # One optimizer step in all: the policy is still the sampler's, the ratio 1.
+            ratio_logps = frozen.sampling if self.passes > 1 or len(batches) > 1 else None
+            for nodes in batches:
+                sequences = (
+                    None if nodes is None else [node_sequences(n, tree.num_generations) for n in nodes]
+                )
+                self.learners.zero_grad()
+                per_agent = map_agents(
+                    self.agents,
+                    lambda i: self.agent_backward(
+                        i,
+                        [turn.agents[i] for turn in tree.turns],
+                        estimate.advantages[i],
+                        self.token_weights(tree, i, sequences),
+                        None if ratio_logps is None else ratio_logps[i],
+                        None if frozen.reference is None or args.beta == 0 else frozen.reference[i],
+                        sequences,
+                    ),
+                )
+                metrics = {key: value for agent_metrics in per_agent for key, value in agent_metrics.items()}
+                for auxiliary in self.auxiliary:
+                    metrics.update(auxiliary.backward(tree, estimate) if nodes is None else auxiliary.backward(tree, estimate, nodes))
+                norms = self.learners.step(args.max_grad_norm, self.parallel.sum_gradients, step_number)
+                metrics.update(
+                    {f"{learner_key(name)}/grad_norm": stats.same(n) for name, n in zip(self.learners.names, norms)}
+                )
+                history.append(metrics)
         metrics = stats.average(history)
         for name, rate in zip(self.learners.names, self.learners.learning_rates()):
             metrics[f"{learner_key(name)}/learning_rate"] = stats.same(rate)
         return metrics
 
-    def token_weights(self, tree: RolloutTree, agent: int) -> list[Tensor]:
-        """Per turn, the token weight of each of ``agent``'s sequences, normalised over every
-        rank's sequences, so the micro-batches' losses (and ranks' gradients) add up to the
-        loss of the whole batch. Turns no branch reached count as empty (every rank then
-        passes ``num_turns`` turns, and the scale does not depend on where branches ended)."""
+    def token_weights(self, tree: RolloutTree, agent: int, sequences: list[Tensor] | None = None) -> list[Tensor]:
+        """Per turn, the token weight of each of ``agent``'s sequences (of a minibatch's
+        ``sequences``, when given), normalised over every rank's sequences, so the
+        micro-batches' losses (and ranks' gradients) add up to the loss of the whole batch.
+        Turns no branch reached count as empty (every rank then passes ``num_turns`` turns,
+        and the scale does not depend on where branches ended)."""
         lengths = [turn.agents[agent].lengths for turn in tree.turns]
         nodes = [turn.num_nodes for turn in tree.turns]
+        if sequences is not None:
+            lengths = [turn_lengths[rows] for turn_lengths, rows in zip(lengths, sequences)]
+            nodes = [len(rows) // tree.num_generations for rows in sequences]
         missing = self.args.num_turns - len(lengths)
         weights = turn_token_weights(
             lengths + [lengths[0].new_zeros(0)] * missing,
@@ -149,7 +227,7 @@ class PolicyUpdate:
         return micro_batches(len(rollout.texts), self.args.micro_batch_size)
 
     def logprobs(
-        self, model: torch.nn.Module, rollout: AgentRollout, rows: slice, with_entropy: bool = False
+        self, model: torch.nn.Module, rollout: AgentRollout, rows: Rows, with_entropy: bool = False
     ) -> Tensor | tuple[Tensor, Tensor]:
         """Log-probs (and entropies) of the completions ``rows`` at the sampling temperature."""
         with self.agents.precision(model):
@@ -171,15 +249,19 @@ class PolicyUpdate:
         weights: Sequence[Tensor],
         old_logps: Sequence[Tensor] | None,
         ref_logps: Sequence[Tensor] | None,
+        sequences: Sequence[Tensor] | None = None,
     ) -> dict[str, Stat]:
         """Agent ``agent``'s loss over all its turns (one rollout, advantages and token weights
-        per turn), accumulated micro-batch by micro-batch; returns its metrics."""
+        per turn; with ``sequences``, only those of each turn, whose token weights ``weights``
+        are), accumulated micro-batch by micro-batch; returns its metrics."""
         args = self.args
         model = self.agents.trainable(agent)
         with_entropy = args.entropy_coef > 0
         loss = clipped = kl = entropy = tokens = 0.0
         for t, rollout in enumerate(rollouts):
-            for rows in self.micro_batches(rollout):
+            selected = None if sequences is None else sequences[t]
+            for piece in micro_batches(len(weights[t]), args.micro_batch_size):
+                rows = piece if selected is None else selected[piece]
                 if with_entropy:
                     token_logps, token_entropy = self.logprobs(model, rollout, rows, with_entropy=True)
                 else:
@@ -196,7 +278,7 @@ class PolicyUpdate:
                     beta=args.beta,
                     entropy=token_entropy,
                     entropy_coef=args.entropy_coef,
-                    sequence_weights=weights[t][rows].to(token_logps.device),
+                    sequence_weights=weights[t][piece].to(token_logps.device),
                 )
                 out.loss.backward()
                 count = mask.sum().item()
@@ -207,7 +289,7 @@ class PolicyUpdate:
                 tokens += count
         # The loss is a share of one normalised over every rank's tokens: ranks' shares add up.
         metrics = {f"agent{agent}/loss": stats.total(loss)}
-        if self.passes > 1:
+        if old_logps is not None:
             metrics[f"agent{agent}/clip_fraction"] = stats.mean(clipped, tokens)
         if args.beta > 0:
             metrics[f"agent{agent}/kl"] = stats.mean(kl, tokens)

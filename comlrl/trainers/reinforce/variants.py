@@ -7,7 +7,7 @@ spread, as GRPO does). Any field can still be set on the config.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from comlrl.trainers.reinforce.config import MAGRPOConfig
 from comlrl.trainers.reinforce.trainer import MAGRPOTrainer
@@ -45,19 +45,41 @@ class MAReMaxConfig(MAGRPOConfig):
     """Advantages are not divided by the group's std."""
 
 
-class MAREINFORCETrainer(MAGRPOTrainer):
+class VariantTrainer(MAGRPOTrainer):
+    """A variant also takes a plain :class:`MAGRPOConfig`, as comlrl 1.4.3 documented: the
+    variant's ``advantage_mode`` replaces the config's default ``"mean"``; every other field
+    is kept as given (``advantage_normalization`` included)."""
+
+    @classmethod
+    def accept_config(cls, args: MAGRPOConfig | None) -> MAGRPOConfig:
+        if type(args) is not MAGRPOConfig:
+            return super().accept_config(args)
+        mode = cls.config_class.advantage_mode
+        if args.advantage_mode not in ("mean", mode):
+            raise ValueError(
+                f"{cls.__name__} uses advantage_mode={mode!r}, but its MAGRPOConfig says "
+                f"advantage_mode={args.advantage_mode!r}: use MAGRPOTrainer for that baseline, or a {cls.config_class.__name__}"
+            )
+        values = {spec.name: getattr(args, spec.name) for spec in fields(args) if spec.init}
+        return cls.config_class(**{**values, "advantage_mode": mode})
+
+
+class MAREINFORCETrainer(VariantTrainer):
     """MAGRPO with :class:`MAREINFORCEConfig` defaults."""
 
     config_class = MAREINFORCEConfig
+    algorithm_name = "MAREINFORCE"
 
 
-class MARLOOTrainer(MAGRPOTrainer):
+class MARLOOTrainer(VariantTrainer):
     """MAGRPO with :class:`MARLOOConfig` defaults."""
 
     config_class = MARLOOConfig
+    algorithm_name = "MARLOO"
 
 
-class MAReMaxTrainer(MAGRPOTrainer):
+class MAReMaxTrainer(VariantTrainer):
     """MAGRPO with :class:`MAReMaxConfig` defaults."""
 
     config_class = MAReMaxConfig
+    algorithm_name = "MAReMax"

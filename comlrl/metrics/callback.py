@@ -1,0 +1,92 @@
+"""The ``metrics_callback`` hook (comlrl 1.4.3's): the user's own metrics, computed from
+every agent sample of a rollout."""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from comlrl.algorithms import per_agent_returns
+from comlrl.rewards.joint_reward import describe
+from comlrl.rollout.prompts import PromptTable
+from comlrl.rollout.tree import RolloutTree
+
+
+@dataclass(frozen=True)
+class RolloutSample:
+    """One agent's completion at one node of a rollout tree, as comlrl 1.4.3's callback saw it."""
+
+    agent_idx: int
+    prompt: str
+    """The prompt the agent saw."""
+    completion: str
+    reward: float
+    """The agent's reward (the mean over the joint actions its completion took part in)."""
+    returns: float
+    """The return credited to the completion (what the advantage was computed from)."""
+    advantage: float
+    metadata: dict[str, Any] = field(default_factory=dict)
+    """``turn_idx`` (0-based), ``generation_idx`` (the sample's index in its group), ``batch_item`` (the row)."""
+
+
+def rollout_samples(
+    tree: RolloutTree,
+    credits: Sequence[torch.Tensor],
+    advantages: Sequence[Sequence[torch.Tensor]],
+    prompts: PromptTable,
+) -> list[RolloutSample]:
+    """Every agent sample of ``tree``, turn by turn, node by node, agent by agent."""
+    samples = []
+    group = tree.num_generations
+    for t, turn in enumerate(tree.turns):
+        rewards = per_agent_returns(turn.rewards, tree.joint_indices, group)  # (N, M, G)
+        for m in range(turn.num_nodes):
+            for i, agent in enumerate(turn.agents):
+                for g in range(group):
+                    samples.append(
+                        RolloutSample(
+                            agent_idx=i,
+                            prompt=turn.prompts[i][m],
+                            completion=agent.texts[m * group + g],
+                            reward=rewards[i, m, g].item(),
+                            returns=credits[t][i, m, g].item(),
+                            advantage=advantages[i][t][m * group + g].item(),
+                            metadata={"turn_idx": t, "generation_idx": g, "batch_item": prompts.rows[turn.rows[m]]},
+                        )
+                    )
+    return samples
+
+
+class MetricsCallback:
+    """Calls the user's ``metrics_callback(samples) -> dict`` and checks what it returns."""
+
+    def __init__(self, callback: Callable[[list[RolloutSample]], dict[str, float]] | None):
+        if callback is not None and not callable(callback):
+            raise TypeError(f"metrics_callback must be callable, got {type(callback).__name__}")
+        self.callback = callback
+
+    def __call__(self, samples: list[RolloutSample]) -> dict[str, float]:
+        if self.callback is None:
+            return {}
+        source = f"metrics_callback {describe(self.callback)}"
+        try:
+            output = self.callback(samples)
+        except Exception as error:
+            raise RuntimeError(f"{source} raised {type(error).__name__}: {error}") from error
+        if output is None:
+            return {}
+        if not isinstance(output, dict):
+            raise TypeError(f"{source} returned {type(output).__name__}; expected a dict of metric name -> number")
+        metrics = {}
+        for key, value in output.items():
+            if isinstance(value, torch.Tensor) and value.numel() == 1:
+                value = value.item()
+            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+                raise TypeError(f"{source} returned {value!r} for metric {key!r}; expected a finite number")
+            metrics[str(key)] = float(value)
+        return metrics

@@ -1,0 +1,345 @@
+"""Code written for comlrl 1.4.3 (its documented call shapes) runs here with the same meaning,
+or stops with an error that says what to write: configs, trainer arguments, train/evaluate,
+reference KL as reward shaping, minibatches, W&B keys, import paths."""
+
+import importlib
+import os
+import warnings
+
+import pytest
+import torch
+
+from comlrl.algorithms.shaping import kl_shaped_rewards, sequence_kl
+from comlrl.metrics.sinks import wandb_init_kwargs
+from comlrl.models.forward import completion_logprobs
+from comlrl.trainers import IACConfig, MAGRPOConfig, MAGRPOTrainer, MARLOOConfig, MARLOOTrainer, MAReMaxTrainer
+from comlrl.trainers.update import node_sequences, subtree_nodes
+from tests.helpers import (
+    DATA,
+    char_tokenizer,
+    length_sum,
+    log_lines,
+    make_trainer,
+    multi_turn_trainer,
+    revise,
+    small_config,
+    tiny_llama,
+)
+
+
+# ------------------------------------------------------------------------------ config names
+def test_old_field_names_move_to_ours_with_one_warning():
+    with pytest.warns(FutureWarning, match="learning_rate is comlrl 1.4.3's name for agent_learning_rate"):
+        config = MARLOOConfig(learning_rate=3e-4, rollout_buffer_size=3)
+    assert config.agent_learning_rate == 3e-4 and config.per_device_train_batch_size == 3
+    assert config.learning_rate is None and config.rollout_buffer_size is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the second use of the same old name says nothing
+        assert MARLOOConfig(learning_rate=1e-4).agent_learning_rate == 1e-4
+    with pytest.warns(FutureWarning, match="actor_learning_rate"):
+        assert IACConfig(actor_learning_rate=2e-4).agent_learning_rate == 2e-4
+
+
+def test_old_and_new_names_set_differently_is_an_error():
+    with pytest.raises(ValueError, match="learning_rate=0.001 .* and agent_learning_rate=0.0002 disagree: set only"):
+        MAGRPOConfig(learning_rate=1e-3, agent_learning_rate=2e-4)
+
+
+def test_a_misspelled_field_is_still_an_error():
+    with pytest.raises(TypeError, match="learnig_rate"):
+        MAGRPOConfig(learnig_rate=1e-3)
+
+
+def test_parallel_training_mp_needs_agent_devices_and_references_live_with_their_agents():
+    with pytest.raises(ValueError, match="parallel_training='mp' needs agent_devices"):
+        MAGRPOConfig(parallel_training="mp")
+    assert MAGRPOConfig(parallel_training="null").parallel_training == "none"
+    assert MAGRPOConfig(parallel_training="mp", agent_devices=["cpu", "cpu"]).agent_devices == ["cpu", "cpu"]
+    with pytest.raises(ValueError, match="reference_devices='cuda:1'.*leave reference_devices=None"):
+        MAGRPOConfig(reference_devices="cuda:1")
+
+
+def test_the_configs_num_agents_must_match_the_agents(tmp_path):
+    with pytest.raises(ValueError, match="num_agents=3 but the trainer has 2 agents"):
+        make_trainer(tmp_path, args=small_config(tmp_path, num_agents=3))
+    assert make_trainer(tmp_path, args=small_config(tmp_path, num_agents=2)).num_agents == 2
+
+
+def test_a_transition_with_one_turn_is_refused_with_the_fix(tmp_path):
+    with pytest.raises(ValueError, match="num_turns=1, so it would never be called.*set num_turns=2"):
+        make_trainer(tmp_path, external_transition=revise)
+
+
+# ------------------------------------------------------------------------------ variants
+def test_a_variant_takes_a_magrpo_config_and_fixes_its_baseline(tmp_path):
+    trainer = MARLOOTrainer(
+        agents=[tiny_llama(char_tokenizer(), i) for i in range(2)],
+        tokenizer=char_tokenizer(),
+        train_dataset=DATA,
+        reward_func=length_sum,
+        args=small_config(tmp_path, agent_learning_rate=1e-4),
+    )
+    assert type(trainer.args) is MARLOOConfig and trainer.args.advantage_mode == "rloo"
+    assert trainer.args.agent_learning_rate == 1e-4 and trainer.args.advantage_normalization is True
+    with pytest.raises(
+        ValueError, match="MAReMaxTrainer uses advantage_mode='max', but its MAGRPOConfig says advantage_mode='rloo'"
+    ):
+        MAReMaxTrainer(
+            agents=[tiny_llama(char_tokenizer(), i) for i in range(2)],
+            tokenizer=char_tokenizer(),
+            train_dataset=DATA,
+            reward_func=length_sum,
+            args=small_config(tmp_path, advantage_mode="rloo"),
+        )
+
+
+# ------------------------------------------------------------------------------ minibatches
+def test_subtree_nodes_follow_the_children_of_the_chosen_roots():
+    # turn 1: 3 nodes x 2 joint actions; turn 2: nodes 0..3 (node 1's second branch ended)
+    children = [torch.tensor([[0, 1], [2, -1], [3, 4]]), torch.full((5, 2), -1)]
+    nodes = subtree_nodes(children, torch.tensor([2, 1]))
+    assert [n.tolist() for n in nodes] == [[1, 2], [2, 3, 4]]
+    assert node_sequences(torch.tensor([1, 3]), 2).tolist() == [2, 3, 6, 7]
+
+
+def optimizer_steps(trainer) -> list[int]:
+    return [int(opt.state[next(iter(opt.state))]["step"]) for opt in trainer.learners.optimizers]
+
+
+def test_train_batch_size_splits_the_rollout_into_optimizer_steps(tmp_path):
+    trainer = make_trainer(
+        tmp_path,
+        train_dataset=DATA + [{"prompt": "one more"}],
+        args=small_config(
+            tmp_path, num_train_epochs=2, per_device_train_batch_size=4, train_batch_size=2, lr_scheduler_type="linear"
+        ),
+    )
+    metrics = trainer.training_step([0, 1, 2, 3])
+    assert optimizer_steps(trainer) == [2, 2]  # 4 rows in minibatches of 2: two steps per agent
+    assert "agent0/clip_fraction" in metrics  # the second minibatch's ratio is against the sampler
+    # the linear schedule spans every optimizer step of the run, 2 epochs x 1 step x 2 minibatches:
+    # after 2 of the 4 it is half way down
+    assert trainer.learners.schedulers[0].get_last_lr()[0] == pytest.approx(5e-4)
+
+
+def test_one_minibatch_is_one_optimizer_step(tmp_path):
+    trainer = make_trainer(tmp_path, args=small_config(tmp_path, per_device_train_batch_size=2, train_batch_size=2))
+    metrics = trainer.training_step([0, 1])
+    assert optimizer_steps(trainer) == [1, 1] and "agent0/clip_fraction" not in metrics
+
+
+def test_train_batch_size_above_the_rollout_is_refused():
+    with pytest.raises(ValueError, match="train_batch_size=3 is more rows than a rollout holds"):
+        MAGRPOConfig(per_device_train_batch_size=2, train_batch_size=3)
+
+
+def test_minibatches_of_a_multi_turn_tree_hold_whole_subtrees(tmp_path):
+    trainer = multi_turn_trainer(tmp_path, per_device_train_batch_size=2, train_batch_size=1)
+    tree = trainer.rollout(trainer.train_prompts, [0, 1])
+    batches = trainer.update.minibatches(tree)
+    assert len(batches) == 2
+    for nodes in batches:
+        (root,) = nodes[0].tolist()
+        assert nodes[1].tolist() == sorted(c for c in tree.turns[0].children[root].tolist() if c >= 0)
+
+
+# ------------------------------------------------------------------------------ reference KL as reward shaping
+def test_sequence_kl_and_shaped_rewards_by_hand():
+    logps = torch.tensor([[-1.0, -2.0, -3.0], [-0.5, -0.5, 0.0]])
+    refs = torch.tensor([[-1.5, -2.0, -1.0], [-0.5, -1.5, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 0.0]])
+
+    def k3(d):
+        return torch.exp(torch.tensor(d)) - d - 1
+
+    kl = sequence_kl(logps, refs, mask)
+    torch.testing.assert_close(kl, torch.stack([k3(-0.5) + k3(0.0), k3(0.0) + k3(-1.0)]))
+    # 1 node, G=2, aligned joint actions (j, j) of 2 agents; agent 1's KLs are 0.1 and 0.3
+    rewards = torch.tensor([[[1.0, 1.0], [2.0, 2.0]]])
+    shaped = kl_shaped_rewards(rewards, [kl, torch.tensor([0.1, 0.3])], torch.tensor([[0, 0], [1, 1]]), 2, 0.5)
+    expected = torch.tensor([[[1 - 0.5 * kl[0], 1 - 0.05], [2 - 0.5 * kl[1], 2 - 0.15]]])
+    torch.testing.assert_close(shaped, expected)
+
+
+def test_reference_kl_lowers_each_agents_rewards_by_coef_times_its_k3_sum(tmp_path):
+    coef = 0.25
+    trainer = make_trainer(tmp_path, args=small_config(tmp_path, reference_kl_enabled=True, reference_kl_coef=coef))
+    with torch.no_grad():  # move the references away from the agents, so the KL is not 0
+        for reference in trainer.agents.references:
+            for p in reference.parameters():
+                p.add_(0.05 * torch.randn_like(p))
+    tree = trainer.rollout(trainer.train_prompts, [0, 1])
+    frozen = trainer.update.frozen(tree)
+    shaped, metrics = trainer.shape_with_reference_kl(tree, frozen)
+    turn = tree.turns[0]
+    for i, agent in enumerate(turn.agents):
+        by_hand = []
+        for model in (trainer.agents[i], trainer.agents.references[i]):
+            model.eval()
+            with torch.no_grad():
+                by_hand.append(
+                    completion_logprobs(
+                        model,
+                        agent.prompt_ids,
+                        agent.prompt_mask,
+                        agent.completion_ids,
+                        agent.completion_mask,
+                        temperature=trainer.args.temperature,
+                    )
+                )
+        kl = ((torch.exp(by_hand[1] - by_hand[0]) - (by_hand[1] - by_hand[0]) - 1) * agent.completion_mask).sum(-1)
+        assert kl.min() > 0
+        sample = tree.joint_indices[:, i]  # aligned: joint action j holds sample j at each node
+        for m in range(turn.num_nodes):
+            expected = turn.rewards[m, :, i] - coef * kl[m * 2 + sample]
+            torch.testing.assert_close(shaped.turns[0].rewards[m, :, i], expected, atol=1e-5, rtol=1e-5)
+    assert metrics["turn_1/reference_kl_mean"].value() > 0
+    assert torch.equal(tree.turns[0].rewards, turn.rewards)  # the tree keeps the task rewards
+
+
+def test_reference_kl_step_logs_the_original_keys(tmp_path):
+    trainer = make_trainer(tmp_path, args=small_config(tmp_path, reference_kl_enabled=True))
+    metrics = trainer.training_step([0, 1])
+    # before any update the references are the agents: the KL is exactly 0
+    assert metrics["turn_1/reference_kl_mean"] == 0.0 and metrics["turn_1/reference_kl_penalty_mean"] == 0.0
+    assert "agent0/kl" not in metrics  # the loss-side KL (beta) stays off
+
+
+# ------------------------------------------------------------------------------ trainer arguments
+@pytest.fixture
+def model_folder(tmp_path):
+    tok = char_tokenizer()
+    tiny_llama(tok, 0).save_pretrained(tmp_path / "model")
+    tok.save_pretrained(tmp_path / "model")
+    return str(tmp_path / "model")
+
+
+def test_agents_given_as_names_are_loaded(tmp_path, model_folder):
+    trainer = MAGRPOTrainer(
+        agents=[model_folder, model_folder], train_dataset=DATA, reward_func=length_sum, args=small_config(tmp_path)
+    )
+    assert trainer.agents[0] is not trainer.agents[1]
+    assert trainer.agents[0].name_or_path == model_folder
+
+
+def test_agent_model_with_agents_of_that_model_is_accepted_and_another_refused(tmp_path, model_folder):
+    trainer = MAGRPOTrainer(
+        agent_model=model_folder,
+        agents=[model_folder] * 2,
+        train_dataset=DATA,
+        reward_func=length_sum,
+        args=small_config(tmp_path),
+    )
+    assert trainer.num_agents == 2
+    with pytest.raises(ValueError, match=r"agent_model=.* and agents\[1\] \('elsewhere'\) disagree"):
+        MAGRPOTrainer(
+            agent_model=model_folder, agents=[model_folder, "elsewhere"], train_dataset=DATA, reward_func=length_sum
+        )
+
+
+def test_special_tokens_of_model_config_reach_every_tokenizer(tmp_path, model_folder):
+    trainer = MAGRPOTrainer(
+        agent_model=model_folder,
+        model_config={"special_tokens": {"additional_special_tokens": ["z"]}},  # in the vocabulary already
+        train_dataset=DATA,
+        reward_func=length_sum,
+        args=small_config(tmp_path),
+    )
+    assert all("z" in tok.all_special_tokens for tok in trainer.agents.tokenizers)
+    with pytest.raises(ValueError, match="beyond its model's .* embedding rows"):
+        MAGRPOTrainer(
+            agent_model=model_folder,
+            model_config={"special_tokens": {"additional_special_tokens": ["<sep>"]}},  # one row too many
+            train_dataset=DATA,
+            reward_func=length_sum,
+            args=small_config(tmp_path),
+        )
+
+
+def test_metrics_callback_gets_every_agent_sample_and_its_numbers_are_logged(tmp_path):
+    seen = []
+
+    def callback(samples):
+        seen.append(samples)
+        return {"mean_chars": sum(len(s.completion) for s in samples) / len(samples)}
+
+    trainer = make_trainer(tmp_path, metrics_callback=callback)
+    metrics = trainer.training_step([0, 1])
+    (samples,) = seen
+    assert len(samples) == 2 * 2 * 2  # agents x rows x G
+    assert {s.metadata["batch_item"]["prompt"] for s in samples} == {DATA[0]["prompt"], DATA[1]["prompt"]}
+    assert metrics["mean_chars"] == pytest.approx(sum(len(s.completion) for s in samples) / 8)
+    bad = make_trainer(tmp_path, metrics_callback=lambda samples: {"x": "high"})
+    with pytest.raises(TypeError, match="metrics_callback <lambda> returned 'high' for metric 'x'"):
+        bad.training_step([0])
+
+
+# ------------------------------------------------------------------------------ evaluate and train
+def test_evaluate_takes_num_eval_samples_and_without_data_returns_nothing(tmp_path):
+    rows_seen = []
+
+    def logger(agent_completions_turns, rows):
+        rows_seen.append(len(rows))
+        return {}
+
+    trainer = make_trainer(tmp_path, eval_dataset=DATA, eval_logger=logger)
+    trainer.evaluate(num_eval_samples=2)
+    trainer.evaluate()
+    assert rows_seen == [2, 3]
+    with pytest.warns(UserWarning, match="without an eval_dataset"):
+        assert make_trainer(tmp_path).evaluate() == {}
+
+
+def test_train_checkpoint_arguments_of_the_original(tmp_path):
+    folder = tmp_path / "ckpts"
+    args = small_config(tmp_path, num_train_epochs=3, per_device_train_batch_size=2)  # 2 steps per epoch
+    make_trainer(tmp_path, args=args).train(checkpoint_dir=str(folder), checkpoint_total_limit=2)
+    assert sorted(os.listdir(folder)) == ["checkpoint-4", "checkpoint-6"]  # every epoch, newest 2 kept
+    resumed = make_trainer(tmp_path, args=small_config(tmp_path, num_train_epochs=4, per_device_train_batch_size=2))
+    result = resumed.train(resume_from_checkpoint=True, checkpoint_dir=str(folder), checkpoint_interval=2)
+    assert result.global_step == 8 and "checkpoint-8" in os.listdir(folder)
+    assert len(log_lines(tmp_path / "run", "metrics.jsonl")) > 0
+    with pytest.raises(ValueError, match="checkpoint_interval=1 .* save_steps=1 both set a checkpoint cadence"):
+        make_trainer(tmp_path, args=small_config(tmp_path, save_steps=1)).train(checkpoint_interval=1)
+
+
+# ------------------------------------------------------------------------------ W&B and imports
+def test_wandb_config_keys_of_the_original(tmp_path):
+    kwargs = wandb_init_kwargs(
+        {
+            "project": "p",
+            "run_name": "r",
+            "tags": ["a"],
+            "dir": str(tmp_path / "wb"),
+            "config_sections": {"dataset": {"name": "d"}},
+        },
+        {"num_agents": 2},
+    )
+    assert kwargs == {
+        "project": "p",
+        "name": "r",
+        "tags": ["a"],
+        "dir": str(tmp_path / "wb"),
+        "config": {"num_agents": 2, "dataset": {"name": "d"}},
+    }
+    assert (tmp_path / "wb").is_dir()
+    with pytest.raises(ValueError, match="name='a' and run_name='b'"):
+        wandb_init_kwargs({"name": "a", "run_name": "b"}, {})
+
+
+@pytest.mark.parametrize(
+    "module, names",
+    [
+        ("comlrl.trainers.reinforce.magrpo", ["MAGRPOConfig", "MAGRPOTrainer"]),
+        ("comlrl.trainers.reinforce.marloo", ["MARLOOConfig", "MARLOOTrainer"]),
+        ("comlrl.trainers.reinforce.mareinforce", ["MAREINFORCEConfig", "MAREINFORCETrainer"]),
+        ("comlrl.trainers.reinforce.maremax", ["MAReMaxConfig", "MAReMaxTrainer"]),
+        ("comlrl.trainers.actor_critic.iac", ["IACConfig", "IACTrainer"]),
+        ("comlrl.trainers.actor_critic.maac", ["MAACConfig", "MAACTrainer"]),
+        ("comlrl.utils", ["RewardProcessors"]),
+        ("comlrl.trainers", ["MAGRPOTrainer", "MARLOOTrainer", "IACTrainer", "MAACConfig"]),
+    ],
+)
+def test_the_originals_import_paths_resolve(module, names):
+    imported = importlib.import_module(module)
+    assert all(hasattr(imported, name) for name in names)
