@@ -59,10 +59,31 @@ def test_parallel_training_mp_needs_agent_devices_and_references_live_with_their
         MAGRPOConfig(reference_devices="cuda:1")
 
 
+@pytest.mark.parametrize("spelling, mode", [("Align", "aligned"), ("ALIGNED", "aligned"), ("crossed", "cross")])
+def test_the_originals_joint_mode_spellings(spelling, mode):
+    assert MAGRPOConfig(joint_mode=spelling).joint_mode == mode
+
+
 def test_the_configs_num_agents_must_match_the_agents(tmp_path):
-    with pytest.raises(ValueError, match="num_agents=3 but the trainer has 2 agents"):
+    with pytest.raises(ValueError, match="agents holds 2 models but num_agents=3"):
         make_trainer(tmp_path, args=small_config(tmp_path, num_agents=3))
     assert make_trainer(tmp_path, args=small_config(tmp_path, num_agents=2)).num_agents == 2
+
+
+def test_the_configs_num_agents_says_how_many_copies_to_load(tmp_path, model_folder):
+    # comlrl 1.4.3's actor-critic trainers took the count from the config only
+    trainer = MAGRPOTrainer(
+        agent_model=model_folder, train_dataset=DATA, reward_func=length_sum, args=small_config(tmp_path, num_agents=3)
+    )
+    assert trainer.num_agents == 3
+    with pytest.raises(ValueError, match="num_agents=2 but the config's num_agents=3"):
+        MAGRPOTrainer(
+            agent_model=model_folder,
+            num_agents=2,
+            train_dataset=DATA,
+            reward_func=length_sum,
+            args=small_config(tmp_path, num_agents=3),
+        )
 
 
 def test_a_transition_with_one_turn_is_refused_with_the_fix(tmp_path):

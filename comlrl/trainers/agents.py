@@ -67,7 +67,7 @@ class Agents(Sequence[torch.nn.Module]):
         cls,
         agents: Sequence[torch.nn.Module] | None,
         agent_model: str | None,
-        num_agents: int,
+        num_agents: int | None,
         tokenizer: Any,
         model_config: ModelConfig,
         peft_config: Any,
@@ -79,18 +79,21 @@ class Agents(Sequence[torch.nn.Module]):
         as the config says, and each with a tokenizer that can pad."""
         if agents is None and agent_model is None:
             raise ValueError("no agents: pass agents=[model, ...] or agent_model=<folder or hub id>")
+        if None not in (num_agents, args.num_agents) and num_agents != args.num_agents:
+            raise ValueError(
+                f"num_agents={num_agents} but the config's num_agents={args.num_agents}: set one, or make them agree"
+            )
+        count = num_agents if num_agents is not None else args.num_agents
         model_kwargs = model_config.model_kwargs
         if agents is not None:
             agents = model_sources(agents, agent_model, model_kwargs)
+            if count is not None and len(agents) != count:
+                raise ValueError(f"agents holds {len(agents)} models but num_agents={count}: make them agree")
         else:
+            count = 2 if count is None else count
             # With adapters, one base model serves every agent.
-            agents = load_agents(agent_model, 1 if peft_config is not None else num_agents, model_kwargs)
-            agents = agents * num_agents if peft_config is not None else agents
-        if args.num_agents is not None and len(agents) != args.num_agents:
-            raise ValueError(
-                f"the config's num_agents={args.num_agents} but the trainer has {len(agents)} agents: "
-                "make them agree, or leave the config's num_agents=None"
-            )
+            agents = load_agents(agent_model, 1 if peft_config is not None else count, model_kwargs)
+            agents = agents * count if peft_config is not None else agents
         models = check_agents(agents, shared_base_allowed=peft_config is not None)
         placed = place_agents(models, args.agent_devices, local_rank)
         adapters: list[str | None] = [None] * len(models)

@@ -78,7 +78,8 @@ class MultiAgentTrainer(abc.ABC):
         agent_model: instead of ``agents``, a model folder or hub id to load ``num_agents``
             copies of (with ``model_config`` as ``from_pretrained`` keyword arguments); given
             with ``agents``, each of those must be this model.
-        num_agents: how many copies of ``agent_model`` to load.
+        num_agents: how many copies of ``agent_model`` to load (default: the config's
+            ``num_agents``, else 2); with ``agents``, it must match their count.
         tokenizer: one tokenizer for all agents, a list with one per agent, or None to load
             each agent's tokenizer from where the agent was loaded.
         train_dataset: rows (a ``datasets.Dataset`` or a list of dicts).
@@ -140,7 +141,7 @@ class MultiAgentTrainer(abc.ABC):
         self,
         agents: Sequence[torch.nn.Module] | None = None,
         agent_model: str | None = None,
-        num_agents: int = 2,
+        num_agents: int | None = None,
         tokenizer: Any = None,
         train_dataset: Any = None,
         eval_dataset: Any = None,

@@ -19,6 +19,10 @@ from comlrl.rollout.backends import BACKENDS
 from comlrl.rollout.sampling import check_generation_kwargs
 
 
+JOINT_MODE_SPELLINGS = {"aligned": "aligned", "align": "aligned", "cross": "cross", "crossed": "cross"}
+"""Every ``joint_mode`` comlrl 1.4.3 accepted (any letter case), and what it is here."""
+
+
 def is_real(value: Any) -> bool:
     """A number that is not a bool and not NaN."""
     return isinstance(value, numbers.Real) and not isinstance(value, bool) and not math.isnan(value)
@@ -386,6 +390,8 @@ class TrainerConfig:
                 f"here (agent_devices={self.agent_devices!r}); leave reference_devices=None"
             )
         check_choice(self, "reward_call", REWARD_CALLS)
+        if isinstance(self.joint_mode, str):  # comlrl 1.4.3's spellings mean the same modes
+            self.joint_mode = JOINT_MODE_SPELLINGS.get(self.joint_mode.lower(), self.joint_mode)
         check_choice(self, "joint_mode", JOINT_MODES)
         check_choice(self, "generation_backend", BACKENDS)
         if not (is_real(self.vllm_gpu_memory_utilization) and 0 < self.vllm_gpu_memory_utilization < 1):
