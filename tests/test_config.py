@@ -71,7 +71,7 @@ def test_sampling_spec_forwards_generation_kwargs():
         ("generation_kwargs", {"do_sample": False}, r"\['do_sample'\] shadows .* set eval_do_sample"),
         ("generation_kwargs", {"input_ids": [1]}, r"may not set 'input_ids'"),
         ("disable_dropout", 1, "disable_dropout must be True or False"),
-        ("joint_mode", "crossed", r"joint_mode='crossed'; expected one of \['aligned', 'cross'\]"),
+        ("joint_mode", "diagonal", r"joint_mode='diagonal'; expected one of \['aligned', 'cross'\]"),
         ("advantage_mode", "std", r"advantage_mode='std'; expected one of \['max', 'mean', 'raw', 'rloo'\]"),
         ("loss_type", "bnpo", r"loss_type='bnpo'; expected one of \['dapo', 'dr_grpo', 'grpo'\]"),
         ("output_dir", "", "output_dir must be a non-empty path string"),
