@@ -11,7 +11,7 @@ revision reuses (reading the partner's work pays). MAGRPO credits turn 1 with it
 plus ``discount`` times the mean reward of the revisions it led to; with ``--trainer iac``
 each agent instead learns a value head on its own model and is trained with GAE and PPO
 (independent actor-critic), ``discount`` being GAE's gamma. Held-out topics are
-evaluated before and after training (``eval/turn1/...``, ``eval/turn2/...``). Runs offline
+evaluated before and after training (``eval/turn_1/...``, ``eval/turn_2/...``). Runs offline
 on the embedded SmolLM2-135M-Instruct in a few minutes on a 2-core CPU.
 
     python examples/two-turn-revision.py               # W&B off
@@ -153,7 +153,7 @@ def revision_reward(completions1, completions2, turn=1, response_history_per_age
 # ------------------------------------------------------------------------------ evaluation samples
 class LastEpisodes:
     """``eval_logger`` hook: keeps the texts of the latest evaluation (for the summary) and
-    logs each agent's mean length per turn as ``eval/agent{i}/turn{t}/chars``."""
+    logs each agent's mean length per turn as ``eval/agent{i}/turn_{t}/chars``."""
 
     def __init__(self):
         self.prompts: list[str] = []
@@ -165,7 +165,7 @@ class LastEpisodes:
         for i, rows in enumerate(agent_completions_turns):
             for t in range(max(len(turns) for turns in rows)):
                 lengths = [len(turns[t]) for turns in rows if len(turns) > t]
-                metrics[f"agent{i}/turn{t + 1}/chars"] = sum(lengths) / len(lengths)
+                metrics[f"agent{i}/turn_{t + 1}/chars"] = sum(lengths) / len(lengths)
         return metrics
 
 
@@ -174,7 +174,7 @@ def evaluations(log: Path, offset: int) -> list[dict]:
     with open(log, encoding="utf-8") as file:
         file.seek(offset)
         records = [json.loads(line) for line in file if line.strip()]
-    return [record for record in records if "eval/turn1/reward_mean" in record]
+    return [record for record in records if "eval/turn_1/reward_mean" in record]
 
 
 # ------------------------------------------------------------------------------ command line
@@ -308,7 +308,7 @@ def main(argv=None) -> None:
     before, after = evals[0], evals[-1]
     lines = [f"\nheld-out evaluation ({len(EVAL_TOPICS)} topics, reward 0..1 per turn): before -> after training"]
     for t in (1, 2):
-        key, ret = f"eval/turn{t}/reward_mean", f"eval/turn{t}/return_mean"
+        key, ret = f"eval/turn_{t}/reward_mean", f"eval/turn_{t}/expected_return"
         lines.append(
             f"  turn {t}: reward {before[key]:.3f} -> {after[key]:.3f}   return {before[ret]:.3f} -> {after[ret]:.3f}"
         )

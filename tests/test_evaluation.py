@@ -35,7 +35,7 @@ def test_single_turn_metrics_agree_with_the_completions(tmp_path):
     # length_sum of each row's joint action, averaged over the rows
     expected = sum(len(completions[0][r][0]) + len(completions[1][r][0]) for r in range(3)) / 3
     assert metrics["eval/reward_mean"] == pytest.approx(expected)
-    assert metrics["eval/turn1/reward_mean"] == metrics["eval/turn1/return_mean"] == metrics["eval/reward_mean"]
+    assert metrics["eval/turn_1/reward_mean"] == metrics["eval/turn_1/expected_return"] == metrics["eval/reward_mean"]
     assert metrics["eval/rows_seen"] == 3.0
     assert trainer.evaluate() == metrics, "greedy evaluation of the same weights must agree"
 
@@ -73,8 +73,9 @@ def test_multi_turn_rewards_returns_and_ended_episodes(tmp_path):
     ((completions, rows),) = seen
     assert [len(turns) for turns in completions[0]] == [2, 1, 2]
     # turn 1: every row returns 1 + 0.5 * 2, except row 1 (ended): 1 -> mean (2 + 1 + 2) / 3
-    assert metrics["eval/turn1/reward_mean"] == 1.0 and metrics["eval/turn2/reward_mean"] == 2.0
-    assert metrics["eval/turn1/return_mean"] == pytest.approx(5 / 3) and metrics["eval/turn2/return_mean"] == 2.0
+    assert metrics["eval/turn_1/reward_mean"] == 1.0 and metrics["eval/turn_2/reward_mean"] == 2.0
+    assert metrics["eval/turn_1/expected_return"] == pytest.approx(5 / 3)
+    assert metrics["eval/turn_2/expected_return"] == 2.0
     assert metrics["eval/reward_mean"] == pytest.approx((1 + 1 + 1 + 2 + 2) / 5)
 
 
@@ -115,6 +116,30 @@ def test_original_logger_and_aggregator_interface(tmp_path):
     )
 
 
+def test_143_logger_gets_the_rows_as_batch_items_and_their_prompt_column(tmp_path):
+    received = {}
+
+    def eval_logger(agent_completions_turns, batch_items, prompts):
+        received.update(turns=agent_completions_turns, rows=batch_items, prompts=prompts)
+        return [{"long": float(len(turns[0]) > 2)} for turns in agent_completions_turns[0]]
+
+    def eval_aggregator(detailed, num_turns):
+        return {"turn_1/long_rate": sum(d["long"] for d in detailed) / len(detailed)}
+
+    trainer = make_trainer(
+        tmp_path,
+        eval_dataset=DATA,
+        formatters=lambda row: "Q: " + row["prompt"],  # not what eval_logger's prompts are
+        eval_logger=eval_logger,
+        eval_aggregator=eval_aggregator,
+        args=small_config(tmp_path, eval_batch_size=2),
+    )
+    metrics = trainer.evaluate()
+    assert received["rows"] == DATA and received["prompts"] == [row["prompt"] for row in DATA]
+    assert [len(agent) for agent in received["turns"]] == [3, 3]
+    assert "eval/turn_1/long_rate" in metrics
+
+
 def test_training_logs_evaluations_before_during_and_after(tmp_path):
     trainer = make_trainer(
         tmp_path,
@@ -146,6 +171,6 @@ def test_eval_rows_without_the_prompt_column_are_refused_before_training(tmp_pat
         make_trainer(tmp_path, eval_dataset=[{"prompt": "x"}, {"question": "y"}])
 
 
-def test_evaluate_without_eval_dataset(tmp_path):
-    with pytest.raises(ValueError, match="evaluate\\(\\) needs an eval_dataset"):
-        make_trainer(tmp_path, reward_func=length_sum).evaluate()
+def test_evaluate_without_eval_dataset_warns_and_scores_nothing(tmp_path):
+    with pytest.warns(UserWarning, match="evaluate\\(\\) without an eval_dataset scores nothing"):
+        assert make_trainer(tmp_path, reward_func=length_sum).evaluate() == {}

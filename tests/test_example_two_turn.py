@@ -126,16 +126,16 @@ def test_short_run_plays_two_turns_and_evaluates_before_and_after(example, tmp_p
     summary = capsys.readouterr().out
 
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    train = [r for r in records if "turn2/reward_mean" in r]
-    evals = [r for r in records if "eval/turn1/reward_mean" in r]
+    train = [r for r in records if "turn_2/reward_mean" in r]
+    evals = [r for r in records if "eval/turn_1/reward_mean" in r]
     # 4 topics, 2 per step, 1 epoch: 2 steps, each with turn-2 nodes (2 rows x 2 joint actions)
-    assert [r["step"] for r in train] == [1, 2] and all(r["turn2/nodes"] == 4 for r in train)
+    assert [r["step"] for r in train] == [1, 2] and all(r["turn_2/nodes"] == 4 for r in train)
     # evaluated before the first step and after the last, both turns, with the hook's lengths
     assert [r["step"] for r in evals] == [0, 2]
     for r in evals:
-        for key in ["eval/turn2/reward_mean", "eval/turn1/return_mean", "eval/agent1/turn2/chars"]:
+        for key in ["eval/turn_2/reward_mean", "eval/turn_1/expected_return", "eval/agent1/turn_2/chars"]:
             assert key in r
-        assert 0 <= r["eval/turn1/reward_mean"] <= 1 and 0 <= r["eval/turn2/reward_mean"] <= 1
+        assert 0 <= r["eval/turn_1/reward_mean"] <= 1 and 0 <= r["eval/turn_2/reward_mean"] <= 1
     # one transition per training joint action of turn 1 (2 steps x 4) and per eval row (4 x 2)
     assert len(transitions) == 2 * 4 + 4 * 2 and set(transitions) <= set(example.TRAIN_TOPICS + example.EVAL_TOPICS)
     assert "turn 1: reward" in summary and "turn 2: reward" in summary and "turn 2 paragraph:" in summary
@@ -146,8 +146,8 @@ def test_short_run_plays_two_turns_and_evaluates_before_and_after(example, tmp_p
 def test_second_run_summarises_only_its_own_evaluations(example, tmp_path, capsys, tiny_model_args):
     out = tmp_path / "out"
     out.mkdir()
-    stale = {"step": 0, "eval/turn1/reward_mean": 123.0, "eval/turn1/return_mean": 0.0,
-             "eval/turn2/reward_mean": 0.0, "eval/turn2/return_mean": 0.0}  # fmt: skip
+    stale = {"step": 0, "eval/turn_1/reward_mean": 123.0, "eval/turn_1/expected_return": 0.0,
+             "eval/turn_2/reward_mean": 0.0, "eval/turn_2/expected_return": 0.0}  # fmt: skip
     (out / "metrics.jsonl").write_text(json.dumps(stale) + "\n")
     example.main(tiny_model_args)
     assert "123.000" not in capsys.readouterr().out
@@ -164,7 +164,7 @@ def test_short_run_with_the_actor_critic_trainer(example, tmp_path, capsys, tiny
     example.main([*tiny_model_args, "--trainer", "iac", "--discount", "0.9"])
     assert "held-out evaluation" in capsys.readouterr().out
     records = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
-    train = [r for r in records if "turn2/reward_mean" in r]
+    train = [r for r in records if "turn_2/reward_mean" in r]
     assert [r["step"] for r in train] == [1, 2]
     assert all("critic0/value_loss" in r and "critic1/explained_variance" in r for r in train)
     saved = tmp_path / "out" / "models"

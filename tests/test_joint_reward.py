@@ -17,8 +17,8 @@ COMPLETIONS = [["a0", "a1"], ["b0", "b1"]]  # N = 2 agents, K = 2 joint actions
 ROWS = [5, 7]
 
 
-def score(func, processor=None, num_agents=2, weights=None):
-    return JointReward(func, num_agents, processor, weights)(PROMPTS, COMPLETIONS, ROWS)
+def score(func, processor=None, num_agents=2, weights=None, call="auto"):
+    return JointReward(func, num_agents, processor, weights, call=call)(PROMPTS, COMPLETIONS, ROWS)
 
 
 def shared(values):
@@ -161,9 +161,10 @@ def test_function_that_raises_with_prompts():
 
 @pytest.mark.parametrize("values", [[1.0], [1.0, 2.0, 3.0]])
 def test_wrong_number_of_values(values):
+    # one value for two joint actions is an error only under "batch" ("auto" takes it for a 1.4.3 function)
     count = f"{len(values)} value{'' if len(values) == 1 else 's'}"
     with pytest.raises(ValueError, match=rf"returned {count} \(.*\) for joint actions 0-1 \(dataset rows 5, 7\)"):
-        score(lambda c1, c2: values)
+        score(lambda c1, c2: values, call="batch")
 
 
 @pytest.mark.parametrize(
@@ -217,7 +218,7 @@ def test_non_sequence_return(returned, type_name):
         match=rf"returned {returned!r} \({type_name}\) for joint actions 0-1 \(dataset rows 5, 7\); "
         "expected a sequence of 2 numbers",
     ):
-        score(lambda c1, c2: returned)
+        score(lambda c1, c2: returned, call="batch")
 
 
 @pytest.mark.parametrize(
@@ -571,10 +572,11 @@ def one_value_reward(c1, c2):
 
 def test_wrong_count_names_the_rows_the_value_and_the_count():
     with pytest.raises(ValueError) as info:
-        score(one_value_reward)
+        score(one_value_reward, call="batch")
     assert str(info.value) == (
         "reward_func one_value_reward returned 1 value ([0.25]) for joint actions 0-1 (dataset rows 5, 7); "
-        "expected 2 values (one per joint action)"
+        "expected 2 values (one per joint action); a reward function written for comlrl 1.4.3, which called it "
+        'once per joint action with one-element lists, needs reward_call="per_joint_action"'
     )
 
 
@@ -591,7 +593,7 @@ def test_wrong_count_names_each_dataset_row_once():
 def test_non_list_return_names_the_rows_and_the_value(returned, shown):
     # a string or a dict of the right length is not read as one reward per character or key
     with pytest.raises(TypeError) as info:
-        score(lambda c1, c2: returned)
+        score(lambda c1, c2: returned, call="batch")
     message = str(info.value)
     assert f"returned {returned!r} ({type(returned).__name__}) for joint actions 0-1 (dataset rows 5, 7)" in message
     assert shown in message
@@ -613,3 +615,200 @@ def test_single_value_per_agent_reward_is_singular():
     assert "returned 1 value ([2.0]) for joint action 1 (dataset row 7); a per-agent reward needs 2 values" in str(
         info.value
     )
+
+
+# ---------------------------------------------------------------- comlrl 1.4.3's keywords and reward_call
+
+BATCH_ITEMS = [{"prompt": "row 5"}, {"prompt": "row 7"}]
+CONTEXT = {
+    "turn": 2,
+    "prompt_history_per_agent": [[["p5"], ["q5"]], [["p7"], ["q7"]]],
+    "response_history_per_agent": [[["a0"], ["b0"]], [["a1"], ["b1"]]],
+}
+
+
+def score_all(func, call="auto", num_agents=2):
+    """``func`` scored on the two joint actions with every keyword value the trainer gives."""
+    return JointReward(func, num_agents, call=call)(PROMPTS, COMPLETIONS, ROWS, CONTEXT, BATCH_ITEMS)
+
+
+def test_unknown_reward_call_is_refused():
+    with pytest.raises(ValueError, match=r"reward_call must be one of 'auto', 'batch', 'per_joint_action', got 'each'"):
+        JointReward(completions_only, 2, call="each")
+
+
+def test_named_keywords_and_kwargs_get_rows_and_prompts_but_not_unnamed_context():
+    seen = {}
+
+    def names_them(c1, c2, batch_items=None, prompts=None):
+        seen["named"] = (batch_items, prompts)
+        return [0.0, 0.0]
+
+    def takes_kwargs(c1, c2, turn, **kwargs):
+        seen["kwargs"] = (turn, kwargs)
+        return [0.0, 0.0]
+
+    def prompts_first(prompts, c1, c2, **kwargs):
+        seen["first"] = (prompts, kwargs)
+        return [0.0, 0.0]
+
+    score_all([names_them, takes_kwargs, prompts_first])
+    assert seen["named"] == (BATCH_ITEMS, PROMPTS)
+    # **kwargs gets 1.4.3's keywords; the context only by name, as 1.4.3 never passed it
+    assert seen["kwargs"] == (2, {"batch_items": BATCH_ITEMS, "prompts": PROMPTS})
+    assert seen["first"] == (PROMPTS, {"batch_items": BATCH_ITEMS})  # prompts once, positionally
+
+
+def test_a_required_batch_items_parameter_is_a_keyword_not_the_prompts():
+    def rows_required(c1, c2, batch_items):
+        assert c1 == COMPLETIONS[0] and batch_items == BATCH_ITEMS
+        return [0.0, 1.0]
+
+    reward = JointReward(rows_required, 2)
+    assert reward.pass_prompts == (False,)
+    assert reward(PROMPTS, COMPLETIONS, ROWS, batch_items=BATCH_ITEMS).raw[:, 0].tolist() == [0.0, 1.0]
+
+
+def test_a_prompts_parameter_after_the_completions_is_a_keyword():
+    def prompts_last(c1, c2, prompts):
+        assert (c1, c2, prompts) == (COMPLETIONS[0], COMPLETIONS[1], PROMPTS)
+        return [0.0, 1.0]
+
+    reward = JointReward(prompts_last, 2)
+    assert reward.pass_prompts == (False,)
+    assert reward(PROMPTS, COMPLETIONS, ROWS).raw[:, 0].tolist() == [0.0, 1.0]
+
+
+def test_rows_edited_by_one_function_reach_neither_the_next_nor_the_dataset():
+    rows = [{"prompt": "row 5", "tests": ["t"]}, {"prompt": "row 7", "tests": []}]
+    seen = []
+
+    def edits(c1, c2, batch_items):
+        batch_items[0]["tests"].append("edited")
+        return [0.0, 0.0]
+
+    def reads(c1, c2, batch_items):
+        seen.append(batch_items[0]["tests"])
+        return [0.0, 0.0]
+
+    JointReward([edits, reads], 2)(PROMPTS, COMPLETIONS, ROWS, batch_items=rows)
+    assert seen == [["t"]] and rows[0]["tests"] == ["t"]
+
+
+def test_per_joint_action_calls_get_one_joint_action_of_every_value():
+    calls = []
+
+    def record(c1, c2, batch_items, prompts, turn, prompt_history_per_agent, response_history_per_agent):
+        calls.append((c1, c2, batch_items, prompts, turn, prompt_history_per_agent, response_history_per_agent))
+        return [1.0]
+
+    batch = score_all(record, call="per_joint_action")
+    assert calls == [
+        ([a], [b], [row], [prompt], 2, [prompts], [responses])
+        for a, b, row, prompt, prompts, responses in zip(
+            *COMPLETIONS,
+            BATCH_ITEMS,
+            PROMPTS,
+            *(CONTEXT[k] for k in ("prompt_history_per_agent", "response_history_per_agent")),
+        )
+    ]
+    assert batch.raw.tolist() == [[1.0, 1.0], [1.0, 1.0]]
+
+
+@pytest.mark.parametrize(
+    "returned, expected",
+    [
+        (1.5, [1.5, 1.5]),
+        ([1.5], [1.5, 1.5]),
+        ((1.5,), [1.5, 1.5]),
+        (torch.tensor(1.5), [1.5, 1.5]),
+        (torch.tensor([1.5]), [1.5, 1.5]),
+        (torch.tensor([[1.5]]), [1.5, 1.5]),
+        (np.array([1.5]), [1.5, 1.5]),
+        ([torch.tensor(1.5)], [1.5, 1.5]),
+        ([[1.5, -2.0]], [1.5, -2.0]),  # one per-agent pair
+        ([(1.5, -2.0)], [1.5, -2.0]),
+        ([torch.tensor([1.5, -2.0])], [1.5, -2.0]),
+        (torch.tensor([[1.5, -2.0]]), [1.5, -2.0]),
+    ],
+)
+def test_per_joint_action_returns(returned, expected):
+    batch = score(lambda c1, c2: returned, call="per_joint_action")
+    assert batch.raw.tolist() == [expected, expected]
+
+
+@pytest.mark.parametrize("returned", [[1.5, -2.0], torch.tensor([1.5, -2.0]), (1.5, -2.0, 3.0)])
+def test_per_joint_action_refuses_a_flat_list_of_several_values(returned):
+    def two_values(c1, c2):
+        return returned
+
+    with pytest.raises(ValueError) as info:
+        score(two_values, call="per_joint_action")
+    message = str(info.value)
+    assert message.startswith(f"reward_func two_values returned {len(returned)} values (")
+    assert "for joint action 0 (dataset row 5), called for that joint action alone" in message
+    assert "comlrl 1.4.3 used only the first value (1.5) of such a list" in message
+    assert "Return [value] for one reward shared by all agents, or [[v0, v1]] for one reward per agent" in message
+
+
+def test_per_joint_action_refuses_no_value():
+    with pytest.raises(ValueError, match=r"returned no value \(\[\]\) for joint action 0 \(dataset row 5\)"):
+        score(lambda c1, c2: [], call="per_joint_action")
+
+
+def test_per_joint_action_errors_name_the_joint_action():
+    def fails_on_the_second(c1, c2):
+        if c1 == ["a1"]:
+            raise KeyError("missing")
+        return [1.0]
+
+    with pytest.raises(RuntimeError) as info:
+        score(fails_on_the_second, call="per_joint_action")
+    message = str(info.value)
+    assert message.endswith("(called with 2 lists of sizes [1, 1], for joint action 1 (dataset row 7))")
+    with pytest.raises(TypeError, match=r"returned None \(NoneType\) for joint action 1 \(dataset row 7\); expected a"):
+        score(lambda c1, c2: [None] if c1 == ["a1"] else [1.0], call="per_joint_action")
+
+
+@pytest.mark.parametrize("call", ["auto", "batch"])
+def test_a_batch_call_that_raises_hints_at_per_joint_action(call):
+    def one_joint_action_only(c1, c2):
+        assert len(c1) == 1
+        return [1.0]
+
+    with pytest.raises(
+        RuntimeError, match=r'lists of sizes \[2, 2\]\); .*comlrl 1.4.3.*reward_call="per_joint_action"'
+    ):
+        score(one_joint_action_only, call=call)
+    # with one joint action both ways of calling agree: nothing to hint at
+    with pytest.raises(RuntimeError) as info:
+        JointReward(lambda c1, c2: 1 / 0, 2, call=call)(PROMPTS[:1], [["a0"], ["b0"]], ROWS[:1])
+    assert "reward_call" not in str(info.value)
+
+
+def test_auto_settles_on_batch_after_a_full_answer():
+    answers = iter([[1.0, 2.0], [3.0]])
+    reward = JointReward(lambda c1, c2: next(answers), 2)
+    assert reward(PROMPTS, COMPLETIONS, ROWS).raw[:, 0].tolist() == [1.0, 2.0]
+    assert reward.calls == ["batch"]
+    with pytest.raises(ValueError, match=r'returned 1 value \(\[3.0\]\) .*needs reward_call="per_joint_action"'):
+        reward(PROMPTS, COMPLETIONS, ROWS)
+
+
+def test_auto_decides_nothing_on_one_joint_action():
+    reward = JointReward(lambda c1, c2: [len(c1[0])], 2)
+    assert reward(PROMPTS[:1], [["a0"], ["b0"]], ROWS[:1]).raw.tolist() == [[2.0, 2.0]]
+    assert reward.calls == ["auto"]
+
+
+def test_auto_decides_per_function():
+    def per_joint(c1, c2):
+        return [float(len(c1[0]))]
+
+    with pytest.warns(UserWarning) as caught:
+        reward = JointReward([completions_only, per_joint], 2)
+        reward(PROMPTS, COMPLETIONS, ROWS)
+        batch = reward(PROMPTS, COMPLETIONS, ROWS)
+    assert [str(w.message).split(" returned")[0] for w in caught] == ["reward_func per_joint (position 1)"]
+    assert reward.calls == ["batch", "per_joint_action"]
+    assert batch.per_function[:, :, 0].tolist() == [BASE, [2.0, 2.0]]

@@ -174,9 +174,9 @@ def test_training_step_reports_discounted_returns_per_turn(tmp_path):
 
     trainer = multi_turn_trainer(tmp_path, reward=reward, discount=0.25)
     metrics = trainer.training_step([0])
-    assert metrics["turn1/reward_mean"] == 1.0 and metrics["turn2/reward_mean"] == 2.0
-    assert metrics["turn1/return_mean"] == 1.0 + 0.25 * 2.0 and metrics["turn2/return_mean"] == 2.0
-    assert (metrics["turn1/nodes"], metrics["turn2/nodes"]) == (1.0, 2.0)
+    assert metrics["turn_1/reward_mean"] == 1.0 and metrics["turn_2/reward_mean"] == 2.0
+    assert metrics["turn_1/expected_return"] == 1.0 + 0.25 * 2.0 and metrics["turn_2/expected_return"] == 2.0
+    assert (metrics["turn_1/nodes"], metrics["turn_2/nodes"]) == (1.0, 2.0)
     assert metrics["rollout/generate_calls"] == 4.0 and metrics["rollout/transition_calls"] == 2.0
 
 
@@ -280,9 +280,10 @@ def test_samples_of_each_turn_are_logged_with_their_joint_action(tmp_path):
 
 
 def test_completion_samples_pick_each_agents_part_of_the_joint_action(tmp_path):
-    trainer = multi_turn_trainer(tmp_path, joint_mode="cross", num_turns=1, num_generations=2)
+    trainer = multi_turn_trainer(tmp_path, joint_mode="cross", num_turns=2, num_generations=2)
     tree = trainer.rollout(trainer.train_prompts, [0])
     samples = completion_samples(tree, [t.rewards for t in tree.turns], trainer.train_prompts, per_turn=4)
+    samples = [s for s in samples if s["turn"] == 1]
     texts = [agent.texts for agent in tree.turns[0].agents]
     # cross, G = 2: joint actions (0, 0), (0, 1), (1, 0), (1, 1)
     pairs = [(s["agent0_completion"], s["agent1_completion"]) for s in samples]
@@ -298,7 +299,7 @@ def test_tensorboard_and_wandb_get_metrics_and_samples_from_training(tmp_path, f
     trainer.train()
     events = EventAccumulator(str(tmp_path / "run" / "tensorboard"))
     events.Reload()
-    assert [e.step for e in events.Scalars("turn2/reward_mean")] == [1, 2]
+    assert [e.step for e in events.Scalars("turn_2/reward_mean")] == [1, 2]
     assert "samples/text_summary" in events.Tags()["tensors"]
     tables = [metrics["samples"] for metrics, _ in fake_wandb["log"] if "samples" in metrics]
     assert len(tables) == 2 and tables[0][0][:3] == ["turn", "row", "prompt"] and len(tables[0][1]) == 2

@@ -97,7 +97,7 @@ def test_joint_actions_pair_the_right_completions(tmp_path, joint_mode, num_join
             assert second[b * num_joint + j] == texts1[b * 3 + k1]
 
 
-def test_reward_with_prompts_first_gets_the_rows_prompts(tmp_path):
+def test_reward_with_prompts_first_gets_agent_zeros_prompts(tmp_path):
     seen = []
 
     def reward(prompts, a, b):
@@ -106,7 +106,7 @@ def test_reward_with_prompts_first_gets_the_rows_prompts(tmp_path):
 
     trainer = make_trainer(tmp_path, reward_func=reward, formatters=lambda row: "Q: " + row["prompt"])
     trainer.rollout(trainer.train_prompts, [1, 2])
-    assert seen == ["a cat"] * 2 + ["tell me, why?"] * 2
+    assert seen == ["Q: a cat"] * 2 + ["Q: tell me, why?"] * 2  # as comlrl 1.4.3: the formatted prompt
 
 
 def test_formatters_give_each_agent_its_prompt(tmp_path):
@@ -202,9 +202,9 @@ def raises(a, b):
             r"reward_func raises raised ZeroDivisionError: boom \(called with 2 lists of sizes \[4, 4\]",
         ),
         (
-            lambda a, b: [1.0],
+            lambda a, b: [1.0, 2.0],
             ValueError,
-            r"returned 1 value \(\[1.0\]\) for joint actions 0-3 \(dataset rows \d, \d\); expected 4 values",
+            r"returned 2 values \(\[1.0, 2.0\]\) for joint actions 0-3 \(dataset rows \d, \d\); expected 4 values",
         ),
         (lambda a, b: [1.0, math.nan, 1.0, 1.0], ValueError, r"returned nan for joint action 1 \(dataset row \d\)"),
         (lambda a, b: [1.0, 1.0, 1.0, "high"], TypeError, r"returned 'high' \(str\) for joint action 3"),
@@ -249,8 +249,8 @@ def test_agent_model_loads_independent_copies_and_their_tokenizer(tmp_path):
     assert [len(t) for t in trainer.agents.tokenizers] == [len(tok)] * 3
 
 
-def test_agents_and_agent_model_together_are_refused(tmp_path):
-    with pytest.raises(ValueError, match="either agents or agent_model"):
+def test_agents_and_another_agent_model_together_are_refused(tmp_path):
+    with pytest.raises(ValueError, match=r"agent_model='somewhere' and agents\[0\] \(.*\) disagree: pass only one"):
         make_trainer(tmp_path, agent_model="somewhere")
 
 

@@ -207,8 +207,8 @@ def test_console_line_is_compact_and_the_log_keeps_everything(tmp_path, capsys):
     assert line.endswith(" s/step") and "advantage" not in line and len(line) < 120
     logged = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
     assert "agent0/advantage_std" in logged and "time/generated_tokens_per_s" in logged
-    assert format_metrics(3, {"eval/reward_mean": 0.5, "eval/turn1/reward_mean": 0.25}) == (
-        "step 3 | eval/reward_mean 0.5 | eval/turn1/reward_mean 0.25"
+    assert format_metrics(3, {"eval/reward_mean": 0.5, "eval/turn_1/reward_mean": 0.25}) == (
+        "step 3 | eval/reward_mean 0.5 | eval/turn_1/reward_mean 0.25"
     )
     assert math.isfinite(logged["agent0/loss"])
 

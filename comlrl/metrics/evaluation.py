@@ -14,8 +14,9 @@ from comlrl.algorithms.returns import tree_returns
 from comlrl.rewards.joint_reward import describe, keyword_arguments
 from comlrl.rollout.tree import RolloutTree
 
-EVAL_LOGGER_ARGUMENTS = ("agent_completions_turns", "prompts", "rows", "test_cases", "entry_points")
-"""Keyword arguments ``eval_logger`` receives when its signature names them (all with ``**kwargs``)."""
+EVAL_LOGGER_ARGUMENTS = ("agent_completions_turns", "batch_items", "prompts", "rows", "test_cases", "entry_points")
+"""Keyword arguments ``eval_logger`` receives when its signature names them (all with
+``**kwargs``); ``batch_items`` is comlrl 1.4.3's name of ``rows``."""
 
 
 class EvalHooks:
@@ -45,6 +46,7 @@ class EvalHooks:
             return {}
         values = {
             "agent_completions_turns": agent_completions_turns,
+            "batch_items": rows,
             "prompts": prompts,
             "rows": rows,
             "test_cases": [row.get("test", "") for row in rows],
@@ -111,6 +113,7 @@ def evaluation_metrics(
     metrics = {"eval/reward_mean": all_rewards.mean().item(), "eval/raw_reward_mean": torch.cat(raw).mean().item()}
     for t in range(num_turns):
         if rewards[t]:
-            metrics[f"eval/turn{t + 1}/reward_mean"] = torch.cat(rewards[t]).mean().item()
-            metrics[f"eval/turn{t + 1}/return_mean"] = torch.cat(returns[t]).mean().item()
+            # comlrl 1.4.3's names, which dashboards key on
+            metrics[f"eval/turn_{t + 1}/reward_mean"] = torch.cat(rewards[t]).mean().item()
+            metrics[f"eval/turn_{t + 1}/expected_return"] = torch.cat(returns[t]).mean().item()
     return metrics, paths

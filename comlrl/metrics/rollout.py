@@ -46,9 +46,10 @@ def rollout_metrics(
         metrics[f"reward/{name}/mean"] = stats.mean_of(values)
         metrics[f"reward/{name}/std"] = stats.std_of(values)
     for turn, turn_returns in zip(turns, returns):
-        metrics[f"turn{turn.number}/reward_mean"] = stats.mean_of(turn.rewards)
-        metrics[f"turn{turn.number}/return_mean"] = stats.mean_of(turn_returns)
-        metrics[f"turn{turn.number}/nodes"] = stats.total(turn.num_nodes)
+        # comlrl 1.4.3's names, which dashboards key on
+        metrics[f"turn_{turn.number}/reward_mean"] = stats.mean_of(turn.rewards)
+        metrics[f"turn_{turn.number}/expected_return"] = stats.mean_of(turn_returns)
+        metrics[f"turn_{turn.number}/nodes"] = stats.total(turn.num_nodes)
     for i in range(rewards.shape[1]):
         lengths = torch.cat([t.agents[i].lengths for t in turns]).float()
         agent_advantages = torch.cat(advantages[i])
@@ -76,7 +77,7 @@ def completion_samples(
         for k in range(min(per_turn, turn.num_nodes * num_joint)):
             node, j = divmod(k, num_joint)
             sample: dict[str, Any] = {"turn": turn.number, "row": turn.rows[node]}
-            sample["prompt"] = prompts.reward_prompts([turn.rows[node]])[0]
+            sample["prompt"] = prompts.row_prompts([turn.rows[node]])[0]
             for i, agent in enumerate(turn.agents):
                 sample[f"agent{i}_prompt"] = turn.prompts[i][node]
                 sample[f"agent{i}_completion"] = agent.texts[

@@ -6,9 +6,27 @@ each joint action, either one number shared by all agents or N numbers, one per 
 (mixed cooperative settings). ``functools.partial`` objects and callables with extra
 keyword arguments that have defaults work.
 
+The prompts are what comlrl 1.4.3 passed: per joint action, agent 0's prompt of that turn
+as that agent saw it (its formatted prompt; at later turns the prompt the transition
+produced), not the row's ``prompt`` column. As in 1.4.3, a function that names
+``batch_items`` gets the dataset rows (dicts) of the joint actions, and one that names
+``prompts`` without taking them positionally gets them by keyword; one with ``**kwargs``
+gets both (``REWARD_KEYWORDS``). Each is one item per joint action, aligned with the
+completion lists.
+
 A function may also name keyword parameters from ``REWARD_CONTEXT`` to receive where the
 joint actions stand in a multi-turn episode: ``turn`` (1 for the first turn), and per joint
 action the prompt and response histories of every agent up to and including this turn.
+These are passed only to functions that name them: comlrl 1.4.3 never passed them, and its
+``**kwargs`` functions may forward their keywords somewhere that does not expect them.
+
+How a function is called is ``REWARD_CALLS``' choice (the config's ``reward_call``):
+``batch`` calls it once with the K joint actions of a turn; ``per_joint_action`` once per
+joint action with one-element lists, as comlrl 1.4.3 did, its users' functions reading
+``[0]`` and returning ``[value]``; ``auto`` calls it in batch and, the first time it returns
+a single value for K > 1 joint actions, takes it for a 1.4.3 one: it warns, scores that
+batch again per joint action and keeps calling it so. A function that returned K values
+for K > 1 is a batch one from then on (a single value is then an error, not a switch).
 
 Several reward functions can be given with weights; the joint reward is their weighted
 sum, then the optional processor is applied to each value.
@@ -21,6 +39,7 @@ import functools
 import inspect
 import math
 import numbers
+import warnings
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -42,11 +61,20 @@ def describe(func: Callable) -> str:
 REWARD_CALLS = ("auto", "batch", "per_joint_action")
 """How reward functions are called (the config's ``reward_call``)."""
 
+REWARD_KEYWORDS = ("batch_items", "prompts")
+"""comlrl 1.4.3's keyword arguments, given to a function that names them or takes
+``**kwargs``: ``batch_items`` (the dataset row, a dict, of each joint action) and ``prompts``
+(the prompts, when not already passed positionally)."""
+
 REWARD_CONTEXT = ("turn", "prompt_history_per_agent", "response_history_per_agent")
 """Keyword arguments a reward function receives when its signature names them:
 ``turn`` (int, 1-based), ``prompt_history_per_agent`` and ``response_history_per_agent``
 (per joint action, one list per agent of its prompts / responses on that branch, from the
 first turn up to and including the current one)."""
+
+_PER_JOINT_ACTION = ("prompts", "batch_items", "prompt_history_per_agent", "response_history_per_agent")
+"""The keyword values that hold one item per joint action: a per-joint-action call gets that
+joint action's item alone (the others, such as ``turn``, are the same for every joint action)."""
 
 
 def signature_parameters(func: Callable) -> list[inspect.Parameter] | None:
@@ -72,17 +100,33 @@ def context_parameters(func: Callable) -> tuple[str, ...]:
     return keyword_arguments(func, REWARD_CONTEXT)
 
 
+def reward_keywords(func: Callable, pass_prompts: bool) -> tuple[str, ...]:
+    """The names of ``REWARD_KEYWORDS`` that ``func`` gets: those it names, both with
+    ``**kwargs``, less ``prompts`` when they go first positionally. A callable without a
+    readable signature gets none: nothing says it accepts them."""
+    if signature_parameters(func) is None:
+        return ()
+    names = keyword_arguments(func, REWARD_KEYWORDS, if_any_keyword=REWARD_KEYWORDS)
+    return tuple(name for name in names if not (pass_prompts and name == "prompts"))
+
+
 def takes_prompts(func: Callable, num_agents: int) -> bool:
     """True when ``func`` wants the prompts before the N completion lists.
 
     Decided from the signature: N+1 positional parameters without defaults mean prompts
     come first; a function that can take N positional arguments gets only completions.
-    Parameters named after ``REWARD_CONTEXT`` are passed by keyword and not counted.
+    Parameters named after ``REWARD_CONTEXT`` or ``batch_items``, and a ``prompts`` one that
+    is not the first (``def r(c1, c2, prompts)``: it cannot be the slot before the
+    completions), are passed by keyword and not counted.
     """
     params = signature_parameters(func)
     if params is None:
         return False
-    params = [p for p in params if p.name not in REWARD_CONTEXT]
+    params = [
+        p
+        for position, p in enumerate(params)
+        if p.name not in (*REWARD_CONTEXT, "batch_items") and not (p.name == "prompts" and position > 0)
+    ]
     positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     required = [p for p in positional if p.default is p.empty]
     var_positional = any(p.kind == p.VAR_POSITIONAL for p in params)
@@ -156,6 +200,49 @@ def _plural(count: int, word: str) -> str:
     return f"{count} {word}{'' if count == 1 else 's'}"
 
 
+def _single_value(value: object) -> bool:
+    """True when ``value`` holds exactly one value (a number, a one-element list or tuple, a
+    tensor or array of one element): what a function written for one joint action returns."""
+    if _number(value) is not None:
+        return True
+    if isinstance(value, Tensor):
+        return value.numel() == 1
+    if isinstance(value, np.ndarray):
+        return value.size == 1
+    return isinstance(value, list | tuple) and len(value) == 1
+
+
+def _per_joint_action_hint(count: int) -> str:
+    """What a batch call's error adds when a comlrl 1.4.3 function may be its cause; with one
+    joint action both ways of calling are the same, and it adds nothing."""
+    if count <= 1:
+        return ""
+    return (
+        "; a reward function written for comlrl 1.4.3, which called it once per joint action with "
+        'one-element lists, needs reward_call="per_joint_action"'
+    )
+
+
+@dataclass(frozen=True)
+class JointActions:
+    """K joint actions to score and what a reward function may be given about them."""
+
+    completions: list[list[str]]
+    """``[agent][k]`` agent's part of joint action k."""
+    row_ids: list[int]
+    """K dataset row indices, to name culprits in errors."""
+    keywords: dict[str, object]
+    """Values of ``REWARD_KEYWORDS`` and ``REWARD_CONTEXT`` names, by name (``prompts`` is
+    always there: it may also go first positionally)."""
+
+    def one(self, k: int) -> JointActions:
+        """Joint action ``k`` alone, every list one element long, as a per-joint-action call sees it."""
+        keywords = {
+            name: value[k : k + 1] if name in _PER_JOINT_ACTION else value for name, value in self.keywords.items()
+        }
+        return JointActions([c[k : k + 1] for c in self.completions], self.row_ids[k : k + 1], keywords)
+
+
 # How many distinct dataset rows an error lists before "...": a batch can hold hundreds.
 _ROWS_SHOWN = 10
 
@@ -173,6 +260,7 @@ class JointReward:
         num_agents: int,
         processor: Callable[[float], float] | None = None,
         weights: Sequence[float] | None = None,
+        call: str = "auto",
     ):
         if isinstance(funcs, list | tuple):
             if not funcs:
@@ -187,13 +275,21 @@ class JointReward:
             raise TypeError(f"reward_func must be callable or a list of callables, got {type(funcs).__name__}")
         if processor is not None and not callable(processor):
             raise TypeError(f"reward_processor must be callable, got {type(processor).__name__}")
+        if call not in REWARD_CALLS:
+            raise ValueError(f"reward_call must be one of {', '.join(map(repr, REWARD_CALLS))}, got {call!r}")
         self.funcs: tuple[Callable, ...] = funcs
         self.num_agents = num_agents
         self.processor = processor
         self.weights = self._check_weights(weights, len(funcs))
         self.names = unique_names([describe(func) for func in funcs])
         self.pass_prompts = tuple(takes_prompts(func, num_agents) for func in funcs)
-        self.context_names = tuple(context_parameters(func) for func in funcs)
+        self.keyword_names = tuple(
+            context_parameters(func) + reward_keywords(func, pass_prompts)
+            for func, pass_prompts in zip(funcs, self.pass_prompts)
+        )
+        self.calls = [call] * len(funcs)
+        """How each function is called: ``call``, until ``auto`` settles on ``batch`` or
+        ``per_joint_action`` for a function (for the rest of the run)."""
         # How errors name each function; the position tells apart functions with the same name.
         self._sources = [
             f"reward_func {describe(func)}" + (f" (position {j})" if len(funcs) > 1 else "")
@@ -231,26 +327,28 @@ class JointReward:
         completions: Sequence[Sequence[str]],
         row_ids: Sequence[int],
         context: dict[str, object] | None = None,
+        batch_items: Sequence[Mapping] | None = None,
     ) -> RewardBatch:
         """Score K joint actions.
 
         Args:
-            prompts: K prompts, the one of each joint action's dataset row.
+            prompts: K prompts: agent 0's prompt of each joint action's turn.
             completions: N lists of K strings; ``completions[i][k]`` is agent i's part of
                 joint action k.
             row_ids: K dataset row indices, used only to name culprits in errors.
             context: values of ``REWARD_CONTEXT`` names, handed to the functions that take them.
+            batch_items: the K dataset rows (dicts) of the joint actions, handed to the
+                functions that take ``batch_items``.
 
         Returns:
             A :class:`RewardBatch`: each function's ``(F, K, N)`` values, their weighted sum
             ``raw`` and the processor's ``processed``, both ``(K, N)``, and the functions' names.
         """
-        per_function = torch.stack(
-            [
-                self._check(self._call(j, prompts, completions, context or {}), row_ids, self._sources[j])
-                for j in range(len(self.funcs))
-            ]
-        )
+        keywords = {**(context or {}), "prompts": list(prompts)}
+        if batch_items is not None:
+            keywords["batch_items"] = list(batch_items)
+        actions = JointActions([list(c) for c in completions], list(row_ids), keywords)
+        per_function = torch.stack([self._score(j, actions) for j in range(len(self.funcs))])
         weights = torch.tensor(self.weights, dtype=torch.float64).reshape(-1, 1, 1)
         raw = (weights * per_function.double()).sum(0).float()
         bad = torch.nonzero(~torch.isfinite(raw)).tolist()
@@ -266,14 +364,81 @@ class JointReward:
             processed = self._process(raw, row_ids)
         return RewardBatch(per_function=per_function, raw=raw, processed=processed, names=list(self.names))
 
-    def _call(
-        self, j: int, prompts: Sequence[str], completions: Sequence[Sequence[str]], context: dict[str, object]
-    ) -> object:
+    def _score(self, j: int, actions: JointActions) -> Tensor:
+        """Function ``j``'s ``(K, N)`` rewards, called as ``calls[j]`` says; ``auto`` settles
+        here, at the first call over more than one joint action."""
+        if self.calls[j] == "per_joint_action":
+            return self._score_each(j, actions)
+        count = len(actions.row_ids)
+        returned = self._call(j, actions, hint=_per_joint_action_hint(count))
+        if self.calls[j] == "auto" and count > 1 and _single_value(returned):
+            self._take_for_per_joint_action(j, returned, count)
+            return self._score_each(j, actions)
+        values = self._check(returned, actions.row_ids, self._sources[j])
+        if count > 1:
+            self.calls[j] = "batch"  # it answered K joint actions with K values: a batch function
+        return values
+
+    def _take_for_per_joint_action(self, j: int, returned: object, count: int) -> None:
+        """Function ``j`` returned one value for ``count`` joint actions under ``auto``: it is a
+        comlrl 1.4.3 one, called per joint action from now on; said once, as it is decided once."""
+        self.calls[j] = "per_joint_action"
+        warnings.warn(
+            f"{self._sources[j]} returned one value ({short_repr(returned)}) for {count} joint actions, so it is "
+            "taken for a function written for comlrl 1.4.3, which called reward functions once per joint action "
+            "with one-element lists: it is now called that way, once per joint action, for the rest of this run. "
+            'Set reward_call="per_joint_action" to say so, or reward_call="batch" to call it with all the joint '
+            "actions of a turn at once (one value for several is then an error)",
+            stacklevel=2,
+        )
+
+    def _score_each(self, j: int, actions: JointActions) -> Tensor:
+        """Function ``j`` called once per joint action with one-element lists, as comlrl 1.4.3 called it."""
+        entries = []
+        for k in range(len(actions.row_ids)):
+            where = self._where(actions.row_ids, k)
+            returned = self._call(j, actions.one(k), where=where)
+            entries.append(self._one_entry(returned, self._sources[j], where))
+        return self._check(entries, actions.row_ids, self._sources[j])
+
+    def _one_entry(self, returned: object, source: str, where: str) -> object:
+        """What a call for one joint action returned, as that joint action's entry of a batch
+        (a number, or N per-agent numbers); a value of the wrong kind is passed on for
+        ``_check`` to name. A flat list of several values is refused: 1.4.3 kept only its first
+        value, and reading it otherwise would change the rewards without a word."""
+        if _number(returned) is not None:
+            return returned
+        values = returned.detach().cpu() if isinstance(returned, Tensor) else returned
+        if isinstance(values, Tensor | np.ndarray):
+            if values.ndim >= 1 and math.prod(values.shape) == 1:
+                return values.reshape(-1)[0]
+            values = values.tolist()
+        if not isinstance(values, list | tuple):
+            return returned  # None, a string, a dict...: _check says what is wrong with it
+        if len(values) == 1:
+            return values[0]
+        per_agent = "[[" + ", ".join(f"v{i}" for i in range(self.num_agents)) + "]]"
+        if not values:
+            raise ValueError(
+                f"{source} returned no value ({short_repr(returned)}) for {where}, called for that joint action "
+                f"alone; return one reward (a number or [value]) or {per_agent} (one per agent)"
+            )
+        raise ValueError(
+            f"{source} returned {_plural(len(values), 'value')} ({short_repr(returned)}) for {where}, called for "
+            f"that joint action alone; comlrl 1.4.3 used only the first value ({short_repr(values[0])}) of such a "
+            f"list. Return [value] for one reward shared by all agents, or {per_agent} for one reward per agent"
+        )
+
+    def _call(self, j: int, actions: JointActions, where: str = "", hint: str = "") -> object:
+        """Function ``j`` called on ``actions``; an error it raises names it, the call and ``where``
+        (one joint action's call), and adds ``hint``."""
         # Fresh lists for every function, so one that edits its arguments cannot change the next one's.
-        args = [list(c) for c in completions]
+        args = [list(c) for c in actions.completions]
         if self.pass_prompts[j]:
-            args.insert(0, list(prompts))
-        kwargs = {name: copy.deepcopy(context[name]) for name in self.context_names[j] if name in context}
+            args.insert(0, list(actions.keywords["prompts"]))
+        kwargs = {
+            name: copy.deepcopy(actions.keywords[name]) for name in self.keyword_names[j] if name in actions.keywords
+        }
         try:
             return self.funcs[j](*args, **kwargs)
         except Exception as error:
@@ -281,7 +446,7 @@ class JointReward:
             raise RuntimeError(
                 f"{self._sources[j]} raised {type(error).__name__}: {error} "
                 f"(called with {len(args)} lists of sizes [{sizes}]"
-                f"{', prompts first' if self.pass_prompts[j] else ''})"
+                f"{', prompts first' if self.pass_prompts[j] else ''}{', for ' + where if where else ''}){hint}"
             ) from error
 
     @staticmethod
@@ -319,11 +484,13 @@ class JointReward:
                 f"{source} returned {short_repr(returned)} ({type(returned).__name__}) for "
                 f"{self._where(row_ids)}; expected a sequence of {_plural(expected, 'number')} (one per joint "
                 f"action), or of {expected} sequences of {_plural(num_agents, 'number')} (one per agent)"
+                + (_per_joint_action_hint(expected) if _number(returned) is not None else "")
             ) from None
         if len(values) != expected:
             raise ValueError(
                 f"{source} returned {_plural(len(values), 'value')} ({short_repr(returned)}) for "
                 f"{self._where(row_ids)}; expected {_plural(expected, 'value')} (one per joint action)"
+                + (_per_joint_action_hint(expected) if len(values) == 1 else "")
             )
         rows = []
         for k, value in enumerate(values):

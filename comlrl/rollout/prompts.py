@@ -56,7 +56,7 @@ class PromptTable:
             for agent, f in enumerate(formatters)
         ]
         has_prompt = all(isinstance(row.get("prompt"), str) for row in rows)
-        self._reward_prompts = [row["prompt"] for row in rows] if has_prompt else self.prompts[0]
+        self._row_prompts = [row["prompt"] for row in rows] if has_prompt else self.prompts[0]
 
     @staticmethod
     def _format(formatter: Formatter, row: dict[str, Any], agent: int, where: str) -> str:
@@ -80,13 +80,15 @@ class PromptTable:
         return self._format(self.formatters[agent], row, agent, f"{self.name} row {row_id} at turn {turn}")
 
     def __len__(self) -> int:
-        return len(self._reward_prompts)
+        return len(self._row_prompts)
 
     def agent_prompts(self, agent: int, row_ids: Sequence[int]) -> list[str]:
         """Agent ``agent``'s prompts for ``row_ids``."""
         return [self.prompts[agent][r] for r in row_ids]
 
-    def reward_prompts(self, row_ids: Sequence[int]) -> list[str]:
-        """The prompts handed to a reward function that asks for them: the rows' ``prompt``
-        column, or agent 0's formatted prompts when the rows have no such column."""
-        return [self._reward_prompts[r] for r in row_ids]
+    def row_prompts(self, row_ids: Sequence[int]) -> list[str]:
+        """The rows' ``prompt`` column, or agent 0's formatted prompts when the rows have no
+        such column: the transition's ``prompt``, the samples' and ``eval_logger``'s prompts,
+        as comlrl 1.4.3 gave them the row's prompt. Reward functions get each turn's prompts
+        instead (see ``comlrl.rewards.joint_reward``)."""
+        return [self._row_prompts[r] for r in row_ids]

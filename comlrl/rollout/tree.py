@@ -136,7 +136,8 @@ def build_tree(
         prompts: the dataset's rows and the agents' first-turn prompts.
         row_ids: the dataset rows of this step (one tree each).
         generate: samples ``num_generations`` completions per prompt for one agent.
-        reward: scores joint actions; functions that ask for it get the turn and the histories.
+        reward: scores joint actions, given agent 0's prompt of the turn and the dataset row of
+            each; functions that ask for it get the turn and the histories.
         joint_indices: ``(J, N)`` sample of each agent in each joint action.
         num_generations: G.
         num_turns: depth of the tree.
@@ -176,7 +177,10 @@ def build_tree(
             "prompt_history_per_agent": [prompt_history[m] for m in joint_nodes],
             "response_history_per_agent": joint_responses,
         }
-        scored = reward(prompts.reward_prompts(joint_rows), completions, joint_rows, context)
+        # As comlrl 1.4.3: agent 0's prompt of this turn, and the dataset row, of each joint action.
+        joint_prompts = [turn_prompts[0][m] for m in joint_nodes]
+        batch_items = [prompts.rows[row] for row in joint_rows]
+        scored = reward(joint_prompts, completions, joint_rows, context, batch_items)
         names = scored.names
         shape = (num_nodes, num_joint, num_agents)
         rewards = scored.processed.reshape(shape)
@@ -195,7 +199,7 @@ def build_tree(
                     turn=number,
                     row_id=row,
                     row=prompts.rows[row],
-                    prompt=prompts.reward_prompts([row])[0],
+                    prompt=prompts.row_prompts([row])[0],
                     agent_completions=[completions[i][k] for i in range(num_agents)],
                     prompt_history_per_agent=prompt_history[m],
                     response_history_per_agent=joint_responses[k],
