@@ -12,7 +12,7 @@ import torch
 from comlrl.algorithms.shaping import kl_shaped_rewards, sequence_kl
 from comlrl.metrics.sinks import wandb_init_kwargs
 from comlrl.models.forward import completion_logprobs
-from comlrl.trainers import IACConfig, MAGRPOConfig, MAGRPOTrainer, MARLOOConfig, MARLOOTrainer, MAReMaxTrainer
+from comlrl.trainers import IACConfig, MAGRPOConfig, MAGRPOTrainer, MAReMaxTrainer, MARLOOConfig, MARLOOTrainer
 from comlrl.trainers.update import node_sequences, subtree_nodes
 from tests.helpers import (
     DATA,
@@ -89,6 +89,21 @@ def test_the_configs_num_agents_says_how_many_copies_to_load(tmp_path, model_fol
 def test_a_transition_with_one_turn_is_refused_with_the_fix(tmp_path):
     with pytest.raises(ValueError, match="num_turns=1, so it would never be called.*set num_turns=2"):
         make_trainer(tmp_path, external_transition=revise)
+
+
+def test_a_formatter_naming_external_prompts_gets_the_transitions_text(tmp_path):
+    seen = []
+
+    def formatter(row, external_prompts=None):
+        seen.append(external_prompts)
+        return "Q: " + (external_prompts if external_prompts is not None else row["prompt"])
+
+    trainer = multi_turn_trainer(tmp_path, formatters=formatter)
+    seen.clear()  # the first-turn prompts were formatted when the trainer was built, without it
+    tree = trainer.rollout(trainer.train_prompts, [0])
+    second = tree.turns[1]
+    assert seen and all(text is not None for text in seen)
+    assert all(prompt.startswith("Q: " + DATA[0]["prompt"] + " | others: ") for prompt in second.prompts[0])
 
 
 # ------------------------------------------------------------------------------ variants

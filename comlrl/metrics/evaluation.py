@@ -3,14 +3,13 @@ and the user's evaluation hooks."""
 
 from __future__ import annotations
 
-import math
-import numbers
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
 from comlrl.algorithms.returns import tree_returns
+from comlrl.metrics.hooks import checked_metrics
 from comlrl.rewards.joint_reward import describe, keyword_arguments
 from comlrl.rollout.tree import RolloutTree
 
@@ -60,19 +59,8 @@ class EvalHooks:
                 output = self.aggregator(output, num_turns=num_turns)
         except Exception as error:
             raise RuntimeError(f"{source} raised {type(error).__name__}: {error}") from error
-        if not isinstance(output, dict):
-            raise TypeError(
-                f"{source} returned {type(output).__name__}; expected a dict of metric name -> number"
-                + ("" if self.aggregator else " (or pass an eval_aggregator that makes one)")
-            )
-        metrics = {}
-        for key, value in output.items():
-            if isinstance(value, torch.Tensor) and value.numel() == 1:
-                value = value.item()
-            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
-                raise TypeError(f"{source} returned {value!r} for metric {key!r}; expected a finite number")
-            metrics[f"eval/{key}"] = float(value)
-        return metrics
+        hint = "" if self.aggregator else " (or pass an eval_aggregator that makes one)"
+        return checked_metrics(output, source, prefix="eval/", hint=hint)
 
 
 def evaluation_metrics(

@@ -42,16 +42,18 @@ def split_model_config(model_config: dict[str, Any] | None) -> ModelConfig:
         if not isinstance(section, Mapping):
             raise TypeError(f"model_config[{name!r}] must be a dict, got {type(section).__name__}")
         sections[name] = dict(section)
-    clash = sorted(key for key in set(config) & set(sections["model_kwargs"]) if config[key] != sections["model_kwargs"][key])
+    clash = sorted(
+        key for key in set(config) & set(sections["model_kwargs"]) if config[key] != sections["model_kwargs"][key]
+    )
     if clash:
-        raise ValueError(
-            f"model_config gives {clash} both flat and in model_kwargs, with different values: keep one"
-        )
+        raise ValueError(f"model_config gives {clash} both flat and in model_kwargs, with different values: keep one")
     sections["model_kwargs"] = {**config, **sections["model_kwargs"]}
     return ModelConfig(**sections)
 
 
-def add_special_tokens(tokenizers: Sequence[Any], models: Sequence[torch.nn.Module], special_tokens: dict[str, Any]) -> None:
+def add_special_tokens(
+    tokenizers: Sequence[Any], models: Sequence[torch.nn.Module], special_tokens: dict[str, Any]
+) -> None:
     """``tokenizer.add_special_tokens(special_tokens)`` for each distinct tokenizer (as
     comlrl 1.4.3's ``model_config["special_tokens"]``); a token id beyond its model's
     embedding rows is an error here rather than an index error in the first forward."""
@@ -151,10 +153,13 @@ def model_sources(
             name = os.fspath(entry) if isinstance(entry, str | os.PathLike) else getattr(entry, "name_or_path", None)
             if name != wanted:
                 raise ValueError(
-                    f"agent_model={wanted!r} and agents[{i}] ({name!r}) disagree: pass only one of agent_model and agents"
+                    f"agent_model={wanted!r} and agents[{i}] ({name!r}) disagree: "
+                    "pass only one of agent_model and agents"
                 )
     return [
-        load_agents(entry, 1, model_kwargs, argument=f"agents[{i}]")[0] if isinstance(entry, str | os.PathLike) else entry
+        load_agents(entry, 1, model_kwargs, argument=f"agents[{i}]")[0]
+        if isinstance(entry, str | os.PathLike)
+        else entry
         for i, entry in enumerate(agents)
     ]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from comlrl.rewards.joint_reward import describe
+from comlrl.rewards.joint_reward import describe, keyword_arguments
 from comlrl.utils.per_agent import per_agent
 
 Formatter = Callable[[dict[str, Any]], str]
@@ -59,9 +59,9 @@ class PromptTable:
         self._row_prompts = [row["prompt"] for row in rows] if has_prompt else self.prompts[0]
 
     @staticmethod
-    def _format(formatter: Formatter, row: dict[str, Any], agent: int, where: str) -> str:
+    def _format(formatter: Formatter, row: dict[str, Any], agent: int, where: str, **kwargs: str) -> str:
         try:
-            prompt = formatter(row)
+            prompt = formatter(row, **kwargs)
         except Exception as error:
             raise RuntimeError(
                 f"formatter {describe(formatter)} of agent {agent} raised {type(error).__name__}: {error} on {where}"
@@ -75,9 +75,12 @@ class PromptTable:
 
     def format_turn(self, agent: int, row_id: int, text: str, turn: int) -> str:
         """Agent ``agent``'s prompt at a later turn: its formatter applied to the row with the
-        ``prompt`` column replaced by ``text`` (what ``external_transition`` returned)."""
+        ``prompt`` column replaced by ``text`` (what ``external_transition`` returned); a
+        formatter that names ``external_prompts`` also gets ``text`` there, as in comlrl 1.4.3."""
+        formatter = self.formatters[agent]
         row = {**self.rows[row_id], "prompt": text}
-        return self._format(self.formatters[agent], row, agent, f"{self.name} row {row_id} at turn {turn}")
+        kwargs = {"external_prompts": text} if keyword_arguments(formatter, ("external_prompts",)) else {}
+        return self._format(formatter, row, agent, f"{self.name} row {row_id} at turn {turn}", **kwargs)
 
     def __len__(self) -> int:
         return len(self._row_prompts)

@@ -36,8 +36,8 @@ from comlrl.checkpoint.config_record import config_record
 from comlrl.distributed import DataParallel
 from comlrl.metrics import JsonlSink, TensorBoardSink, WandbSink
 from comlrl.metrics import stats as metric_stats
-from comlrl.metrics.callback import MetricsCallback, RolloutSample, rollout_samples
 from comlrl.metrics.evaluation import EvalHooks, evaluation_metrics
+from comlrl.metrics.hooks import MetricsCallback, RolloutSample, rollout_samples
 from comlrl.metrics.rollout import rollout_metrics
 from comlrl.models.loading import split_model_config
 from comlrl.models.placement import map_agents
@@ -123,7 +123,8 @@ class MultiAgentTrainer(abc.ABC):
         eval_aggregator: ``eval_aggregator(eval_logger_output, num_turns=...) -> dict``.
         metrics_callback: ``metrics_callback(samples) -> dict``, comlrl 1.4.3's hook for
             metrics of your own: called after every training rollout (its numbers are logged
-            beside ours; evaluation has ``eval_logger``) with each agent sample (:class:`~comlrl.metrics.callback.RolloutSample`: ``agent_idx``, ``prompt``,
+            beside ours; evaluation has ``eval_logger``) with each agent sample
+            (:class:`~comlrl.metrics.hooks.RolloutSample`: ``agent_idx``, ``prompt``,
             ``completion``, ``reward``, ``returns``, ``advantage``, ``metadata``).
         peft_config: train LoRA adapters instead of whole models: a ``peft`` config (e.g.
             ``LoraConfig``) for every agent, or a list with one per agent (needs
@@ -170,7 +171,8 @@ class MultiAgentTrainer(abc.ABC):
         if args.num_turns == 1 and external_transition is not None:
             raise ValueError(
                 "external_transition is given but num_turns=1, so it would never be called (comlrl 1.4.3's "
-                "default was num_turns=2; ours is 1): set num_turns=2 (or more) in the config, or drop external_transition"
+                "default was num_turns=2; ours is 1): set num_turns=2 (or more) in the config, "
+                "or drop external_transition"
             )
         self.sampling = SamplingSpec.from_config(args)
         """How completions are sampled, fixed for the run: generation, the log-probs'
@@ -346,7 +348,9 @@ class MultiAgentTrainer(abc.ABC):
         turns, metrics = [], {}
         for t, turn in enumerate(tree.turns):
             kls = [
-                sequence_kl(frozen.sampling[i][t], frozen.reference[i][t], agent.completion_mask.to(frozen.sampling[i][t]))
+                sequence_kl(
+                    frozen.sampling[i][t], frozen.reference[i][t], agent.completion_mask.to(frozen.sampling[i][t])
+                )
                 for i, agent in enumerate(turn.agents)
             ]
             shaped = kl_shaped_rewards(turn.rewards, kls, tree.joint_indices, tree.num_generations, coef)
@@ -420,7 +424,9 @@ class MultiAgentTrainer(abc.ABC):
         during training does not change the training samples.
         """
         if self.eval_prompts is None:
-            warnings.warn("evaluate() without an eval_dataset scores nothing: pass eval_dataset= to the trainer", stacklevel=2)
+            warnings.warn(
+                "evaluate() without an eval_dataset scores nothing: pass eval_dataset= to the trainer", stacklevel=2
+            )
             return {}
         args = self.args
         count = args.eval_num_samples if num_eval_samples is None else num_eval_samples

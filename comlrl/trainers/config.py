@@ -18,7 +18,6 @@ from comlrl.rewards.joint_reward import REWARD_CALLS
 from comlrl.rollout.backends import BACKENDS
 from comlrl.rollout.sampling import check_generation_kwargs
 
-
 JOINT_MODE_SPELLINGS = {"aligned": "aligned", "align": "aligned", "cross": "cross", "crossed": "cross"}
 """Every ``joint_mode`` comlrl 1.4.3 accepted (any letter case), and what it is here."""
 
@@ -64,7 +63,9 @@ def user_stacklevel() -> int:
     """The ``stacklevel`` that points a warning at the first frame outside this package (and
     outside the code dataclasses generate), whatever the depth of config subclasses."""
     frame, level = sys._getframe(1), 1
-    while frame is not None and (frame.f_code.co_filename.startswith(_PACKAGE) or frame.f_code.co_filename == "<string>"):
+    while frame is not None and (
+        frame.f_code.co_filename.startswith(_PACKAGE) or frame.f_code.co_filename == "<string>"
+    ):
         frame, level = frame.f_back, level + 1
     return level
 
@@ -318,15 +319,15 @@ class TrainerConfig:
                 f"train_batch_size={self.train_batch_size} is more rows than a rollout holds "
                 f"(per_device_train_batch_size={self.per_device_train_batch_size}); it must be at most that"
             )
-        if not (is_real(self.reference_kl_coef) and math.isfinite(self.reference_kl_coef) and self.reference_kl_coef >= 0):
+        if not (
+            is_real(self.reference_kl_coef) and math.isfinite(self.reference_kl_coef) and self.reference_kl_coef >= 0
+        ):
             raise ValueError(f"reference_kl_coef must be a finite number >= 0, got {self.reference_kl_coef!r}")
         if isinstance(self.parallel_training, str) and self.parallel_training.strip().lower() == "null":
             self.parallel_training = "none"
         check_choice(self, "parallel_training", ("none", "mp"))
         if self.parallel_training == "mp" and self.agent_devices is None:
-            raise ValueError(
-                "parallel_training='mp' needs agent_devices: a list with one device per agent (or 'auto')"
-            )
+            raise ValueError("parallel_training='mp' needs agent_devices: a list with one device per agent (or 'auto')")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise ValueError(f"seed must be an integer, got {self.seed!r}")
         rates = self.agent_learning_rate

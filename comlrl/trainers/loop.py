@@ -47,10 +47,16 @@ class CheckpointPlan:
         """The plan of the config (``save_steps``, ``save_total_limit``, ``output_dir``) and of
         comlrl 1.4.3's ``train()`` arguments: ``checkpoint_dir`` (alone: a checkpoint every
         epoch, as 1.4.3), ``checkpoint_interval`` (epochs), ``checkpoint_total_limit``."""
-        if checkpoint_dir is not None and (not isinstance(checkpoint_dir, str | os.PathLike) or not os.fspath(checkpoint_dir)):
+        if checkpoint_dir is not None and (
+            not isinstance(checkpoint_dir, str | os.PathLike) or not os.fspath(checkpoint_dir)
+        ):
             raise ValueError(f"checkpoint_dir must be a folder path, got {checkpoint_dir!r}")
         if checkpoint_interval is not None:
-            if isinstance(checkpoint_interval, bool) or not isinstance(checkpoint_interval, int) or checkpoint_interval < 1:
+            if (
+                isinstance(checkpoint_interval, bool)
+                or not isinstance(checkpoint_interval, int)
+                or checkpoint_interval < 1
+            ):
                 raise ValueError(f"checkpoint_interval must be an integer >= 1 (epochs), got {checkpoint_interval!r}")
             if args.save_steps is not None:
                 raise ValueError(
@@ -62,7 +68,11 @@ class CheckpointPlan:
         every_steps = args.save_steps if checkpoint_interval is None else checkpoint_interval * steps_per_epoch
         total_limit = args.save_total_limit
         if checkpoint_total_limit is not None:
-            if isinstance(checkpoint_total_limit, bool) or not isinstance(checkpoint_total_limit, int) or checkpoint_total_limit < 1:
+            if (
+                isinstance(checkpoint_total_limit, bool)
+                or not isinstance(checkpoint_total_limit, int)
+                or checkpoint_total_limit < 1
+            ):
                 raise ValueError(f"checkpoint_total_limit must be an integer >= 1, got {checkpoint_total_limit!r}")
             if total_limit not in (None, checkpoint_total_limit):
                 raise ValueError(

@@ -131,8 +131,12 @@ class PolicyUpdate:
         args = self.args
         several_steps = self.passes > 1 or minibatch_count(len(tree.turns[0].rows), args.train_batch_size) > 1
         return FrozenLogprobs(
-            sampling=self.frozen_logprobs(tree, reference=False) if several_steps or args.reference_kl_enabled else None,
-            reference=self.frozen_logprobs(tree, reference=True) if args.beta > 0 or args.reference_kl_enabled else None,
+            sampling=self.frozen_logprobs(tree, reference=False)
+            if several_steps or args.reference_kl_enabled
+            else None,
+            reference=self.frozen_logprobs(tree, reference=True)
+            if args.beta > 0 or args.reference_kl_enabled
+            else None,
         )
 
     def minibatches(self, tree: RolloutTree) -> list[list[Tensor] | None]:
@@ -149,40 +153,53 @@ class PolicyUpdate:
     ) -> dict[str, Stat]:
         """Every pass over ``tree``, one optimizer step per minibatch; returns the metrics
         averaged over the optimizer steps."""
-        args = self.args
+        reference = frozen.reference if self.args.beta > 0 else None
         history = []
         for _ in range(self.passes):
             batches = self.minibatches(tree)
             # One optimizer step in all: the policy is still the sampler's, the ratio 1.
-            ratio_logps = frozen.sampling if self.passes > 1 or len(batches) > 1 else None
+            sampling = frozen.sampling if self.passes > 1 or len(batches) > 1 else None
             for nodes in batches:
-                sequences = (
-                    None if nodes is None else [node_sequences(n, tree.num_generations) for n in nodes]
-                )
-                self.learners.zero_grad()
-                per_agent = map_agents(
-                    self.agents,
-                    lambda i: self.agent_backward(
-                        i,
-                        [turn.agents[i] for turn in tree.turns],
-                        estimate.advantages[i],
-                        self.token_weights(tree, i, sequences),
-                        None if ratio_logps is None else ratio_logps[i],
-                        None if frozen.reference is None or args.beta == 0 else frozen.reference[i],
-                        sequences,
-                    ),
-                )
-                metrics = {key: value for agent_metrics in per_agent for key, value in agent_metrics.items()}
-                for auxiliary in self.auxiliary:
-                    metrics.update(auxiliary.backward(tree, estimate) if nodes is None else auxiliary.backward(tree, estimate, nodes))
-                norms = self.learners.step(args.max_grad_norm, self.parallel.sum_gradients, step_number)
-                metrics.update(
-                    {f"{learner_key(name)}/grad_norm": stats.same(n) for name, n in zip(self.learners.names, norms)}
-                )
-                history.append(metrics)
+                history.append(self.optimizer_step(tree, estimate, nodes, sampling, reference, step_number))
         metrics = stats.average(history)
         for name, rate in zip(self.learners.names, self.learners.learning_rates()):
             metrics[f"{learner_key(name)}/learning_rate"] = stats.same(rate)
+        return metrics
+
+    def optimizer_step(
+        self,
+        tree: RolloutTree,
+        estimate: Estimate,
+        nodes: list[Tensor] | None,
+        old_logps: list[list[Tensor]] | None,
+        ref_logps: list[list[Tensor]] | None,
+        step_number: int,
+    ) -> dict[str, Stat]:
+        """One optimizer step of every learner on the minibatch ``nodes`` (per turn; None: the
+        whole tree); returns its metrics."""
+        sequences = None if nodes is None else [node_sequences(n, tree.num_generations) for n in nodes]
+
+        def backward(i: int) -> dict[str, Stat]:
+            return self.agent_backward(
+                i,
+                [turn.agents[i] for turn in tree.turns],
+                estimate.advantages[i],
+                self.token_weights(tree, i, sequences),
+                None if old_logps is None else old_logps[i],
+                None if ref_logps is None else ref_logps[i],
+                sequences,
+            )
+
+        self.learners.zero_grad()
+        metrics = {
+            key: value for agent_metrics in map_agents(self.agents, backward) for key, value in agent_metrics.items()
+        }
+        for auxiliary in self.auxiliary:
+            metrics.update(
+                auxiliary.backward(tree, estimate) if nodes is None else auxiliary.backward(tree, estimate, nodes)
+            )
+        norms = self.learners.step(self.args.max_grad_norm, self.parallel.sum_gradients, step_number)
+        metrics.update({f"{learner_key(name)}/grad_norm": stats.same(n) for name, n in zip(self.learners.names, norms)})
         return metrics
 
     def token_weights(self, tree: RolloutTree, agent: int, sequences: list[Tensor] | None = None) -> list[Tensor]:

@@ -58,7 +58,8 @@ class VariantTrainer(MAGRPOTrainer):
         if args.advantage_mode not in ("mean", mode):
             raise ValueError(
                 f"{cls.__name__} uses advantage_mode={mode!r}, but its MAGRPOConfig says "
-                f"advantage_mode={args.advantage_mode!r}: use MAGRPOTrainer for that baseline, or a {cls.config_class.__name__}"
+                f"advantage_mode={args.advantage_mode!r}: use MAGRPOTrainer for that baseline, "
+                f"or a {cls.config_class.__name__}"
             )
         values = {spec.name: getattr(args, spec.name) for spec in fields(args) if spec.init}
         return cls.config_class(**{**values, "advantage_mode": mode})

@@ -1,5 +1,5 @@
-"""The ``metrics_callback`` hook (comlrl 1.4.3's): the user's own metrics, computed from
-every agent sample of a rollout."""
+"""The user's metric hooks: ``metrics_callback`` (comlrl 1.4.3's: metrics of their own from
+every agent sample of a training rollout), and the check every hook's output goes through."""
 
 from __future__ import annotations
 
@@ -78,15 +78,19 @@ class MetricsCallback:
             output = self.callback(samples)
         except Exception as error:
             raise RuntimeError(f"{source} raised {type(error).__name__}: {error}") from error
-        if output is None:
-            return {}
-        if not isinstance(output, dict):
-            raise TypeError(f"{source} returned {type(output).__name__}; expected a dict of metric name -> number")
-        metrics = {}
-        for key, value in output.items():
-            if isinstance(value, torch.Tensor) and value.numel() == 1:
-                value = value.item()
-            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
-                raise TypeError(f"{source} returned {value!r} for metric {key!r}; expected a finite number")
-            metrics[str(key)] = float(value)
-        return metrics
+        return {} if output is None else checked_metrics(output, source)
+
+
+def checked_metrics(output: object, source: str, prefix: str = "", hint: str = "") -> dict[str, float]:
+    """A hook's ``{name: number}`` output as floats under ``prefix``; anything else is an error
+    that names the hook (``source``) and the metric, followed by ``hint``."""
+    if not isinstance(output, dict):
+        raise TypeError(f"{source} returned {type(output).__name__}; expected a dict of metric name -> number{hint}")
+    metrics = {}
+    for key, value in output.items():
+        if isinstance(value, torch.Tensor) and value.numel() == 1:
+            value = value.item()
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+            raise TypeError(f"{source} returned {value!r} for metric {key!r}; expected a finite number")
+        metrics[f"{prefix}{key}"] = float(value)
+    return metrics
