@@ -751,6 +751,15 @@ def test_per_joint_action_refuses_a_flat_list_of_several_values(returned):
     assert "Return [value] for one reward shared by all agents, or [[v0, v1]] for one reward per agent" in message
 
 
+def test_actor_critic_reads_a_flat_list_of_n_values_as_per_agent_rewards():
+    # comlrl 1.4.3's IAC/MAAC read [r_0, r_1] for one joint action as one reward per agent
+    reward = JointReward(lambda c1, c2: [1.5, -2.0], 2, call="per_joint_action", flat_values_per_agent=True)
+    assert reward(PROMPTS, COMPLETIONS, ROWS).raw.tolist() == [[1.5, -2.0], [1.5, -2.0]]
+    three = JointReward(lambda c1, c2: [1.0, 2.0, 3.0], 2, call="per_joint_action", flat_values_per_agent=True)
+    with pytest.raises(ValueError, match="returned 3 values"):
+        three(PROMPTS, COMPLETIONS, ROWS)
+
+
 def test_per_joint_action_refuses_no_value():
     with pytest.raises(ValueError, match=r"returned no value \(\[\]\) for joint action 0 \(dataset row 5\)"):
         score(lambda c1, c2: [], call="per_joint_action")

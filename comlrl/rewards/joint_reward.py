@@ -261,6 +261,7 @@ class JointReward:
         processor: Callable[[float], float] | None = None,
         weights: Sequence[float] | None = None,
         call: str = "auto",
+        flat_values_per_agent: bool = False,
     ):
         if isinstance(funcs, list | tuple):
             if not funcs:
@@ -279,6 +280,9 @@ class JointReward:
             raise ValueError(f"reward_call must be one of {', '.join(map(repr, REWARD_CALLS))}, got {call!r}")
         self.funcs: tuple[Callable, ...] = funcs
         self.num_agents = num_agents
+        self.flat_values_per_agent = flat_values_per_agent
+        """Whether a per-joint-action call's flat list of N values is N per-agent rewards (comlrl
+        1.4.3's actor-critic trainers read it so; its MAGRPO kept the first value: an error here)."""
         self.processor = processor
         self.weights = self._check_weights(weights, len(funcs))
         self.names = unique_names([describe(func) for func in funcs])
@@ -417,6 +421,8 @@ class JointReward:
             return returned  # None, a string, a dict...: _check says what is wrong with it
         if len(values) == 1:
             return values[0]
+        if self.flat_values_per_agent and len(values) == self.num_agents:
+            return list(values)
         per_agent = "[[" + ", ".join(f"v{i}" for i in range(self.num_agents)) + "]]"
         if not values:
             raise ValueError(

@@ -137,6 +137,10 @@ class MultiAgentTrainer(abc.ABC):
     """The config class: built when ``args`` is not given, and what ``args`` must be."""
     algorithm_name = "train"
     """Shown on the progress bar."""
+    flat_rewards_per_agent = False
+    """Whether a reward function called per joint action (``reward_call``) may return a flat
+    list of N per-agent rewards: comlrl 1.4.3's actor-critic trainers read one so, its MAGRPO
+    kept the first value (refused here, as a change of meaning either way)."""
 
     def __init__(
         self,
@@ -197,7 +201,12 @@ class MultiAgentTrainer(abc.ABC):
         )
         self.num_agents = len(self.agents)
         self.reward = JointReward(
-            reward_func, self.num_agents, reward_processor, weights=args.reward_weights, call=args.reward_call
+            reward_func,
+            self.num_agents,
+            reward_processor,
+            weights=args.reward_weights,
+            call=args.reward_call,
+            flat_values_per_agent=self.flat_rewards_per_agent,
         )
         self.transition = None if external_transition is None else Transition(external_transition, self.num_agents)
         self.train_prompts = PromptTable(train_dataset, formatters, self.num_agents, "train_dataset")
