@@ -379,3 +379,75 @@ def test_wandb_config_keys_of_the_original(tmp_path):
 def test_the_originals_import_paths_resolve(module, names):
     imported = importlib.import_module(module)
     assert all(hasattr(imported, name) for name in names)
+
+
+# ------------------------------------------------------------------------------ a whole 1.4.3 script
+def test_a_script_written_for_the_original_runs_with_its_meaning(tmp_path, model_folder, fake_wandb):
+    """Config fields, trainer arguments, hooks and train/evaluate/save calls as comlrl 1.4.3's
+    docs wrote them, together; each asserted for what it meant there."""
+    rows = [{"prompt": "ab", "target": 2}, {"prompt": "cd", "target": 3}, {"prompt": "ef", "target": 1}]
+    reward_rows = []
+
+    def reward(completions1, completions2, batch_items=None):  # one joint action per call, as in 1.4.3
+        reward_rows.append(batch_items)
+        return [-abs(len(completions2[0]) - batch_items[0]["target"] * max(len(completions1[0]), 1))]
+
+    def transition(prompt, agent_completions, num_agents, prompt_history_per_agent, response_history_per_agent):
+        return [f"{prompt} | {agent_completions[1 - i]}" for i in range(num_agents)]
+
+    def eval_logger(agent_completions_turns, batch_items, prompts):
+        return [{"chars": len(agent_completions_turns[0][k][0])} for k in range(len(batch_items))]
+
+    def eval_aggregator(metrics, num_turns):
+        return {"turn_1/chars": sum(m["chars"] for m in metrics) / len(metrics)}
+
+    with pytest.warns(FutureWarning):
+        config = MAGRPOConfig(
+            num_agents=2,
+            num_turns=2,
+            learning_rate=1e-3,
+            num_generations=2,
+            max_new_tokens=4,
+            rollout_buffer_size=2,
+            train_batch_size=1,
+            num_train_epochs=1,
+            logging_steps=1,
+            eval_interval=1,
+            eval_num_samples=2,
+            joint_mode="align",
+            reference_kl_enabled=True,
+            reference_kl_coef=0.05,
+            parallel_training="mp",
+            agent_devices=["cpu", "cpu"],
+            output_dir=str(tmp_path / "run"),
+        )
+    trainer = MAGRPOTrainer(
+        agent_model=model_folder,
+        num_agents=2,
+        model_config={"model_kwargs": {"dtype": torch.float32}},
+        train_dataset=rows,
+        eval_dataset=rows,
+        reward_func=reward,
+        formatters=[lambda row: row["prompt"], lambda row: "Expand: " + row["prompt"]],
+        external_transition=transition,
+        wandb_config={"project": "p", "run_name": "r", "config_sections": {"dataset": {"name": "toy"}}},
+        eval_logger=eval_logger,
+        eval_aggregator=eval_aggregator,
+        args=config,
+    )
+    result = trainer.train(checkpoint_dir=str(tmp_path / "ckpt"))
+    # the first call (the first evaluation's joint actions) returned one value: from then on, as in
+    # 1.4.3, every call scored one joint action of one dataset row, and got that row
+    probe, *calls = reward_rows
+    assert len(probe) > 1 and all(len(items) == 1 and items[0] in rows for items in calls)
+    assert {items[0]["prompt"] for items in calls} == {"ab", "cd", "ef"}
+    # 3 rows, buffers of 2 rows in minibatches of 1: 2 + 1 optimizer steps per agent
+    assert result.global_step == 2 and optimizer_steps(trainer) == [3, 3]
+    assert fake_wandb["init"]["name"] == "r" and fake_wandb["init"]["config"]["dataset"] == {"name": "toy"}
+    logged = {key for metrics, _ in fake_wandb["log"] for key in metrics}
+    assert {"turn_1/reward_mean", "turn_2/expected_return", "turn_1/reference_kl_mean"} <= logged
+    assert {"eval/turn_1/reward_mean", "eval/turn_1/expected_return", "eval/turn_1/chars"} <= logged
+    assert os.listdir(tmp_path / "ckpt") == ["checkpoint-2"]  # after the (only) epoch
+    assert set(trainer.evaluate(num_eval_samples=1)) >= {"eval/turn_2/reward_mean", "eval/turn_1/chars"}
+    trainer.save_model(str(tmp_path / "out"))
+    assert sorted(os.listdir(tmp_path / "out")) == ["agent_0", "agent_1"]
