@@ -258,6 +258,14 @@ def test_agents_given_as_names_are_loaded(tmp_path, model_folder):
     assert trainer.agents[0].name_or_path == model_folder
 
 
+def test_a_positional_call_in_the_originals_order_keeps_its_meaning(tmp_path, model_folder):
+    # 1.4.3: MAGRPOTrainer(agent_model, agents, num_agents, tokenizer, model_config, train_dataset,
+    # eval_dataset, reward_func, ...)
+    trainer = MAGRPOTrainer(model_folder, None, 3, None, {"dtype": torch.float64}, DATA, None, length_sum)
+    assert trainer.num_agents == 3 and next(trainer.agents[0].parameters()).dtype == torch.float64
+    assert trainer.train_prompts.rows == DATA and trainer.reward.funcs == (length_sum,)
+
+
 def test_agent_model_with_agents_of_that_model_is_accepted_and_another_refused(tmp_path, model_folder):
     trainer = MAGRPOTrainer(
         agent_model=model_folder,

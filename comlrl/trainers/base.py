@@ -71,6 +71,8 @@ class MultiAgentTrainer(abc.ABC):
     estimated (``estimate``), the discount of returns (``discount``) and how many optimizer
     steps an update takes (``passes``).
 
+    Arguments come in comlrl 1.4.3's order (positional calls written for it keep their meaning).
+
     Args:
         agents: the agents, one causal LM each (any N >= 1; they may be different
             architectures with different tokenizers): a model instance, or a folder or hub
@@ -144,21 +146,22 @@ class MultiAgentTrainer(abc.ABC):
 
     def __init__(
         self,
-        agents: Sequence[torch.nn.Module] | None = None,
         agent_model: str | None = None,
+        agents: Sequence[torch.nn.Module | str] | None = None,
         num_agents: int | None = None,
         tokenizer: Any = None,
+        model_config: dict[str, Any] | None = None,
         train_dataset: Any = None,
         eval_dataset: Any = None,
         reward_func: RewardFunction | Sequence[RewardFunction] | None = None,
         reward_processor: Callable[[float], float] | None = None,
         formatters: Formatter | Sequence[Formatter] | None = None,
         external_transition: Callable[..., Sequence[str] | None] | None = None,
-        args: TrainerConfig | None = None,
-        model_config: dict[str, Any] | None = None,
         wandb_config: dict[str, Any] | None = None,
         eval_logger: Callable[..., Any] | None = None,
         eval_aggregator: Callable[..., dict[str, float]] | None = None,
+        args: TrainerConfig | None = None,
+        *,
         peft_config: Any = None,
         metrics_callback: Callable[[list[RolloutSample]], dict[str, float]] | None = None,
     ):
