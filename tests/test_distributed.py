@@ -61,7 +61,8 @@ def test_two_ranks_equal_one_process_over_the_same_global_batch(tmp_path, algori
         assert ours.keys() == theirs.keys()
         for key in ours:
             if not key.startswith("time/"):  # each rank's clock, not the batch's
-                assert ours[key] == pytest.approx(theirs[key], rel=1e-4, abs=1e-6), key
+                # abs: a loss near 0 is a sum of cancelling terms, each ~1e-2 with float32 error ~1e-7
+                assert ours[key] == pytest.approx(theirs[key], rel=1e-4, abs=2e-6), key
 
 
 def test_shards_of_a_step_cover_its_rows_once():

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
@@ -20,6 +21,9 @@ from comlrl.models.forward import padded_forward_kwargs
 
 VALUE_HEAD_FILE = "value_head.safetensors"
 """The file of a value head, in its agent's (or critic's) folder."""
+ORIGINAL_VALUE_HEAD_FILE = "value_head.pt"
+"""comlrl 1.4.3's file of a value head: a ``torch.save``d state dict of ``pre_projection.0``
+(the optional Tanh hidden layer) and ``value_projection`` (one output), in the backbone's dtype."""
 
 
 def hidden_size(model: nn.Module) -> int:
@@ -59,21 +63,73 @@ class ValueHead(nn.Module):
         os.makedirs(folder, exist_ok=True)
         save_file({k: v.contiguous() for k, v in self.state_dict().items()}, os.path.join(folder, VALUE_HEAD_FILE))
 
-    def load(self, folder: str) -> None:
-        """Load the head ``save`` wrote into ``folder``; an error names the file and what differs."""
-        path = os.path.join(folder, VALUE_HEAD_FILE)
-        if not os.path.isfile(path):
+    @property
+    def hidden_dim(self) -> int | None:
+        """Width of the hidden layer; None for one linear map."""
+        return self.layers[0].out_features if len(self.layers) > 1 else None
+
+    def load(self, folder: str, width_setting: str = "hidden_dim") -> None:
+        """Load the head saved in ``folder``: ours (``value_head.safetensors``) or comlrl 1.4.3's
+        (``value_head.pt``). An error names the file and what differs; ``width_setting`` is the
+        setting that sizes this head, named when the saved one is another width."""
+        path = saved_head_file(folder)
+        if path is None:
             raise ValueError(
-                f"{folder} holds no value head ({VALUE_HEAD_FILE}): it was written with another critic layout"
+                f"{folder} holds no value head ({VALUE_HEAD_FILE}, or comlrl 1.4.3's {ORIGINAL_VALUE_HEAD_FILE}): "
+                "it was written with another critic layout"
             )
-        try:
-            weights = load_file(path)
-        except Exception as error:
-            raise ValueError(f"{path} cannot be read ({type(error).__name__}: {error})") from error
+        weights = read_head_weights(path, self.num_values)
+        saved_width = weights["layers.0.weight"].shape[0] if "layers.2.weight" in weights else None
+        if saved_width != self.hidden_dim:
+            raise ValueError(
+                f"{path} holds a value head with hidden width {saved_width}, this one has {self.hidden_dim}: "
+                f"set {width_setting}={saved_width!r}"
+            )
         try:
             self.load_state_dict(weights)
         except RuntimeError as error:
             raise ValueError(f"{path} does not fit this value head: {error}") from error
+
+
+def saved_head_file(folder: str) -> str | None:
+    """The value head file in ``folder`` (ours or comlrl 1.4.3's), None when there is none; a
+    folder with both is an error, since which one is meant is unknowable."""
+    found = [os.path.join(folder, name) for name in (VALUE_HEAD_FILE, ORIGINAL_VALUE_HEAD_FILE)]
+    found = [path for path in found if os.path.isfile(path)]
+    if len(found) > 1:
+        raise ValueError(f"{folder} holds two value heads ({VALUE_HEAD_FILE} and {ORIGINAL_VALUE_HEAD_FILE}): keep one")
+    return found[0] if found else None
+
+
+def read_head_weights(path: str, num_values: int) -> dict[str, Tensor]:
+    """The weights of a saved head file under :class:`ValueHead`'s names."""
+    try:
+        if path.endswith(VALUE_HEAD_FILE):
+            return load_file(path)
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:
+        raise ValueError(f"{path} cannot be read ({type(error).__name__}: {error})") from error
+    return original_head_weights(state, num_values, path)
+
+
+def original_head_weights(state: dict[str, Tensor], num_values: int, path: str) -> dict[str, Tensor]:
+    """comlrl 1.4.3's head weights renamed to ours, in float32. Its heads have one output; a
+    head with ``num_values`` outputs (MAAC's, one per agent) starts with that one in every row:
+    the same value for every agent, as 1.4.3's shared critic gave."""
+    names = (["pre_projection.0"] if "pre_projection.0.weight" in state else []) + ["value_projection"]
+    try:
+        weights = {
+            f"layers.{2 * i}.{part}": state[f"{name}.{part}"].float()
+            for i, name in enumerate(names)
+            for part in ("weight", "bias")
+        }
+    except (KeyError, TypeError, AttributeError) as error:
+        raise ValueError(f"{path} is not a comlrl 1.4.3 value head ({type(error).__name__}: {error})") from error
+    last = f"layers.{2 * (len(names) - 1)}"
+    if weights[f"{last}.weight"].shape[0] == 1:
+        weights[f"{last}.weight"] = weights[f"{last}.weight"].repeat(num_values, 1)
+        weights[f"{last}.bias"] = weights[f"{last}.bias"].repeat(num_values)
+    return weights
 
 
 def last_token_hidden(model: nn.Module, input_ids: Tensor, attention_mask: Tensor) -> Tensor:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import os
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -27,7 +28,7 @@ from comlrl.algorithms.returns import tree_lambda_returns, tree_returns
 from comlrl.checkpoint import load_weights
 from comlrl.models.loading import check_agents, enable_activation_checkpointing, load_agents, resolve_tokenizers
 from comlrl.models.modes import disable_dropout
-from comlrl.models.value import Critic, EncodedInputs, ValueHead, hidden_size
+from comlrl.models.value import ORIGINAL_VALUE_HEAD_FILE, Critic, EncodedInputs, ValueHead, hidden_size, saved_head_file
 from comlrl.rollout.tree import RolloutTree, Turn
 from comlrl.trainers.actor_critic.config import ActorCriticConfig, IACConfig, MAACConfig
 from comlrl.trainers.actor_critic.critics import (
@@ -35,11 +36,18 @@ from comlrl.trainers.actor_critic.critics import (
     CriticEstimate,
     CriticLayout,
     CriticLoss,
+    CriticModelConfig,
     IndependentCritics,
+    check_same_model,
+    critic_device_list,
     frozen_values,
     joint_critic_text,
+    lacks_tokenizer,
+    pop_critic_model_config,
+    same_device,
 )
 from comlrl.trainers.base import MultiAgentTrainer
+from comlrl.trainers.config import user_stacklevel
 
 
 class ActorCriticTrainer(MultiAgentTrainer):
@@ -49,9 +57,17 @@ class ActorCriticTrainer(MultiAgentTrainer):
     Args:
         critic_model: a separate critic model: a folder or hub id (loaded once per critic
             with ``model_config``), or a causal LM instance when there is one critic.
-        critics: separate critic models, a list with one causal LM per critic.
+        critics: separate critic models, a list with one per critic: causal LM instances,
+            folders or hub ids. With ``critic_model`` too (comlrl 1.4.3's consistency check),
+            every entry must name ``critic_model``'s model, and ``critics`` is used.
         critic_tokenizer: the separate critics' tokenizer (one, or one per critic); None loads
-            each critic's from where it was loaded.
+            each critic's from where it was loaded, or takes its agent's (MAAC: agent 0's) when
+            that folder holds none (a critic saved by comlrl 1.4.3).
+
+    A critic given as a folder that holds a value head (``value_head.safetensors``, or 1.4.3's
+    ``value_head.pt``) starts from that head. ``model_config`` may also hold 1.4.3's
+    ``critic_model_kwargs`` (the critics' ``from_pretrained`` arguments, over the agents') and,
+    for MAAC, ``critic_value_head_hidden_dim``.
     """
 
     config_class: type[ActorCriticConfig] = ActorCriticConfig
@@ -62,14 +78,15 @@ class ActorCriticTrainer(MultiAgentTrainer):
     def __init__(
         self,
         *args: Any,
-        critic_model: str | torch.nn.Module | None = None,
-        critics: Sequence[torch.nn.Module] | None = None,
+        critic_model: str | os.PathLike[str] | torch.nn.Module | None = None,
+        critics: Sequence[str | torch.nn.Module] | None = None,
         critic_tokenizer: Any = None,
         **kwargs: Any,
     ):
+        critic_config = pop_critic_model_config(kwargs)
         super().__init__(*args, **kwargs)
         args = self.args
-        self.critics = self._build_critics(critic_model, critics, critic_tokenizer)
+        self.critics = self._build_critics(critic_model, critics, critic_tokenizer, critic_config)
         layout = CentralizedCritic if self.centralized else IndependentCritics
         self.layout: CriticLayout = layout(self.num_agents, args.critic_type)
         self.add_learners(
@@ -105,54 +122,177 @@ class ActorCriticTrainer(MultiAgentTrainer):
     def num_critics(self) -> int:
         return 1 if self.centralized else self.num_agents
 
+    @property
+    def _kind(self) -> str:
+        return "MAAC's centralized critic" if self.centralized else "IAC (one critic per agent)"
+
     def _build_critics(
-        self, critic_model: str | torch.nn.Module | None, critics: Sequence[torch.nn.Module] | None, tokenizer: Any
+        self,
+        critic_model: str | os.PathLike[str] | torch.nn.Module | None,
+        critics: Sequence[str | torch.nn.Module] | None,
+        tokenizer: Any,
+        config: CriticModelConfig,
     ) -> list[Critic]:
-        count = self.num_critics
-        kind = "MAAC's centralized critic" if self.centralized else "IAC (one critic per agent)"
-        if critic_model is not None and critics is not None:
-            raise ValueError("pass either critic_model or critics, not both")
-        if critics is not None:
-            critics = list(critics)
-            if len(critics) != count:
-                raise ValueError(f"critics holds {len(critics)} models; {kind} needs {count}")
-        elif isinstance(critic_model, str):
-            critics = load_agents(critic_model, count, self.model_kwargs, argument="critic_model")
-        elif critic_model is not None:
-            if count != 1:
-                raise ValueError(
-                    f"critic_model is one model instance but {kind} needs {count}: pass critics=[...] with one "
-                    "per agent, or critic_model=<folder or hub id> to load a copy per agent"
-                )
-            critics = [critic_model]
-        elif self.centralized:
-            raise ValueError(
-                "MAAC needs a centralized critic model: critic_model=<folder or hub id or model> or critics=[model]"
-            )
-        if critics is None:
+        """Value heads on the agents (IAC), or separate critic models from ``critic_model`` /
+        ``critics``, each with a value head that continues the one saved in its folder, if any."""
+        separate = self._uses_separate_critics(critic_model is not None or critics is not None)
+        width = self._head_width(separate, config.head_width)
+        if not separate:
             # IAC without a separate critic: a value head on each agent's own model.
-            return [
-                self._critic(f"critic {i}", agent, self.agents.tokenizers[i], agent=i)
+            built = [
+                self._critic(f"critic {i}", agent, self.agents.tokenizers[i], width, agent=i)
                 for i, agent in enumerate(self.agents)
             ]
-        critics = check_agents(critics)
+            self._check_critic_devices(built)
+            return built
+        sources = self._critic_sources(critic_model, critics)
+        model_kwargs = {**self.model_kwargs, **config.model_kwargs}
+        argument = "critics[{}]" if critics is not None else "critic_model"
+        models = [
+            load_agents(source, 1, model_kwargs, argument=argument.format(c))[0] if isinstance(source, str) else source
+            for c, source in enumerate(sources)
+        ]
+        self._prepare_critic_models(models)
+        tokenizers = self._critic_tokenizers(models, tokenizer)
+        built = [
+            self._critic(f"critic {c}", model, tok, width) for c, (model, tok) in enumerate(zip(models, tokenizers))
+        ]
+        for critic, source in zip(built, sources):
+            if isinstance(source, str):
+                self._load_saved_head(critic, source)
+        self._check_critic_devices(built)
+        return built
+
+    def _prepare_critic_models(self, models: list[torch.nn.Module]) -> None:
+        """Check the separate critic models, and place and set them up as the agents are."""
+        check_agents(models)
         agent_ids = {id(agent) for agent in self.agents}
-        for c, model in enumerate(critics):
+        for c, model in enumerate(models):
             if id(model) in agent_ids:
                 raise ValueError(
                     f"critics[{c}] is an agent's model; for value heads on the agents, pass no critic_model/critics"
                 )
-        if self.centralized and isinstance(tokenizer, list | tuple):
-            raise ValueError(f"critic_tokenizer is a list of {len(tokenizer)}; MAAC's one critic takes one tokenizer")
-        tokenizers = resolve_tokenizers(tokenizer, critics, self.tokenizer_kwargs, role="critic")
-        for c, model in enumerate(critics):
             if self.agents.placed:  # a separate critic follows its agent (MAAC's, agent 0)
                 model.to(self.agents.device(c))
             if self.args.gradient_checkpointing:
                 enable_activation_checkpointing(model)
             if self.args.disable_dropout:
                 disable_dropout(model)
-        return [self._critic(f"critic {c}", model, tok) for c, (model, tok) in enumerate(zip(critics, tokenizers))]
+
+    def _uses_separate_critics(self, given: bool) -> bool:
+        """Separate critic models when some are given, checked against ``use_separate_critic``
+        (comlrl 1.4.3's switch, whose True required them and False refused them)."""
+        flag = self.args.use_separate_critic
+        if self.centralized and flag is False:
+            raise ValueError(
+                "use_separate_critic=False, but MAAC's centralized critic is always a separate model "
+                "(critic_model=...): drop use_separate_critic"
+            )
+        if self.centralized and not given:
+            raise ValueError(
+                "MAAC needs a centralized critic model: critic_model=<folder or hub id or model> or critics=[model]"
+            )
+        if flag and not given:
+            raise ValueError(
+                "use_separate_critic=True needs the critics: critic_model=<folder or hub id> (a copy per agent) or "
+                "critics=[one per agent]; for value heads on the agents' models, drop use_separate_critic"
+            )
+        if flag is False and given:
+            raise ValueError(
+                "use_separate_critic=False puts value heads on the agents' models, but critic_model/critics is "
+                "given: drop one of the two"
+            )
+        return given
+
+    def _head_width(self, separate: bool, from_model_config: int | None) -> int | None:
+        """The value heads' hidden width: the config's for the layout in use, or 1.4.3 MAAC's
+        ``model_config["critic_value_head_hidden_dim"]`` (1.4.3's IAC ignored that key)."""
+        width = self.args.value_head_width(separate)
+        if from_model_config is None:
+            return width
+        if not self.centralized:
+            raise ValueError(
+                "model_config['critic_value_head_hidden_dim'] was comlrl 1.4.3 MAAC's setting (its IAC ignored it); "
+                "write IACConfig(critic_value_head_hidden_dim=...) for separate critics, or drop it"
+            )
+        if width is not None and width != from_model_config:
+            raise ValueError(
+                f"model_config['critic_value_head_hidden_dim']={from_model_config} and "
+                f"critic_value_head_hidden_dim={width} disagree: set only critic_value_head_hidden_dim"
+            )
+        return from_model_config
+
+    def _critic_sources(
+        self, critic_model: str | os.PathLike[str] | torch.nn.Module | None, critics: Sequence[Any] | None
+    ) -> list[str | torch.nn.Module]:
+        """One source (folder, hub id or model) per critic."""
+        count = self.num_critics
+        if critics is None:
+            if isinstance(critic_model, str | os.PathLike):
+                return [os.fspath(critic_model)] * count
+            if count != 1:
+                raise ValueError(
+                    f"critic_model is one model instance but {self._kind} needs {count}: pass critics=[...] with one "
+                    "per agent, or critic_model=<folder or hub id> to load a copy per agent"
+                )
+            return [critic_model]
+        if isinstance(critics, str | bytes | os.PathLike):
+            raise TypeError(
+                f"critics={critics!r} is one name; pass critics=[one per critic], or critic_model={critics!r} "
+                "for a copy per critic"
+            )
+        critics = [os.fspath(c) if isinstance(c, os.PathLike) else c for c in critics]
+        if len(critics) != count:
+            raise ValueError(f"critics holds {len(critics)} models; {self._kind} needs {count}")
+        if critic_model is not None:
+            check_same_model(critic_model, critics)
+        return critics
+
+    def _critic_tokenizers(self, models: list[torch.nn.Module], tokenizer: Any) -> list[Any]:
+        """``critic_tokenizer``, else each critic's own from where it was loaded; a critic from
+        a folder without one (saved by comlrl 1.4.3) reads with its agent's (MAAC: agent 0's),
+        the tokenizer every 1.4.3 critic read with."""
+        if self.centralized and isinstance(tokenizer, list | tuple):
+            raise ValueError(f"critic_tokenizer is a list of {len(tokenizer)}; MAAC's one critic takes one tokenizer")
+        if tokenizer is None and any(lacks_tokenizer(model) for model in models):
+            tokenizer = [
+                self.agents.tokenizers[0 if self.centralized else c]
+                if lacks_tokenizer(model)
+                else resolve_tokenizers(None, [model], self.tokenizer_kwargs, role="critic")[0]
+                for c, model in enumerate(models)
+            ]
+        return resolve_tokenizers(tokenizer, models, self.tokenizer_kwargs, role="critic")
+
+    def _load_saved_head(self, critic: Critic, source: str) -> None:
+        """A critic named by a folder that holds a value head continues from it. comlrl 1.4.3
+        gave such a critic a fresh head, so loading its file is said."""
+        folder = os.path.expanduser(source)
+        path = saved_head_file(folder) if os.path.isdir(folder) else None
+        if path is None:
+            return
+        critic.head.load(folder, self._width_setting(critic))
+        if path.endswith(ORIGINAL_VALUE_HEAD_FILE):
+            warnings.warn(
+                f"{critic.name} starts from comlrl 1.4.3's value head {path} (1.4.3 gave a critic loaded from a "
+                "folder a fresh head; pass the model instance for one)",
+                stacklevel=user_stacklevel(),
+            )
+
+    def _check_critic_devices(self, critics: list[Critic]) -> None:
+        """comlrl 1.4.3's ``critic_devices`` must say where the critics are anyway: each with
+        its agent when ``agent_devices`` places them (MAAC's with agent 0), else where it was given."""
+        spec = self.args.critic_devices
+        if spec is None:
+            return
+        asked = critic_device_list(spec, len(critics), self.parallel.local_rank if self.parallel.enabled else None)
+        for critic, device in zip(critics, asked):
+            actual = next(critic.backbone.parameters()).device
+            if not same_device(device, actual):
+                raise ValueError(
+                    f"critic_devices={spec!r} puts {critic.name} on {device}, but it is on {actual}: here a critic "
+                    "lives with its agent (MAAC's with agent 0); drop critic_devices and place the agents with "
+                    "agent_devices"
+                )
 
     def _check_first_turn_inputs(self) -> None:
         """Encode every training row's first-turn prompts with each separate critic's
@@ -164,11 +304,18 @@ class ActorCriticTrainer(MultiAgentTrainer):
                 texts = [joint_critic_text(joint) for joint in zip(*prompts)] if self.centralized else prompts[c]
                 critic.encode(texts, lambda k: f"dataset row {k} (turn 1)")
 
-    def _critic(self, name: str, backbone: torch.nn.Module, tokenizer: Any, agent: int | None = None) -> Critic:
+    def _critic(
+        self, name: str, backbone: torch.nn.Module, tokenizer: Any, width: int | None, agent: int | None = None
+    ) -> Critic:
         num_values = self.num_agents if self.centralized else 1
-        head = ValueHead(hidden_size(backbone), num_values, self.args.value_head_hidden_dim)
+        head = ValueHead(hidden_size(backbone), num_values, width)
         head.to(next(backbone.parameters()).device)
         return Critic(name, backbone, head, tokenizer, agent)
+
+    @staticmethod
+    def _width_setting(critic: Critic) -> str:
+        """The config field that sizes ``critic``'s value head."""
+        return "value_head_hidden_dim" if critic.agent is not None else "critic_value_head_hidden_dim"
 
     # ----------------------------------------------------------------------------------------
     # the estimate
@@ -245,7 +392,7 @@ class ActorCriticTrainer(MultiAgentTrainer):
         load_weights(path, [critic.backbone for critic in separate], [None] * len(separate), prefix="critic")
         for c, critic in enumerate(self.critics):
             folder = f"agent_{critic.agent}" if critic.agent is not None else f"critic_{c}"
-            critic.head.load(os.path.join(path, folder))
+            critic.head.load(os.path.join(path, folder), self._width_setting(critic))
 
 
 class IACTrainer(ActorCriticTrainer):
