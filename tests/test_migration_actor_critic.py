@@ -445,3 +445,40 @@ def test_original_field_names_are_all_declared():
     }
     for config_class in (IACConfig, MAACConfig):
         assert original <= {f.name for f in dataclasses.fields(config_class)}
+
+
+def test_a_positional_call_in_the_originals_order_keeps_its_meaning(tmp_path):
+    # 1.4.3: IACTrainer(agent_model, critic_model, tokenizer, reward_func, reward_processor,
+    # formatters, args, train_dataset, ...)
+    tok = char_tokenizer()
+    agents = [tiny_llama(tok, i) for i in range(2)]
+    trainer = IACTrainer(None, None, tok, length_sum, None, None, config(IACConfig, tmp_path), DATA, agents=agents)
+    assert trainer.num_agents == 2 and trainer.reward.funcs == (length_sum,)
+    assert trainer.train_prompts.rows == DATA and all(critic.agent is not None for critic in trainer.critics)
+
+
+def test_train_batch_size_steps_actors_and_critics_once_per_minibatch(tmp_path):
+    # 1.4.3's IAC: a buffer of rollout_buffer_size rows, minibatches of train_batch_size, one step each
+    trainer = build(args=config(IACConfig, tmp_path, per_device_train_batch_size=2, train_batch_size=1, ppo_epochs=1))
+    metrics = trainer.training_step([0, 1])
+    steps = [int(opt.state[next(iter(opt.state))]["step"]) for opt in trainer.learners.optimizers]
+    assert trainer.learners.names == ["agent 0", "agent 1", "critic 0", "critic 1"] and steps == [2, 2, 2, 2]
+    assert metrics["critic0/value_loss"] >= 0
+
+
+def test_a_per_joint_action_reward_of_n_values_is_per_agent_as_in_the_original(tmp_path):
+    # 1.4.3's IAC called the reward per row (G=1: one joint action) and read N values as per agent
+    def per_agent(completions1, completions2):
+        return [float(len(completions1[0])), -float(len(completions2[0]))]
+
+    tok = char_tokenizer()
+    trainer = IACTrainer(
+        agents=[tiny_llama(tok, seed=i) for i in range(2)],
+        tokenizer=tok,
+        train_dataset=DATA,
+        reward_func=per_agent,
+        args=config(IACConfig, tmp_path, num_generations=1, reward_call="per_joint_action"),
+    )
+    turn = trainer.rollout(trainer.train_prompts, [0, 1]).turns[0]
+    lengths = [[len(text) for text in agent.texts] for agent in turn.agents]
+    assert turn.rewards.reshape(-1, 2).tolist() == [[float(a), -float(b)] for a, b in zip(*lengths)]

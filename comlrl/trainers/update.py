@@ -54,8 +54,9 @@ class Estimate(Protocol):
 class AuxiliaryLoss(Protocol):
     """Something else an update trains besides the policies (a critic)."""
 
-    def backward(self, tree: RolloutTree, estimate: Estimate) -> dict[str, Stat]:
-        """Its loss's backward over the step, micro-batch by micro-batch; returns its metrics."""
+    def backward(self, tree: RolloutTree, estimate: Estimate, nodes: list[Tensor] | None) -> dict[str, Stat]:
+        """Its loss's backward over the minibatch ``nodes`` of the step (per turn; None: all),
+        micro-batch by micro-batch; returns its metrics."""
         ...
 
 
@@ -84,9 +85,10 @@ def subtree_nodes(children: Sequence[Tensor], roots: Tensor) -> list[Tensor]:
     return nodes
 
 
-def node_sequences(nodes: Tensor, num_generations: int) -> Tensor:
-    """Indices of the G samples of each of ``nodes`` in a node-major rollout."""
-    return (nodes.unsqueeze(1) * num_generations + torch.arange(num_generations)).reshape(-1)
+def node_sequences(nodes: Tensor, per_node: int) -> Tensor:
+    """Indices of the ``per_node`` entries of each of ``nodes`` in a node-major list (a
+    rollout's G samples per node, a critic's inputs per node)."""
+    return (nodes.unsqueeze(1) * per_node + torch.arange(per_node)).reshape(-1)
 
 
 def minibatch_count(rows: int, train_batch_size: int | None) -> int:
@@ -195,9 +197,7 @@ class PolicyUpdate:
             key: value for agent_metrics in map_agents(self.agents, backward) for key, value in agent_metrics.items()
         }
         for auxiliary in self.auxiliary:
-            metrics.update(
-                auxiliary.backward(tree, estimate) if nodes is None else auxiliary.backward(tree, estimate, nodes)
-            )
+            metrics.update(auxiliary.backward(tree, estimate, nodes))
         norms = self.learners.step(self.args.max_grad_norm, self.parallel.sum_gradients, step_number)
         metrics.update({f"{learner_key(name)}/grad_norm": stats.same(n) for name, n in zip(self.learners.names, norms)})
         return metrics

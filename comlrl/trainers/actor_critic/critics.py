@@ -27,7 +27,7 @@ from comlrl.models.placement import resolve_agent_devices
 from comlrl.models.value import Critic, EncodedInputs
 from comlrl.rollout.tree import RolloutTree, Turn
 from comlrl.trainers.agents import Agents
-from comlrl.trainers.update import learner_key, micro_batches
+from comlrl.trainers.update import learner_key, micro_batches, node_sequences
 
 
 @dataclass
@@ -66,11 +66,10 @@ class CriticModelConfig:
     """``critic_value_head_hidden_dim``: 1.4.3 MAAC's hidden width of its critic's value head."""
 
 
-def pop_critic_model_config(trainer_kwargs: dict[str, Any]) -> CriticModelConfig:
-    """Take the critic keys out of ``trainer_kwargs["model_config"]`` (a copy replaces it)."""
-    config = trainer_kwargs.get("model_config")
+def split_critic_model_config(config: Any) -> tuple[Any, CriticModelConfig]:
+    """``model_config`` without comlrl 1.4.3's critic keys, and what those keys say."""
     if not isinstance(config, Mapping) or not set(CRITIC_MODEL_CONFIG) & set(config):
-        return CriticModelConfig({}, None)
+        return config, CriticModelConfig({}, None)
     config = dict(config)
     model_kwargs = config.pop("critic_model_kwargs", None) or {}
     width = config.pop("critic_value_head_hidden_dim", None)
@@ -78,8 +77,7 @@ def pop_critic_model_config(trainer_kwargs: dict[str, Any]) -> CriticModelConfig
         raise TypeError(f"model_config['critic_model_kwargs'] must be a dict, got {type(model_kwargs).__name__}")
     if width is not None and (isinstance(width, bool) or not isinstance(width, int) or width < 1):
         raise ValueError(f"model_config['critic_value_head_hidden_dim'] must be an integer >= 1 or None, got {width!r}")
-    trainer_kwargs["model_config"] = config
-    return CriticModelConfig(dict(model_kwargs), width)
+    return config, CriticModelConfig(dict(model_kwargs), width)
 
 
 def named_source(source: Any) -> str | None:
@@ -246,20 +244,36 @@ class CriticLoss:
         self.value_loss_coef = value_loss_coef
         self.micro_batch_size = micro_batch_size
 
-    def backward(self, tree: RolloutTree, estimate: CriticEstimate) -> dict[str, Stat]:
-        """Each critic's value loss, accumulated micro-batch by micro-batch, normalised over
-        every rank's inputs (summed gradients are the global batch's)."""
+    def backward(
+        self, tree: RolloutTree, estimate: CriticEstimate, nodes: list[Tensor] | None = None
+    ) -> dict[str, Stat]:
+        """Each critic's value loss over the inputs of ``nodes`` (per turn, a minibatch's; None:
+        all), accumulated micro-batch by micro-batch, normalised over every rank's inputs
+        (summed gradients are the global batch's)."""
         metrics: dict[str, Stat] = {}
         for c, critic in enumerate(self.critics):
             key = learner_key(critic.name)
             if critic.agent is not None:
                 self.agents.activate(critic.agent)
             critic.backbone.train()
-            local_count = sum(t.numel() for t in estimate.targets[c])
+            selected = (
+                [None] * len(tree.turns)
+                if nodes is None
+                else [  # a node's inputs are contiguous: one (V), or one per sample or joint action (Q)
+                    node_sequences(turn_nodes, len(inputs) // turn.num_nodes)
+                    for turn, turn_nodes, inputs in zip(tree.turns, nodes, estimate.inputs[c])
+                ]
+            )
+            local_count = sum(
+                len(inputs) if rows is None else len(rows) for inputs, rows in zip(estimate.inputs[c], selected)
+            )
             count = self.parallel.sum_values([local_count])[0]
             total = clipped = 0.0
-            for inputs, old, targets in zip(estimate.inputs[c], estimate.old_values[c], estimate.targets[c]):
-                for rows in micro_batches(len(inputs), self.micro_batch_size):
+            for inputs, old, targets, chosen in zip(
+                estimate.inputs[c], estimate.old_values[c], estimate.targets[c], selected
+            ):
+                for piece in micro_batches(len(inputs) if chosen is None else len(chosen), self.micro_batch_size):
+                    rows = piece if chosen is None else chosen[piece]
                     with self.agents.precision(critic.backbone):
                         values = critic.values(inputs, rows)
                     losses, was_clipped = clipped_value_loss(

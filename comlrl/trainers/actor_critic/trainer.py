@@ -43,8 +43,8 @@ from comlrl.trainers.actor_critic.critics import (
     frozen_values,
     joint_critic_text,
     lacks_tokenizer,
-    pop_critic_model_config,
     same_device,
+    split_critic_model_config,
 )
 from comlrl.trainers.base import MultiAgentTrainer
 from comlrl.trainers.config import user_stacklevel
@@ -52,7 +52,8 @@ from comlrl.trainers.config import user_stacklevel
 
 class ActorCriticTrainer(MultiAgentTrainer):
     """What IAC and MAAC share. Arguments: those of
-    :class:`~comlrl.trainers.base.MultiAgentTrainer`, plus
+    :class:`~comlrl.trainers.base.MultiAgentTrainer` (the positional ones in the order of
+    comlrl 1.4.3's IAC and MAAC, the rest by keyword), plus
 
     Args:
         critic_model: a separate critic model: a folder or hub id (loaded once per critic
@@ -75,16 +76,46 @@ class ActorCriticTrainer(MultiAgentTrainer):
     centralized = False
     """One critic for all agents (MAAC) instead of one per agent (IAC)."""
 
+    flat_rewards_per_agent = True
+
     def __init__(
         self,
-        *args: Any,
+        agent_model: str | None = None,
         critic_model: str | os.PathLike[str] | torch.nn.Module | None = None,
+        tokenizer: Any = None,
+        reward_func: Any = None,
+        reward_processor: Any = None,
+        formatters: Any = None,
+        args: ActorCriticConfig | None = None,
+        train_dataset: Any = None,
+        eval_dataset: Any = None,
+        model_config: dict[str, Any] | None = None,
+        wandb_config: dict[str, Any] | None = None,
+        metrics_callback: Any = None,
+        external_transition: Any = None,
+        agents: Sequence[torch.nn.Module | str] | None = None,
         critics: Sequence[str | torch.nn.Module] | None = None,
+        *,
         critic_tokenizer: Any = None,
         **kwargs: Any,
     ):
-        critic_config = pop_critic_model_config(kwargs)
-        super().__init__(*args, **kwargs)
+        model_config, critic_config = split_critic_model_config(model_config)
+        super().__init__(
+            agent_model=agent_model,
+            agents=agents,
+            tokenizer=tokenizer,
+            model_config=model_config,
+            train_dataset=train_dataset,
+            eval_dataset=eval_dataset,
+            reward_func=reward_func,
+            reward_processor=reward_processor,
+            formatters=formatters,
+            external_transition=external_transition,
+            wandb_config=wandb_config,
+            args=args,
+            metrics_callback=metrics_callback,
+            **kwargs,
+        )
         args = self.args
         self.critics = self._build_critics(critic_model, critics, critic_tokenizer, critic_config)
         layout = CentralizedCritic if self.centralized else IndependentCritics
