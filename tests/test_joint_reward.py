@@ -760,6 +760,25 @@ def test_actor_critic_reads_a_flat_list_of_n_values_as_per_agent_rewards():
         three(PROMPTS, COMPLETIONS, ROWS)
 
 
+def test_auto_tells_a_batch_function_from_a_per_agent_one_when_there_are_as_many_joint_actions_as_agents():
+    # 2 joint actions, 2 agents: [x, y] is one reward per joint action (batch) or one per agent
+    # of joint action 0 (a 1.4.3 actor-critic function reading [0] only); one call per joint
+    # action tells them apart
+    def batch(c1, c2):
+        return [float(len(a)) for a in c1]
+
+    def per_agent_of_the_first(c1, c2):
+        return [float(len(c1[0])), -float(len(c2[0]))]
+
+    reward = JointReward([batch, per_agent_of_the_first], 2, flat_values_per_agent=True)
+    with pytest.warns(UserWarning, match="per_agent_of_the_first .* returned .* which called one at a time"):
+        scored = reward(PROMPTS, COMPLETIONS, ROWS)
+    assert reward.calls == ["batch", "per_joint_action"]
+    lengths = [[float(len(text)) for text in agent] for agent in COMPLETIONS]
+    assert scored.per_function[0].tolist() == [[a, a] for a in lengths[0]]
+    assert scored.per_function[1].tolist() == [[a, -b] for a, b in zip(*lengths)]
+
+
 def test_per_joint_action_refuses_no_value():
     with pytest.raises(ValueError, match=r"returned no value \(\[\]\) for joint action 0 \(dataset row 5\)"):
         score(lambda c1, c2: [], call="per_joint_action")

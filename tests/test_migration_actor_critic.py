@@ -5,6 +5,7 @@ the critics' models under agent_{i}/critic/ or critic/ without a tokenizer, valu
 torch-saved value_head.pt state dicts of pre_projection.0 and value_projection)."""
 
 import dataclasses
+import warnings
 
 import pytest
 import torch
@@ -466,8 +467,10 @@ def test_train_batch_size_steps_actors_and_critics_once_per_minibatch(tmp_path):
     assert metrics["critic0/value_loss"] >= 0
 
 
-def test_a_per_joint_action_reward_of_n_values_is_per_agent_as_in_the_original(tmp_path):
-    # 1.4.3's IAC called the reward per row (G=1: one joint action) and read N values as per agent
+@pytest.mark.parametrize("reward_call", ["per_joint_action", "auto"])
+def test_a_per_joint_action_reward_of_n_values_is_per_agent_as_in_the_original(tmp_path, reward_call):
+    # 1.4.3's IAC called the reward per row (G=1: one joint action) and read N values as per
+    # agent; "auto" sees 2 values for 2 joint actions of 2 agents, and tells the meanings apart
     def per_agent(completions1, completions2):
         return [float(len(completions1[0])), -float(len(completions2[0]))]
 
@@ -477,8 +480,13 @@ def test_a_per_joint_action_reward_of_n_values_is_per_agent_as_in_the_original(t
         tokenizer=tok,
         train_dataset=DATA,
         reward_func=per_agent,
-        args=config(IACConfig, tmp_path, num_generations=1, reward_call="per_joint_action"),
+        args=config(IACConfig, tmp_path, num_generations=1, reward_call=reward_call),
     )
-    turn = trainer.rollout(trainer.train_prompts, [0, 1]).turns[0]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        turn = trainer.rollout(trainer.train_prompts, [0, 1]).turns[0]
+    assert any("which called one at a time give other rewards" in str(w.message) for w in caught) == (
+        reward_call == "auto"
+    )
     lengths = [[len(text) for text in agent.texts] for agent in turn.agents]
     assert turn.rewards.reshape(-1, 2).tolist() == [[float(a), -float(b)] for a, b in zip(*lengths)]

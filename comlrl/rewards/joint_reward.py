@@ -212,6 +212,13 @@ def _single_value(value: object) -> bool:
     return isinstance(value, list | tuple) and len(value) == 1
 
 
+def _flat(value: object) -> bool:
+    """True when ``value`` is a flat sequence of numbers (no per-agent rows)."""
+    if isinstance(value, Tensor | np.ndarray):
+        return value.ndim == 1
+    return isinstance(value, list | tuple) and all(_number(item) is not None for item in value)
+
+
 def _per_joint_action_hint(count: int) -> str:
     """What a batch call's error adds when a comlrl 1.4.3 function may be its cause; with one
     joint action both ways of calling are the same, and it adds nothing."""
@@ -379,16 +386,39 @@ class JointReward:
             self._take_for_per_joint_action(j, returned, count)
             return self._score_each(j, actions)
         values = self._check(returned, actions.row_ids, self._sources[j])
+        ambiguous = self.flat_values_per_agent and count == self.num_agents > 1 and _flat(returned)
+        if self.calls[j] == "auto" and ambiguous:
+            return self._settle_ambiguous(j, actions, values)
         if count > 1:
             self.calls[j] = "batch"  # it answered K joint actions with K values: a batch function
         return values
 
-    def _take_for_per_joint_action(self, j: int, returned: object, count: int) -> None:
-        """Function ``j`` returned one value for ``count`` joint actions under ``auto``: it is a
-        comlrl 1.4.3 one, called per joint action from now on; said once, as it is decided once."""
+    def _settle_ambiguous(self, j: int, actions: JointActions, values: Tensor) -> Tensor:
+        """K values for K = N joint actions read either as one per joint action (a batch
+        function) or, where a 1.4.3 trainer read a flat list so (``flat_values_per_agent``), as
+        one per agent of the first joint action (a 1.4.3 function that looked at ``[0]`` only):
+        called once per joint action too, a batch function gives the same rewards, a 1.4.3 one
+        does not. This costs K more calls, once per function and run."""
+        each = self._score_each(j, actions)
+        if torch.equal(each, values):
+            self.calls[j] = "batch"
+            return values
+        self._take_for_per_joint_action(j, values[:, 0].tolist(), len(actions.row_ids), per_agent=True)
+        return each
+
+    def _take_for_per_joint_action(self, j: int, returned: object, count: int, per_agent: bool = False) -> None:
+        """Function ``j`` answered ``count`` joint actions as a comlrl 1.4.3 one (one value, or
+        ``per_agent``: one per agent of the first) under ``auto``: it is called per joint action
+        from now on; said once, as it is decided once."""
         self.calls[j] = "per_joint_action"
+        answered = (
+            f"returned {short_repr(returned)} for {count} joint actions, which called one at a time give other "
+            "rewards (one per agent of each, as comlrl 1.4.3's actor-critic trainers read such a list)"
+            if per_agent
+            else f"returned one value ({short_repr(returned)}) for {count} joint actions"
+        )
         warnings.warn(
-            f"{self._sources[j]} returned one value ({short_repr(returned)}) for {count} joint actions, so it is "
+            f"{self._sources[j]} {answered}, so it is "
             "taken for a function written for comlrl 1.4.3, which called reward functions once per joint action "
             "with one-element lists: it is now called that way, once per joint action, for the rest of this run. "
             'Set reward_call="per_joint_action" to say so, or reward_call="batch" to call it with all the joint '
