@@ -313,6 +313,12 @@ def test_metrics_callback_gets_every_agent_sample_and_its_numbers_are_logged(tmp
     assert len(samples) == 2 * 2 * 2  # agents x rows x G
     assert {s.metadata["batch_item"]["prompt"] for s in samples} == {DATA[0]["prompt"], DATA[1]["prompt"]}
     assert metrics["mean_chars"] == pytest.approx(sum(len(s.completion) for s in samples) / 8)
+    evaluated = make_trainer(tmp_path, eval_dataset=DATA, metrics_callback=callback).evaluate()
+    per_row = seen[1:]  # one call per evaluated row: 2 agents x 1 sample
+    assert len(per_row) == 3 and all(len(samples) == 2 for samples in per_row)
+    assert evaluated["eval/mean_chars"] == pytest.approx(
+        sum(sum(len(s.completion) for s in samples) / 2 for samples in per_row) / 3
+    )
     bad = make_trainer(tmp_path, metrics_callback=lambda samples: {"x": "high"})
     with pytest.raises(TypeError, match="metrics_callback <lambda> returned 'high' for metric 'x'"):
         bad.training_step([0])

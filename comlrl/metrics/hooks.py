@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from comlrl.algorithms import per_agent_returns
+from comlrl.algorithms.returns import tree_returns
 from comlrl.rewards.joint_reward import describe
 from comlrl.rollout.prompts import PromptTable
 from comlrl.rollout.tree import RolloutTree
@@ -62,6 +63,18 @@ def rollout_samples(
     return samples
 
 
+def evaluation_samples(tree: RolloutTree, discount: float, prompts: PromptTable) -> list[list[RolloutSample]]:
+    """The samples of an evaluation tree (one sample per agent and turn), row by row; their
+    ``returns`` are the episode's from that turn on, their ``advantage`` NaN (no baseline)."""
+    returns = tree_returns([t.rewards for t in tree.turns], [t.children for t in tree.turns], discount)
+    credits = [per_agent_returns(r, tree.joint_indices, tree.num_generations) for r in returns]
+    nan = [torch.full((turn.num_nodes * tree.num_generations,), math.nan) for turn in tree.turns]
+    by_row: dict[int, list[RolloutSample]] = {}
+    for sample in rollout_samples(tree, credits, [nan] * len(tree.turns[0].agents), prompts):
+        by_row.setdefault(id(sample.metadata["batch_item"]), []).append(sample)
+    return list(by_row.values())
+
+
 class MetricsCallback:
     """Calls the user's ``metrics_callback(samples) -> dict`` and checks what it returns."""
 
@@ -79,6 +92,16 @@ class MetricsCallback:
         except Exception as error:
             raise RuntimeError(f"{source} raised {type(error).__name__}: {error}") from error
         return {} if output is None else checked_metrics(output, source)
+
+    def evaluation(self, trees: list[RolloutTree], discount: float, prompts: PromptTable) -> dict[str, float]:
+        """The callback on every evaluated row's samples, each metric averaged over the rows
+        and logged as ``eval/<key>`` (as comlrl 1.4.3's actor-critic evaluation did)."""
+        values: dict[str, list[float]] = {}
+        for tree in trees:
+            for samples in evaluation_samples(tree, discount, prompts):
+                for key, value in self(samples).items():
+                    values.setdefault(key, []).append(value)
+        return {f"eval/{key}": sum(v) / len(v) for key, v in values.items()}
 
 
 def checked_metrics(output: object, source: str, prefix: str = "", hint: str = "") -> dict[str, float]:

@@ -124,10 +124,11 @@ class MultiAgentTrainer(abc.ABC):
             ``eval_aggregator`` turns into one.
         eval_aggregator: ``eval_aggregator(eval_logger_output, num_turns=...) -> dict``.
         metrics_callback: ``metrics_callback(samples) -> dict``, comlrl 1.4.3's hook for
-            metrics of your own: called after every training rollout (its numbers are logged
-            beside ours; evaluation has ``eval_logger``) with each agent sample
-            (:class:`~comlrl.metrics.hooks.RolloutSample`: ``agent_idx``, ``prompt``,
-            ``completion``, ``reward``, ``returns``, ``advantage``, ``metadata``).
+            metrics of your own, from agent samples (:class:`~comlrl.metrics.hooks.RolloutSample`:
+            ``agent_idx``, ``prompt``, ``completion``, ``reward``, ``returns``, ``advantage``,
+            ``metadata``): called with every training rollout's samples (its numbers logged
+            beside ours), and in ``evaluate()`` with each row's (averaged over the rows, logged
+            as ``eval/<key>``; an evaluation sample's ``advantage`` is NaN).
         peft_config: train LoRA adapters instead of whole models: a ``peft`` config (e.g.
             ``LoraConfig``) for every agent, or a list with one per agent (needs
             ``pip install 'comlrl[lora]'``). With ``agent_model``, or with the same model
@@ -469,6 +470,8 @@ class MultiAgentTrainer(abc.ABC):
                 args.num_turns,
             )
         )
+        if self.metrics_callback.callback is not None:
+            metrics.update(self.metrics_callback.evaluation(trees, self.discount, self.eval_prompts))
         return metrics
 
     # ----------------------------------------------------------------------------------------
