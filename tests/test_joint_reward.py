@@ -753,9 +753,9 @@ def test_per_joint_action_refuses_a_flat_list_of_several_values(returned):
 
 def test_actor_critic_reads_a_flat_list_of_n_values_as_per_agent_rewards():
     # comlrl 1.4.3's IAC/MAAC read [r_0, r_1] for one joint action as one reward per agent
-    reward = JointReward(lambda c1, c2: [1.5, -2.0], 2, call="per_joint_action", flat_values_per_agent=True)
+    reward = JointReward(lambda c1, c2: [1.5, -2.0], 2, call="per_joint_action", actor_critic_calls=True)
     assert reward(PROMPTS, COMPLETIONS, ROWS).raw.tolist() == [[1.5, -2.0], [1.5, -2.0]]
-    three = JointReward(lambda c1, c2: [1.0, 2.0, 3.0], 2, call="per_joint_action", flat_values_per_agent=True)
+    three = JointReward(lambda c1, c2: [1.0, 2.0, 3.0], 2, call="per_joint_action", actor_critic_calls=True)
     with pytest.raises(ValueError, match="returned 3 values"):
         three(PROMPTS, COMPLETIONS, ROWS)
 
@@ -770,7 +770,7 @@ def test_auto_tells_a_batch_function_from_a_per_agent_one_when_there_are_as_many
     def per_agent_of_the_first(c1, c2):
         return [float(len(c1[0])), -float(len(c2[0]))]
 
-    reward = JointReward([batch, per_agent_of_the_first], 2, flat_values_per_agent=True)
+    reward = JointReward([batch, per_agent_of_the_first], 2, actor_critic_calls=True)
     with pytest.warns(UserWarning, match="per_agent_of_the_first .* returned .* which called one at a time"):
         scored = reward(PROMPTS, COMPLETIONS, ROWS)
     assert reward.calls == ["batch", "per_joint_action"]

@@ -490,3 +490,24 @@ def test_a_per_joint_action_reward_of_n_values_is_per_agent_as_in_the_original(t
     )
     lengths = [[len(text) for text in agent.texts] for agent in turn.agents]
     assert turn.rewards.reshape(-1, 2).tolist() == [[float(a), -float(b)] for a, b in zip(*lengths)]
+
+
+def test_a_per_joint_action_reward_gets_every_agents_prompt_as_in_the_original(tmp_path):
+    # 1.4.3's IAC passed prompts= (or the first positional) as the N agents' prompts of the turn
+    seen = []
+
+    def reward(completions1, completions2, prompts=None):
+        seen.append(prompts)
+        return [1.0]
+
+    tok = char_tokenizer()
+    trainer = IACTrainer(
+        agents=[tiny_llama(tok, seed=i) for i in range(2)],
+        tokenizer=tok,
+        train_dataset=DATA,
+        reward_func=reward,
+        formatters=[lambda row: "a: " + row["prompt"], lambda row: "b: " + row["prompt"]],
+        args=config(IACConfig, tmp_path, num_generations=1, reward_call="per_joint_action"),
+    )
+    trainer.rollout(trainer.train_prompts, [0, 1])
+    assert seen == [["a: " + DATA[r]["prompt"], "b: " + DATA[r]["prompt"]] for r in (0, 1)]

@@ -242,11 +242,16 @@ class JointActions:
     """Values of ``REWARD_KEYWORDS`` and ``REWARD_CONTEXT`` names, by name (``prompts`` is
     always there: it may also go first positionally)."""
 
-    def one(self, k: int) -> JointActions:
-        """Joint action ``k`` alone, every list one element long, as a per-joint-action call sees it."""
+    def one(self, k: int, agent_prompts: bool = False) -> JointActions:
+        """Joint action ``k`` alone, every list one element long, as a per-joint-action call sees
+        it; with ``agent_prompts``, ``prompts`` holds each agent's prompt of the turn instead
+        (what comlrl 1.4.3's actor-critic trainers passed)."""
         keywords = {
             name: value[k : k + 1] if name in _PER_JOINT_ACTION else value for name, value in self.keywords.items()
         }
+        histories = self.keywords.get("prompt_history_per_agent")
+        if agent_prompts and histories is not None:
+            keywords["prompts"] = [history[-1] for history in histories[k]]
         return JointActions([c[k : k + 1] for c in self.completions], self.row_ids[k : k + 1], keywords)
 
 
@@ -268,7 +273,7 @@ class JointReward:
         processor: Callable[[float], float] | None = None,
         weights: Sequence[float] | None = None,
         call: str = "auto",
-        flat_values_per_agent: bool = False,
+        actor_critic_calls: bool = False,
     ):
         if isinstance(funcs, list | tuple):
             if not funcs:
@@ -287,9 +292,11 @@ class JointReward:
             raise ValueError(f"reward_call must be one of {', '.join(map(repr, REWARD_CALLS))}, got {call!r}")
         self.funcs: tuple[Callable, ...] = funcs
         self.num_agents = num_agents
-        self.flat_values_per_agent = flat_values_per_agent
-        """Whether a per-joint-action call's flat list of N values is N per-agent rewards (comlrl
-        1.4.3's actor-critic trainers read it so; its MAGRPO kept the first value: an error here)."""
+        self.actor_critic_calls = actor_critic_calls
+        """Whether per-joint-action calls follow comlrl 1.4.3's actor-critic trainers, whose
+        ``prompts`` held every agent's prompt of the turn and which read a flat list of N values
+        as one reward per agent (its MAGRPO passed agent 0's prompt and kept a list's first
+        value: an error here)."""
         self.processor = processor
         self.weights = self._check_weights(weights, len(funcs))
         self.names = unique_names([describe(func) for func in funcs])
@@ -386,7 +393,7 @@ class JointReward:
             self._take_for_per_joint_action(j, returned, count)
             return self._score_each(j, actions)
         values = self._check(returned, actions.row_ids, self._sources[j])
-        ambiguous = self.flat_values_per_agent and count == self.num_agents > 1 and _flat(returned)
+        ambiguous = self.actor_critic_calls and count == self.num_agents > 1 and _flat(returned)
         if self.calls[j] == "auto" and ambiguous:
             return self._settle_ambiguous(j, actions, values)
         if count > 1:
@@ -395,7 +402,7 @@ class JointReward:
 
     def _settle_ambiguous(self, j: int, actions: JointActions, values: Tensor) -> Tensor:
         """K values for K = N joint actions read either as one per joint action (a batch
-        function) or, where a 1.4.3 trainer read a flat list so (``flat_values_per_agent``), as
+        function) or, where a 1.4.3 trainer read a flat list so (``actor_critic_calls``), as
         one per agent of the first joint action (a 1.4.3 function that looked at ``[0]`` only):
         called once per joint action too, a batch function gives the same rewards, a 1.4.3 one
         does not. This costs K more calls, once per function and run."""
@@ -431,7 +438,7 @@ class JointReward:
         entries = []
         for k in range(len(actions.row_ids)):
             where = self._where(actions.row_ids, k)
-            returned = self._call(j, actions.one(k), where=where)
+            returned = self._call(j, actions.one(k, agent_prompts=self.actor_critic_calls), where=where)
             entries.append(self._one_entry(returned, self._sources[j], where))
         return self._check(entries, actions.row_ids, self._sources[j])
 
@@ -451,7 +458,7 @@ class JointReward:
             return returned  # None, a string, a dict...: _check says what is wrong with it
         if len(values) == 1:
             return values[0]
-        if self.flat_values_per_agent and len(values) == self.num_agents:
+        if self.actor_critic_calls and len(values) == self.num_agents:
             return list(values)
         per_agent = "[[" + ", ".join(f"v{i}" for i in range(self.num_agents)) + "]]"
         if not values:

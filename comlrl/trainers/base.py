@@ -140,10 +140,10 @@ class MultiAgentTrainer(abc.ABC):
     """The config class: built when ``args`` is not given, and what ``args`` must be."""
     algorithm_name = "train"
     """Shown on the progress bar."""
-    flat_rewards_per_agent = False
-    """Whether a reward function called per joint action (``reward_call``) may return a flat
-    list of N per-agent rewards: comlrl 1.4.3's actor-critic trainers read one so, its MAGRPO
-    kept the first value (refused here, as a change of meaning either way)."""
+    actor_critic_reward_calls = False
+    """Whether a reward function called per joint action (``reward_call``) is called as comlrl
+    1.4.3's actor-critic trainers called it (``prompts``: every agent's prompt; a flat list of
+    N values: one reward per agent) rather than as its MAGRPO (agent 0's prompt; one value)."""
 
     def __init__(
         self,
@@ -210,7 +210,7 @@ class MultiAgentTrainer(abc.ABC):
             reward_processor,
             weights=args.reward_weights,
             call=args.reward_call,
-            flat_values_per_agent=self.flat_rewards_per_agent,
+            actor_critic_calls=self.actor_critic_reward_calls,
         )
         self.transition = None if external_transition is None else Transition(external_transition, self.num_agents)
         self.train_prompts = PromptTable(train_dataset, formatters, self.num_agents, "train_dataset")

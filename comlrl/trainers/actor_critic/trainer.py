@@ -76,7 +76,7 @@ class ActorCriticTrainer(MultiAgentTrainer):
     centralized = False
     """One critic for all agents (MAAC) instead of one per agent (IAC)."""
 
-    flat_rewards_per_agent = True
+    actor_critic_reward_calls = True
 
     def __init__(
         self,
