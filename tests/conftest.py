@@ -5,12 +5,21 @@ import types
 
 import pytest
 
-from tests.helpers import char_tokenizer
+from tests.helpers import char_tokenizer, tiny_llama
 
 
 @pytest.fixture
 def tokenizer():
     return char_tokenizer()
+
+
+@pytest.fixture
+def model_folder(tmp_path):
+    """A tiny Llama and its tokenizer saved as a model folder, to load by path."""
+    tok = char_tokenizer()
+    tiny_llama(tok, 0).save_pretrained(tmp_path / "model")
+    tok.save_pretrained(tmp_path / "model")
+    return str(tmp_path / "model")
 
 
 @pytest.fixture

@@ -242,14 +242,6 @@ def test_reference_kl_step_logs_the_original_keys(tmp_path):
 
 
 # ------------------------------------------------------------------------------ trainer arguments
-@pytest.fixture
-def model_folder(tmp_path):
-    tok = char_tokenizer()
-    tiny_llama(tok, 0).save_pretrained(tmp_path / "model")
-    tok.save_pretrained(tmp_path / "model")
-    return str(tmp_path / "model")
-
-
 def test_agents_given_as_names_are_loaded(tmp_path, model_folder):
     trainer = MAGRPOTrainer(
         agents=[model_folder, model_folder], train_dataset=DATA, reward_func=length_sum, args=small_config(tmp_path)

@@ -467,6 +467,19 @@ def test_train_batch_size_steps_actors_and_critics_once_per_minibatch(tmp_path):
     assert metrics["critic0/value_loss"] >= 0
 
 
+def iac_per_joint_action(tmp_path, reward, reward_call="per_joint_action", **kwargs):
+    """IAC with two tiny agents, one sample per prompt (1.4.3's default) and ``reward``."""
+    tok = char_tokenizer()
+    return IACTrainer(
+        agents=[tiny_llama(tok, seed=i) for i in range(2)],
+        tokenizer=tok,
+        train_dataset=DATA,
+        reward_func=reward,
+        args=config(IACConfig, tmp_path, num_generations=1, reward_call=reward_call),
+        **kwargs,
+    )
+
+
 @pytest.mark.parametrize("reward_call", ["per_joint_action", "auto"])
 def test_a_per_joint_action_reward_of_n_values_is_per_agent_as_in_the_original(tmp_path, reward_call):
     # 1.4.3's IAC called the reward per row (G=1: one joint action) and read N values as per
@@ -474,14 +487,7 @@ def test_a_per_joint_action_reward_of_n_values_is_per_agent_as_in_the_original(t
     def per_agent(completions1, completions2):
         return [float(len(completions1[0])), -float(len(completions2[0]))]
 
-    tok = char_tokenizer()
-    trainer = IACTrainer(
-        agents=[tiny_llama(tok, seed=i) for i in range(2)],
-        tokenizer=tok,
-        train_dataset=DATA,
-        reward_func=per_agent,
-        args=config(IACConfig, tmp_path, num_generations=1, reward_call=reward_call),
-    )
+    trainer = iac_per_joint_action(tmp_path, per_agent, reward_call)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         turn = trainer.rollout(trainer.train_prompts, [0, 1]).turns[0]
@@ -500,14 +506,8 @@ def test_a_per_joint_action_reward_gets_every_agents_prompt_as_in_the_original(t
         seen.append(prompts)
         return [1.0]
 
-    tok = char_tokenizer()
-    trainer = IACTrainer(
-        agents=[tiny_llama(tok, seed=i) for i in range(2)],
-        tokenizer=tok,
-        train_dataset=DATA,
-        reward_func=reward,
-        formatters=[lambda row: "a: " + row["prompt"], lambda row: "b: " + row["prompt"]],
-        args=config(IACConfig, tmp_path, num_generations=1, reward_call="per_joint_action"),
+    trainer = iac_per_joint_action(
+        tmp_path, reward, formatters=[lambda row: "a: " + row["prompt"], lambda row: "b: " + row["prompt"]]
     )
     trainer.rollout(trainer.train_prompts, [0, 1])
     assert seen == [["a: " + DATA[r]["prompt"], "b: " + DATA[r]["prompt"]] for r in (0, 1)]

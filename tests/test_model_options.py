@@ -16,14 +16,6 @@ from comlrl.trainers.reinforce import MAGRPOTrainer
 from .helpers import char_tokenizer, content_score, make_trainer, small_config, tiny_llama
 
 
-@pytest.fixture
-def model_folder(tmp_path):
-    tok = char_tokenizer()
-    tiny_llama(tok, 0).save_pretrained(tmp_path / "model")
-    tok.save_pretrained(tmp_path / "model")
-    return str(tmp_path / "model")
-
-
 @pytest.mark.parametrize(
     "model_config",
     [

@@ -27,14 +27,18 @@ def is_real(value: Any) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool) and not math.isnan(value)
 
 
-def check_int(config: Any, name: str, minimum: int = 1, allow_none: bool = False, note: str = "") -> None:
-    """``config.<name>`` must be an integer >= ``minimum`` (or None when allowed)."""
-    value = getattr(config, name)
+def require_int(value: Any, name: str, minimum: int = 1, allow_none: bool = False, note: str = "") -> None:
+    """``value`` (called ``name`` in the error) must be an integer >= ``minimum`` (or None when allowed)."""
     if value is None and allow_none:
         return
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         allowed = f"an integer >= {minimum}" + (" or None" if allow_none else "") + note
         raise ValueError(f"{name} must be {allowed}, got {value!r}")
+
+
+def check_int(config: Any, name: str, minimum: int = 1, allow_none: bool = False, note: str = "") -> None:
+    """``config.<name>`` must be an integer >= ``minimum`` (or None when allowed)."""
+    require_int(getattr(config, name), name, minimum, allow_none, note)
 
 
 def check_fraction(config: Any, name: str) -> None:

@@ -21,6 +21,7 @@ from tqdm.auto import tqdm
 from comlrl.checkpoint.trainer import resume_trainer, save_trainer, start_state
 from comlrl.metrics import MetricsLogger
 from comlrl.metrics.rollout import completion_samples, format_metrics
+from comlrl.trainers.config import require_int
 from comlrl.utils.run_control import StopOnSignal, seed_everything
 
 
@@ -51,13 +52,9 @@ class CheckpointPlan:
             not isinstance(checkpoint_dir, str | os.PathLike) or not os.fspath(checkpoint_dir)
         ):
             raise ValueError(f"checkpoint_dir must be a folder path, got {checkpoint_dir!r}")
+        require_int(checkpoint_interval, "checkpoint_interval", allow_none=True, note=" (epochs)")
+        require_int(checkpoint_total_limit, "checkpoint_total_limit", allow_none=True)
         if checkpoint_interval is not None:
-            if (
-                isinstance(checkpoint_interval, bool)
-                or not isinstance(checkpoint_interval, int)
-                or checkpoint_interval < 1
-            ):
-                raise ValueError(f"checkpoint_interval must be an integer >= 1 (epochs), got {checkpoint_interval!r}")
             if args.save_steps is not None:
                 raise ValueError(
                     f"checkpoint_interval={checkpoint_interval} (epochs) and the config's save_steps={args.save_steps} "
@@ -68,12 +65,6 @@ class CheckpointPlan:
         every_steps = args.save_steps if checkpoint_interval is None else checkpoint_interval * steps_per_epoch
         total_limit = args.save_total_limit
         if checkpoint_total_limit is not None:
-            if (
-                isinstance(checkpoint_total_limit, bool)
-                or not isinstance(checkpoint_total_limit, int)
-                or checkpoint_total_limit < 1
-            ):
-                raise ValueError(f"checkpoint_total_limit must be an integer >= 1, got {checkpoint_total_limit!r}")
             if total_limit not in (None, checkpoint_total_limit):
                 raise ValueError(
                     f"checkpoint_total_limit={checkpoint_total_limit} and the config's save_total_limit={total_limit} "
