@@ -64,6 +64,10 @@ def test_the_originals_joint_mode_spellings(spelling, mode):
     assert MAGRPOConfig(joint_mode=spelling).joint_mode == mode
 
 
+def test_advantage_mode_in_any_letter_case_as_the_original():
+    assert MAGRPOConfig(advantage_mode="RLOO").advantage_mode == "rloo"
+
+
 def test_the_configs_num_agents_must_match_the_agents(tmp_path):
     with pytest.raises(ValueError, match="agents holds 2 models but num_agents=3"):
         make_trainer(tmp_path, args=small_config(tmp_path, num_agents=3))
@@ -297,6 +301,7 @@ def test_metrics_callback_gets_every_agent_sample_and_its_numbers_are_logged(tmp
 
     def callback(samples):
         seen.append(samples)
+        assert all(s.reward.shape == (1,) and isinstance(s.advantage.item(), float) for s in samples)
         return {"mean_chars": sum(len(s.completion) for s in samples) / len(samples)}
 
     trainer = make_trainer(tmp_path, metrics_callback=callback)

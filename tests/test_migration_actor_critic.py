@@ -511,3 +511,18 @@ def test_a_per_joint_action_reward_gets_every_agents_prompt_as_in_the_original(t
     )
     trainer.rollout(trainer.train_prompts, [0, 1])
     assert seen == [["a: " + DATA[r]["prompt"], "b: " + DATA[r]["prompt"]] for r in (0, 1)]
+
+
+def test_agents_saved_with_their_value_heads_continue_from_them(tmp_path):
+    trainer = build(args=config(IACConfig, tmp_path))
+    with torch.no_grad():
+        for critic in trainer.critics:
+            for p in critic.head.parameters():
+                p.add_(1.0)
+    folders = trainer.save_model(str(tmp_path / "saved"))
+    again = IACTrainer(
+        agents=folders, train_dataset=DATA, reward_func=length_sum, args=config(IACConfig, tmp_path / "again")
+    )
+    for before, after in zip(trainer.critics, again.critics):
+        for p, q in zip(before.head.parameters(), after.head.parameters()):
+            torch.testing.assert_close(p, q)

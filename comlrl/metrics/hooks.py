@@ -26,11 +26,13 @@ class RolloutSample:
     prompt: str
     """The prompt the agent saw."""
     completion: str
-    reward: float
-    """The agent's reward (the mean over the joint actions its completion took part in)."""
-    returns: float
-    """The return credited to the completion (what the advantage was computed from)."""
-    advantage: float
+    reward: torch.Tensor
+    """``(1,)`` the agent's reward (the mean over the joint actions its completion took part
+    in); one-element tensors, as 1.4.3 gave them, so ``.item()`` and ``float()`` both work."""
+    returns: torch.Tensor
+    """``(1,)`` the return credited to the completion (what the advantage was computed from)."""
+    advantage: torch.Tensor
+    """``(1,)``."""
     metadata: dict[str, Any] = field(default_factory=dict)
     """``turn_idx`` (0-based), ``generation_idx`` (the sample's index in its group), ``batch_item`` (the row)."""
 
@@ -54,9 +56,9 @@ def rollout_samples(
                             agent_idx=i,
                             prompt=turn.prompts[i][m],
                             completion=agent.texts[m * group + g],
-                            reward=rewards[i, m, g].item(),
-                            returns=credits[t][i, m, g].item(),
-                            advantage=advantages[i][t][m * group + g].item(),
+                            reward=rewards[i, m, g].reshape(1).float(),
+                            returns=credits[t][i, m, g].reshape(1).float(),
+                            advantage=advantages[i][t][m * group + g].reshape(1).float().cpu(),
                             metadata={"turn_idx": t, "generation_idx": g, "batch_item": prompts.rows[turn.rows[m]]},
                         )
                     )

@@ -174,6 +174,9 @@ class ActorCriticTrainer(MultiAgentTrainer):
                 self._critic(f"critic {i}", agent, self.agents.tokenizers[i], width, agent=i)
                 for i, agent in enumerate(self.agents)
             ]
+            for critic, agent in zip(built, self.agents):  # an agent saved with its head keeps it
+                if getattr(agent, "name_or_path", ""):
+                    self._load_saved_head(critic, agent.name_or_path)
             self._check_critic_devices(built)
             return built
         sources = self._critic_sources(critic_model, critics)
@@ -295,8 +298,9 @@ class ActorCriticTrainer(MultiAgentTrainer):
         return resolve_tokenizers(tokenizer, models, self.tokenizer_kwargs, role="critic")
 
     def _load_saved_head(self, critic: Critic, source: str) -> None:
-        """A critic named by a folder that holds a value head continues from it. comlrl 1.4.3
-        gave such a critic a fresh head, so loading its file is said."""
+        """A critic (or an agent holding its value head) loaded from a folder that holds a value
+        head continues from it. comlrl 1.4.3 gave such a critic a fresh head, so loading its
+        file is said."""
         folder = os.path.expanduser(source)
         path = saved_head_file(folder) if os.path.isdir(folder) else None
         if path is None:

@@ -29,6 +29,8 @@ class MAGRPOConfig(TrainerConfig):
     def __post_init__(self):
         super().__post_init__()
         check_fraction(self, "discount")
+        if isinstance(self.advantage_mode, str):  # comlrl 1.4.3 took any letter case
+            self.advantage_mode = self.advantage_mode.lower()
         check_choice(self, "advantage_mode", BASELINES)
         check_bool(self, "advantage_normalization")
         floor = self.advantage_std_floor
