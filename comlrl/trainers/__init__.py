@@ -1,4 +1,4 @@
-"""Every trainer and its config: MAGRPO and its REINFORCE variants, IAC and MAAC."""
+"""Every trainer and its config: MAGRPO and its REINFORCE variants, centralized MAGRPO, IAC and MAAC."""
 
 from comlrl.trainers.actor_critic import (
     ActorCriticConfig,
@@ -12,6 +12,8 @@ from comlrl.trainers.base import MultiAgentTrainer
 from comlrl.trainers.config import TrainerConfig
 from comlrl.trainers.loop import TrainResult
 from comlrl.trainers.reinforce import (
+    CentralizedMAGRPOConfig,
+    CentralizedMAGRPOTrainer,
     MAGRPOConfig,
     MAGRPOTrainer,
     MAREINFORCEConfig,
@@ -25,6 +27,8 @@ from comlrl.trainers.reinforce import (
 __all__ = [
     "ActorCriticConfig",
     "ActorCriticTrainer",
+    "CentralizedMAGRPOConfig",
+    "CentralizedMAGRPOTrainer",
     "IACConfig",
     "IACTrainer",
     "MAACConfig",

@@ -35,6 +35,8 @@ class CheckpointPlan:
     """A checkpoint every this many steps (None: only after a signal)."""
     total_limit: int | None
     """Keep the newest this many (None: all)."""
+    at_end: bool = False
+    """Also after the last step, whatever the cadence (1.4.3 always saved its last epoch)."""
 
     @classmethod
     def resolve(
@@ -72,7 +74,7 @@ class CheckpointPlan:
                 )
             total_limit = checkpoint_total_limit
         folder = args.output_dir if checkpoint_dir is None else os.fspath(checkpoint_dir)
-        return cls(folder, every_steps, total_limit)
+        return cls(folder, every_steps, total_limit, at_end=checkpoint_interval is not None)
 
 
 @dataclass
@@ -137,7 +139,7 @@ class TrainingLoop:
                     for step_in_epoch in range(self.progress.step_in_epoch, self.trainer.steps_per_epoch):
                         self.step(order, step_in_epoch, epoch)
                         self.interrupted = self.trainer.parallel.any(stop.signal is not None)
-                        if self.interrupted or self.due(self.checkpoints.every_steps):
+                        if self.interrupted or self.due(self.checkpoints.every_steps) or self.finished_with_save():
                             folder = self.save(epoch_order_state)
                         if self.interrupted:
                             self.say_stopped(stop.signal, folder)
@@ -152,6 +154,11 @@ class TrainingLoop:
     @property
     def periodic_evaluation(self) -> bool:
         return self.evaluates and self.args.eval_interval > 0
+
+    def finished_with_save(self) -> bool:
+        """The step just taken is the run's last, and the plan keeps the end (1.4.3's epoch checkpoints)."""
+        last = self.args.num_train_epochs * self.trainer.steps_per_epoch
+        return self.checkpoints.at_end and self.trainer.global_step == last
 
     def due(self, every: int | None) -> bool:
         """Whether the step just taken is a multiple of ``every`` (None or 0: never)."""

@@ -1,6 +1,8 @@
-"""REINFORCE-family multi-agent trainers: MAGRPO and its variants, one implementation."""
+"""REINFORCE-family multi-agent trainers: MAGRPO and its variants, one implementation, and
+centralized MAGRPO (one model writes every role)."""
 
 from comlrl.trainers.loop import TrainResult
+from comlrl.trainers.reinforce.centralized import CentralizedMAGRPOConfig, CentralizedMAGRPOTrainer
 from comlrl.trainers.reinforce.config import MAGRPOConfig
 from comlrl.trainers.reinforce.trainer import MAGRPOTrainer
 from comlrl.trainers.reinforce.variants import (
@@ -13,6 +15,8 @@ from comlrl.trainers.reinforce.variants import (
 )
 
 __all__ = [
+    "CentralizedMAGRPOConfig",
+    "CentralizedMAGRPOTrainer",
     "MAGRPOConfig",
     "MAGRPOTrainer",
     "MAREINFORCEConfig",
