@@ -445,8 +445,9 @@ class JointReward:
     def _one_entry(self, returned: object, source: str, where: str) -> object:
         """What a call for one joint action returned, as that joint action's entry of a batch
         (a number, or N per-agent numbers); a value of the wrong kind is passed on for
-        ``_check`` to name. A flat list of several values is refused: 1.4.3 kept only its first
-        value, and reading it otherwise would change the rewards without a word."""
+        ``_check`` to name. A flat list of several values is refused (1.4.3's MAGRPO kept only
+        its first value, and reading it otherwise would change the rewards without a word),
+        except N values under ``actor_critic_calls``: one per agent, as 1.4.3's IAC/MAAC read them."""
         if _number(returned) is not None:
             return returned
         values = returned.detach().cpu() if isinstance(returned, Tensor) else returned
