@@ -1,6 +1,8 @@
-"""Pure tensor functions of the MAGRPO objective: no models, no trainers, no config objects."""
+"""Pure tensor functions of the trainers' objectives (MAGRPO's and its family's, the critics',
+MADPO's): no models, no trainers, no config objects."""
 
 from comlrl.algorithms.advantages import BASELINES, group_advantages
+from comlrl.algorithms.dpo import JointPreference, agent_dpo_losses, joint_preference, others_deltas, preference_deltas
 from comlrl.algorithms.joint import JOINT_MODES, joint_action_indices, per_agent_returns
 from comlrl.algorithms.logprobs import selective_log_softmax
 from comlrl.algorithms.losses import (
@@ -17,15 +19,20 @@ from comlrl.algorithms.masks import completion_mask
 __all__ = [
     "BASELINES",
     "JOINT_MODES",
+    "JointPreference",
     "LOSS_AGGREGATIONS",
     "TURN_WEIGHTINGS",
     "PolicyLoss",
+    "agent_dpo_losses",
     "completion_mask",
     "group_advantages",
     "joint_action_indices",
+    "joint_preference",
     "k3_kl",
+    "others_deltas",
     "per_agent_returns",
     "policy_gradient_loss",
+    "preference_deltas",
     "selective_log_softmax",
     "token_weights",
     "turn_token_weights",

@@ -1,4 +1,5 @@
-"""Every trainer and its config: MAGRPO and its REINFORCE variants, centralized MAGRPO, IAC and MAAC."""
+"""Every trainer and its config: MAGRPO and its REINFORCE variants, centralized MAGRPO, IAC and
+MAAC, MADPO."""
 
 from comlrl.trainers.actor_critic import (
     ActorCriticConfig,
@@ -11,6 +12,7 @@ from comlrl.trainers.actor_critic import (
 from comlrl.trainers.base import MultiAgentTrainer
 from comlrl.trainers.config import TrainerConfig
 from comlrl.trainers.loop import TrainResult
+from comlrl.trainers.preference import MADPOConfig, MADPOTrainer
 from comlrl.trainers.reinforce import (
     CentralizedMAGRPOConfig,
     CentralizedMAGRPOTrainer,
@@ -33,6 +35,8 @@ __all__ = [
     "IACTrainer",
     "MAACConfig",
     "MAACTrainer",
+    "MADPOConfig",
+    "MADPOTrainer",
     "MAGRPOConfig",
     "MAGRPOTrainer",
     "MAREINFORCEConfig",

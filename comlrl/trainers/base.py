@@ -38,7 +38,7 @@ from comlrl.metrics import JsonlSink, TensorBoardSink, WandbSink
 from comlrl.metrics import stats as metric_stats
 from comlrl.metrics.evaluation import EvalHooks, evaluation_metrics
 from comlrl.metrics.hooks import MetricsCallback, RolloutSample, rollout_samples
-from comlrl.metrics.rollout import rollout_metrics
+from comlrl.metrics.rollout import completion_samples, rollout_metrics
 from comlrl.models.loading import split_model_config
 from comlrl.models.placement import map_agents
 from comlrl.optim import Learners, per_agent_learning_rates
@@ -140,6 +140,8 @@ class MultiAgentTrainer(abc.ABC):
     """The config class: built when ``args`` is not given, and what ``args`` must be."""
     algorithm_name = "train"
     """Shown on the progress bar."""
+    progress_metric = ("reward", "reward/mean")
+    """The step metric the progress bar shows: its label and its key."""
     actor_critic_reward_calls = False
     """Whether a reward function called per joint action (``reward_call``) is called as comlrl
     1.4.3's actor-critic trainers called it (``prompts``: every agent's prompt; a flat list of
@@ -272,10 +274,28 @@ class MultiAgentTrainer(abc.ABC):
     # set-up
     # ----------------------------------------------------------------------------------------
     @property
+    def num_train_items(self) -> int:
+        """What an epoch goes through, in a new order each epoch: the dataset rows here (MADPO:
+        its preference pairs)."""
+        return len(self.train_prompts)
+
+    @property
+    def items_per_step(self) -> int:
+        """Items one training step takes, over every data-parallel rank: here
+        ``per_device_train_batch_size`` rows on each rank."""
+        return self.args.per_device_train_batch_size * self.parallel.world_size
+
+    @property
     def steps_per_epoch(self) -> int:
-        """Training steps per epoch (the last batch of an epoch may hold fewer rows); a step
-        takes ``per_device_train_batch_size`` rows on each data-parallel rank."""
-        return math.ceil(len(self.train_prompts) / (self.args.per_device_train_batch_size * self.parallel.world_size))
+        """Training steps per epoch (the last step of an epoch may take fewer items)."""
+        return math.ceil(self.num_train_items / self.items_per_step)
+
+    @property
+    def total_optimizer_steps(self) -> int:
+        """Optimizer steps each learner takes over the run: the learning-rate schedules' length."""
+        args = self.args
+        steps_per_rollout = self.passes * minibatch_count(args.per_device_train_batch_size, args.train_batch_size)
+        return args.num_train_epochs * self.steps_per_epoch * steps_per_rollout
 
     def add_learners(
         self, names: Sequence[str], parameters: Sequence[Sequence[torch.nn.Parameter]], learning_rates: Sequence[float]
@@ -283,12 +303,23 @@ class MultiAgentTrainer(abc.ABC):
         """One AdamW and one learning-rate schedule (the config's) for each named parameter set;
         every update pass steps them all, after clipping each set's gradient on its own."""
         args = self.args
-        steps_per_rollout = self.passes * minibatch_count(args.per_device_train_batch_size, args.train_batch_size)
-        total_steps = args.num_train_epochs * self.steps_per_epoch * steps_per_rollout
         self.parallel.broadcast_parameters(p for group in parameters for p in group)
         self.learners.add(
-            names, parameters, learning_rates, args.weight_decay, args.lr_scheduler_type, args.warmup_ratio, total_steps
+            names,
+            parameters,
+            learning_rates,
+            args.weight_decay,
+            args.lr_scheduler_type,
+            args.warmup_ratio,
+            self.total_optimizer_steps,
         )
+
+    def prepare(self, checkpoint: str | None) -> dict[str, float]:
+        """Make what a run needs that the constructor could not, before the first step (MADPO:
+        its preference pairs); ``train()`` calls it after seeding a new run, or, resuming, with
+        the ``checkpoint`` to read before anything is loaded from it. Returns metrics to log
+        when training starts. Nothing here: the dataset rows are ready at construction."""
+        return {}
 
     # ----------------------------------------------------------------------------------------
     # training
@@ -317,9 +348,7 @@ class MultiAgentTrainer(abc.ABC):
         ``save_steps`` steps a checkpoint is written; SIGINT or SIGTERM during training
         writes one after the current step and returns early (a second signal stops at once).
         """
-        plan = CheckpointPlan.resolve(
-            self.args, self.steps_per_epoch, checkpoint_dir, checkpoint_interval, checkpoint_total_limit
-        )
+        plan = CheckpointPlan.resolve(self.args, checkpoint_dir, checkpoint_interval, checkpoint_total_limit)
         return TrainingLoop(self, resume_from_checkpoint, plan).run()
 
     def step(self, row_ids: list[int]) -> StepResult:
@@ -372,6 +401,10 @@ class MultiAgentTrainer(abc.ABC):
             metrics[f"turn_{turn.number}/reference_kl_mean"] = metric_stats.mean_of(all_kls)
             metrics[f"turn_{turn.number}/reference_kl_penalty_mean"] = metric_stats.mean_of(coef * all_kls)
         return dataclasses.replace(tree, turns=turns), metrics
+
+    def step_samples(self, result: StepResult, count: int) -> list[dict[str, Any]]:
+        """What a logging step shows of the step just taken: its first ``count`` joint actions per turn."""
+        return completion_samples(result.tree, result.returns, self.train_prompts, count)
 
     def training_step(self, row_ids: list[int]) -> dict[str, float]:
         """Sample, score and update every agent on the dataset rows ``row_ids``; returns the step's metrics."""

@@ -10,7 +10,7 @@ import os
 import sys
 import warnings
 from dataclasses import MISSING, dataclass, field, fields
-from typing import Any
+from typing import Any, ClassVar
 
 from comlrl.algorithms import JOINT_MODES, LOSS_AGGREGATIONS, TURN_WEIGHTINGS
 from comlrl.optim import LR_SCHEDULES
@@ -285,6 +285,10 @@ class TrainerConfig:
     rollout_buffer_size: int | None = renamed("per_device_train_batch_size")
     """comlrl 1.4.3's name of ``per_device_train_batch_size`` (prompt groups per rollout)."""
 
+    train_batch_size_counts_rows: ClassVar[bool] = True
+    """``train_batch_size`` counts rows of a step's rollout (so at most
+    ``per_device_train_batch_size`` of them); MADPO's counts preference pairs."""
+
     def __post_init__(self):
         apply_renamed_fields(self)
         for name in (
@@ -318,7 +322,8 @@ class TrainerConfig:
             "disable_dropout",
             "reference_kl_enabled",
         )
-        if self.train_batch_size is not None and self.train_batch_size > self.per_device_train_batch_size:
+        bounded = self.train_batch_size_counts_rows and self.train_batch_size is not None
+        if bounded and self.train_batch_size > self.per_device_train_batch_size:
             raise ValueError(
                 f"train_batch_size={self.train_batch_size} is more rows than a rollout holds "
                 f"(per_device_train_batch_size={self.per_device_train_batch_size}); it must be at most that"

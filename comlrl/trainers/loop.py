@@ -1,8 +1,10 @@
-"""The training loop: epochs of shuffled rows, one training step per batch, logging,
-evaluation and checkpoints at their cadence, and a clean stop on SIGINT/SIGTERM.
+"""The training loop: epochs of shuffled items (dataset rows; MADPO: preference pairs), one
+training step per batch, logging, evaluation and checkpoints at their cadence, and a clean
+stop on SIGINT/SIGTERM.
 
-    resume (or start) -> [evaluate] -> for each epoch: order the rows
-        for each step: trainer.step(rows) -> log every logging_steps -> evaluate every
+    seed (or find the checkpoint) -> trainer.prepare -> resume (or start) -> [evaluate]
+    -> for each epoch: order the items
+        for each step: trainer.step(items) -> log every logging_steps -> evaluate every
         eval_interval -> checkpoint at the plan's cadence, or after a signal, then stop
     -> evaluate after the last step -> TrainResult
 """
@@ -18,9 +20,10 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from comlrl.checkpoint.files import find_checkpoint
 from comlrl.checkpoint.trainer import resume_trainer, save_trainer, start_state
 from comlrl.metrics import MetricsLogger
-from comlrl.metrics.rollout import completion_samples, format_metrics
+from comlrl.metrics.rollout import format_metrics
 from comlrl.trainers.config import require_int
 from comlrl.utils.run_control import StopOnSignal, seed_everything
 
@@ -32,17 +35,23 @@ class CheckpointPlan:
     folder: str
     """The folder of the ``checkpoint-{step}`` folders."""
     every_steps: int | None
-    """A checkpoint every this many steps (None: only after a signal)."""
+    """A checkpoint every this many steps (the config's ``save_steps``), or None."""
+    every_epochs: int | None
+    """A checkpoint every this many epochs (comlrl 1.4.3's ``checkpoint_interval``), or None;
+    neither: only after a signal."""
     total_limit: int | None
     """Keep the newest this many (None: all)."""
     at_end: bool = False
     """Also after the last step, whatever the cadence (1.4.3 always saved its last epoch)."""
 
+    def cadence(self, steps_per_epoch: int) -> int | None:
+        """Steps between checkpoints (None: only after a signal)."""
+        return self.every_steps if self.every_epochs is None else self.every_epochs * steps_per_epoch
+
     @classmethod
     def resolve(
         cls,
         args: Any,
-        steps_per_epoch: int,
         checkpoint_dir: str | None = None,
         checkpoint_interval: int | None = None,
         checkpoint_total_limit: int | None = None,
@@ -64,7 +73,6 @@ class CheckpointPlan:
                 )
         elif checkpoint_dir is not None and args.save_steps is None:
             checkpoint_interval = 1
-        every_steps = args.save_steps if checkpoint_interval is None else checkpoint_interval * steps_per_epoch
         total_limit = args.save_total_limit
         if checkpoint_total_limit is not None:
             if total_limit not in (None, checkpoint_total_limit):
@@ -74,7 +82,7 @@ class CheckpointPlan:
                 )
             total_limit = checkpoint_total_limit
         folder = args.output_dir if checkpoint_dir is None else os.fspath(checkpoint_dir)
-        return cls(folder, every_steps, total_limit, at_end=checkpoint_interval is not None)
+        return cls(folder, args.save_steps, checkpoint_interval, total_limit, at_end=checkpoint_interval is not None)
 
 
 @dataclass
@@ -84,7 +92,8 @@ class TrainResult:
     global_step: int
     """Optimizer steps taken (each agent takes one per step)."""
     epoch_reward_means: list[float]
-    """Mean processed joint reward of each epoch (what the advantages were computed from)."""
+    """Mean processed joint reward of each epoch (what the advantages were computed from);
+    empty when the steps sample nothing (MADPO trains on pairs sampled before the first step)."""
     epoch_raw_reward_means: list[float]
     """Mean joint reward of each epoch as ``reward_func`` returned it, before the processor."""
     train_seconds: float
@@ -101,15 +110,23 @@ class TrainingLoop:
         self.checkpoints = checkpoints
         self.main = trainer.parallel.is_main
         self.data_order = torch.Generator()
-        if resume_from_checkpoint:
-            say = tqdm.write if self.main else lambda note: None
-            self.progress = resume_trainer(trainer, resume_from_checkpoint, self.data_order, say, checkpoints.folder)
-        else:
-            self.progress = start_state(trainer)
+        checkpoint = find_checkpoint(checkpoints.folder, resume_from_checkpoint) if resume_from_checkpoint else None
+        if checkpoint is None:
             # Ranks sample differently; they all shuffle the data alike.
             seed_everything(self.args.seed + trainer.parallel.rank)
             self.data_order.manual_seed(self.args.seed)
+        start_metrics = trainer.prepare(checkpoint)
+        if checkpoint is None:
+            self.progress = start_state(trainer)
+        else:
+            say = tqdm.write if self.main else lambda note: None
+            self.progress = resume_trainer(trainer, checkpoint, self.data_order, say, checkpoints.folder)
+        self.save_every = checkpoints.cadence(trainer.steps_per_epoch)
         self.logger = MetricsLogger(trainer.sinks() if self.main else [])
+        if start_metrics:
+            self.logger.log(start_metrics, trainer.global_step)
+            if self.main:
+                tqdm.write(" | ".join(f"{key} {value:.4g}" for key, value in start_metrics.items()))
         self.logger.add_window(self.progress.metrics_window)
         self.bar = tqdm(
             total=self.args.num_train_epochs * trainer.steps_per_epoch,
@@ -139,7 +156,7 @@ class TrainingLoop:
                     for step_in_epoch in range(self.progress.step_in_epoch, self.trainer.steps_per_epoch):
                         self.step(order, step_in_epoch, epoch)
                         self.interrupted = self.trainer.parallel.any(stop.signal is not None)
-                        if self.interrupted or self.due(self.checkpoints.every_steps) or self.finished_with_save():
+                        if self.interrupted or self.due(self.save_every) or self.finished_with_save():
                             folder = self.save(epoch_order_state)
                         if self.interrupted:
                             self.say_stopped(stop.signal, folder)
@@ -165,40 +182,42 @@ class TrainingLoop:
         return bool(every) and self.trainer.global_step % every == 0
 
     def epoch_order(self) -> list[int]:
-        rows = len(self.trainer.train_prompts)
+        """The order of the epoch's items (dataset rows; MADPO: preference pairs)."""
+        items = self.trainer.num_train_items
         if self.args.shuffle:
-            return torch.randperm(rows, generator=self.data_order).tolist()
-        return list(range(rows))
+            return torch.randperm(items, generator=self.data_order).tolist()
+        return list(range(items))
 
     def step(self, order: list[int], step_in_epoch: int, epoch: int) -> None:
-        """One training step on the rows of ``order`` at ``step_in_epoch``, then its logging
+        """One training step on the items of ``order`` at ``step_in_epoch``, then its logging
         and evaluation."""
         trainer, progress = self.trainer, self.progress
-        rows_per_step = self.args.per_device_train_batch_size * trainer.parallel.world_size
-        rows = order[step_in_epoch * rows_per_step : (step_in_epoch + 1) * rows_per_step]
-        result = trainer.step(trainer.parallel.shard(rows))
+        per_step = trainer.items_per_step
+        items = order[step_in_epoch * per_step : (step_in_epoch + 1) * per_step]
+        result = trainer.step(trainer.parallel.shard(items))
         trainer.global_step = progress.global_step = trainer.global_step + 1
         progress.step_in_epoch = step_in_epoch + 1
-        progress.step_rewards.append(result.metrics["reward/mean"])
-        progress.step_raw_rewards.append(result.metrics["reward/raw_mean"])
+        if "reward/mean" in result.metrics:  # a step that samples (MADPO's steps train on stored pairs)
+            progress.step_rewards.append(result.metrics["reward/mean"])
+            progress.step_raw_rewards.append(result.metrics["reward/raw_mean"])
         self.logger.add(result.metrics)
         self.bar.update(1)
-        self.bar.set_postfix(epoch=epoch + 1, reward=f"{result.metrics['reward/mean']:.3g}")
+        label, key = trainer.progress_metric
+        self.bar.set_postfix({"epoch": epoch + 1, label: f"{result.metrics[key]:.3g}"})
         if self.due(self.args.logging_steps):
             flushed = self.logger.flush(trainer.global_step)
             if self.main:
                 self.bar.write(format_metrics(trainer.global_step, flushed))
-            samples = completion_samples(
-                result.tree, result.returns, trainer.train_prompts, self.args.num_completions_to_log
-            )
+            samples = trainer.step_samples(result, self.args.num_completions_to_log)
             self.logger.log_samples(samples, trainer.global_step)
         if self.periodic_evaluation and self.due(self.args.eval_interval):
             self.evaluate()
 
     def end_epoch(self) -> None:
         progress = self.progress
-        progress.epoch_reward_means.append(sum(progress.step_rewards) / len(progress.step_rewards))
-        progress.epoch_raw_reward_means.append(sum(progress.step_raw_rewards) / len(progress.step_raw_rewards))
+        if progress.step_rewards:
+            progress.epoch_reward_means.append(sum(progress.step_rewards) / len(progress.step_rewards))
+            progress.epoch_raw_reward_means.append(sum(progress.step_raw_rewards) / len(progress.step_raw_rewards))
         progress.step_rewards, progress.step_raw_rewards, progress.step_in_epoch = [], [], 0
 
     def evaluate(self) -> None:

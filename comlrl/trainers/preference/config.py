@@ -1,0 +1,146 @@
+"""Configuration of MADPO: the shared fields plus how preference pairs are made and the DPO
+loss's constants, with comlrl 1.4.3's names and defaults."""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+
+from comlrl.trainers.config import (
+    TrainerConfig,
+    check_choice,
+    check_int,
+    field_default,
+    is_real,
+    user_stacklevel,
+)
+from comlrl.trainers.preference.pairs import PAIR_SELECTIONS
+
+DPO_REFERENCES = ("none", "initial")
+"""The DPO loss's reference policy: none (reference-free, comlrl 1.4.3's loss), or the policy
+that sampled the pairs."""
+
+COLLABORATION_MODES = ("decentralized",)
+"""How the agents act: one model per agent. comlrl 1.4.3's ``centralized`` (one model writing
+every agent's part) is not supported by MADPO yet."""
+
+UNUSED_SHARED_FIELDS = {
+    "num_generations": "MADPO samples preference_num_candidates candidates per prompt and agent: set that",
+    "beta": "the DPO loss's temperature is dpo_beta, and its reference policy dpo_reference",
+    "reference_kl_enabled": "there are no rewards to shape while training on pairs (comlrl 1.4.3 ignored it "
+    "too); for a reference policy in the DPO loss set dpo_reference='initial'",
+    "epsilon": "the DPO loss has no ratio to clip",
+    "epsilon_high": "the DPO loss has no ratio to clip",
+    "entropy_coef": "the DPO loss has no entropy bonus",
+    "loss_type": "the DPO loss sums each completion's token log-probs",
+    "turn_weighting": "MADPO is single-turn",
+}
+"""Fields of :class:`TrainerConfig` that MADPO does not use, and why: a value other than the
+default is an error (it would otherwise be silently ignored)."""
+
+_INERT_WARNED: set[str] = set()
+
+
+def inert() -> object:
+    """A comlrl 1.4.3 field MADPO accepts but that has no effect (it had none in 1.4.3 either):
+    any value but None gets a one-time warning, so 1.4.3 configs run unchanged."""
+    return field(default=None, repr=False, metadata={"inert": True})
+
+
+@dataclass
+class MADPOConfig(TrainerConfig):
+    """Everything that shapes a MADPO run. Every field is checked in ``__post_init__``."""
+
+    per_device_train_batch_size: int = 2
+    """Dataset rows whose candidates are sampled together (one ``generate`` call per agent)
+    while pairs are built; also the default of ``train_batch_size``, as comlrl 1.4.3's
+    ``rollout_buffer_size`` was."""
+    train_batch_size: int | None = None
+    """Preference pairs per optimizer step (comlrl 1.4.3's meaning); ``None``:
+    ``per_device_train_batch_size``."""
+
+    # --- preference pairs -----------------------------------------------------------------
+    preference_num_candidates: int = 80
+    """Candidates N sampled per prompt and agent when pairs are built; candidate j is the
+    joint action of every agent's sample j (at least 2)."""
+    preference_pairs_per_sample: int | None = 16
+    """Most pairs kept per prompt, in ``pair_selection`` order (>= 1); ``None`` keeps all."""
+    pair_selection: str = "reward_gap"
+    """Which pairs a prompt keeps first: ``reward_gap`` (largest reward gap first, equal gaps in
+    index order), ``random`` (shuffled, seeded by ``seed``), ``all`` (index order; needs
+    ``preference_pairs_per_sample=None``)."""
+
+    # --- the DPO loss ---------------------------------------------------------------------
+    dpo_beta: float = 0.1
+    """DPO's beta (> 0): the loss is ``-log sigmoid(dpo_beta * joint margin)``."""
+    dpo_reference: str = "none"
+    """``none``: reference-free, as comlrl 1.4.3 (margin = chosen minus rejected log-prob);
+    ``initial``: DPO's reference is the policy that sampled the pairs (its log-probs are taken
+    once, when the pairs are built; no model copy is kept)."""
+    collaboration_mode: str = "decentralized"
+    """``decentralized``: one model per agent (the only mode MADPO supports yet)."""
+
+    # --- comlrl 1.4.3's fields that have no effect here (accepted with a one-time warning) ---
+    use_environment_step: bool | None = inert()
+    """comlrl 1.4.3's W&B x-axis switch; here every metric is logged against the optimizer step."""
+    environment_steps_per_pair: int | None = inert()
+    """comlrl 1.4.3's x-axis increment per pair trained on; no effect (see ``use_environment_step``)."""
+    discount: float | None = inert()
+    """1.4.3 MAGRPO's discount; no effect in single-turn preference training."""
+    advantage_mode: str | None = inert()
+    """1.4.3 MAGRPO's baseline; DPO has no advantages."""
+    advantage_normalization: bool | None = inert()
+    """1.4.3 MAGRPO's advantage scaling; DPO has no advantages."""
+
+    train_batch_size_counts_rows = False  # it counts preference pairs
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_int(self, "preference_num_candidates", minimum=2)
+        check_int(self, "preference_pairs_per_sample", allow_none=True)
+        check_choice(self, "pair_selection", PAIR_SELECTIONS)
+        if self.pair_selection == "all" and self.preference_pairs_per_sample is not None:
+            raise ValueError(
+                f"pair_selection='all' keeps every pair, but preference_pairs_per_sample="
+                f"{self.preference_pairs_per_sample}: set preference_pairs_per_sample=None, or choose "
+                "pair_selection='reward_gap' or 'random' to cap the pairs"
+            )
+        if not (is_real(self.dpo_beta) and self.dpo_beta > 0):
+            raise ValueError(f"dpo_beta must be a number > 0, got {self.dpo_beta!r}")
+        check_choice(self, "dpo_reference", DPO_REFERENCES)
+        if self.collaboration_mode == "centralized":
+            raise ValueError(
+                "collaboration_mode='centralized' (one model writing every agent's part) is not supported by "
+                "MADPO yet: use collaboration_mode='decentralized', one model per agent"
+            )
+        check_choice(self, "collaboration_mode", COLLABORATION_MODES)
+        if self.num_turns != 1:
+            raise ValueError(f"MADPO is single-turn: num_turns must be 1, got {self.num_turns}")
+        if self.joint_mode != "aligned":
+            raise ValueError(
+                f"MADPO pairs candidate j of every agent into joint action j: joint_mode must be 'aligned', "
+                f"got {self.joint_mode!r}"
+            )
+        for name, why in UNUSED_SHARED_FIELDS.items():
+            value, default = getattr(self, name), field_default(self, name)
+            if value != default:
+                raise ValueError(f"{name}={value!r} has no effect in MADPO ({why}); leave it at {default!r}")
+        self._warn_inert_fields()
+
+    @property
+    def pairs_per_step(self) -> int:
+        """Preference pairs per optimizer step: ``train_batch_size``, else ``per_device_train_batch_size``."""
+        return self.per_device_train_batch_size if self.train_batch_size is None else self.train_batch_size
+
+    def _warn_inert_fields(self) -> None:
+        for spec in self.__dataclass_fields__.values():
+            value = getattr(self, spec.name)
+            if not spec.metadata.get("inert") or value is None or spec.name in _INERT_WARNED:
+                continue
+            _INERT_WARNED.add(spec.name)
+            warnings.warn(
+                f"MADPOConfig: {spec.name}={value!r} has no effect in MADPO (it had none in comlrl 1.4.3 either); "
+                "remove it",
+                UserWarning,
+                stacklevel=user_stacklevel(),
+            )

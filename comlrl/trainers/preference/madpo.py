@@ -1,0 +1,355 @@
+"""MADPO: multi-agent direct preference optimisation on pairs of the agents' own joint actions.
+
+Pairs are made once, when ``train()`` starts, from the policy as it is then; training goes
+through them for ``num_train_epochs`` epochs, as the training loop goes through dataset rows
+for the other trainers:
+
+    once (seeded; or read back from the checkpoint a run resumes from):
+        rows ─formatters─▶ prompts ─generate─▶ N = preference_num_candidates per prompt and agent
+        ─candidate j = every agent's sample j─▶ reward_func ─reward_processor─▶ joint rewards
+        ─strictly better wins, pair_selection, preference_pairs_per_sample─▶ preference pairs
+        [dpo_reference="initial": each agent's margin under this policy, kept with its pair]
+    each step, on train_batch_size pairs (a new order every epoch):
+        per agent, no gradient: Δ_a = log π_a(chosen_a) - log π_a(rejected_a)  [- reference's]
+        per agent, micro-batch by micro-batch: -log σ(β (Δ_a + sg(Σ_{b≠a} Δ_b))) ─▶ backward
+        ─▶ one optimizer step per agent
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from comlrl.algorithms import joint_action_indices
+from comlrl.algorithms.dpo import agent_dpo_losses, joint_preference, others_deltas, preference_deltas
+from comlrl.checkpoint import read_state
+from comlrl.distributed import DataParallel
+from comlrl.metrics import stats as metric_stats
+from comlrl.metrics.stats import Stat
+from comlrl.models.forward import completion_logprobs
+from comlrl.models.placement import map_agents
+from comlrl.rollout.tree import RolloutTree
+from comlrl.trainers.base import MultiAgentTrainer
+from comlrl.trainers.preference.config import MADPOConfig
+from comlrl.trainers.preference.pairs import (
+    PreferencePair,
+    SequenceBatch,
+    node_pairs,
+    pair_batch,
+    pair_statistics,
+    select_pairs,
+    shared_rewards,
+)
+from comlrl.trainers.update import Estimate, learner_key, micro_batches
+
+__all__ = ["MADPOConfig", "MADPOTrainer", "PreferencePair"]
+
+PAIRS_FILE = "preference_pairs.pt"
+"""The pairs a checkpoint holds: the policy that sampled them is gone once training starts."""
+
+
+class PreferenceStep(NamedTuple):
+    """One training step: its metrics and the pairs it trained on."""
+
+    metrics: dict[str, float]
+    pairs: list[PreferencePair]
+
+
+class MADPOTrainer(MultiAgentTrainer):
+    """Multi-Agent Direct Preference Optimization: each agent learns from pairs of joint
+    actions ranked by the task reward, through the joint policy's DPO loss.
+
+    Arguments: those of :class:`~comlrl.trainers.base.MultiAgentTrainer`, in comlrl 1.4.3's
+    order; ``args`` is a :class:`MADPOConfig`. ``centralized_comparator_adapter`` (1.4.3's
+    centralized mode) is not supported yet. ``metrics_callback`` runs in ``evaluate()`` (a
+    training step samples nothing). Under torchrun it refuses to run: pairs are not sharded
+    over ranks yet.
+
+    Differences from 1.4.3's MADPO: every completion token counts, the last (EOS) included;
+    the pairs hold the tokens as sampled, never re-tokenized text; log-probs are taken at the
+    sampling temperature (the policy is the distribution the agents sample from, as in every
+    comlrl trainer); the loss, accuracy and margins are logged; a reference policy is
+    available (``dpo_reference``); and the pairs are kept in checkpoints, so a resumed run
+    continues exactly.
+    """
+
+    config_class = MADPOConfig
+    algorithm_name = "MADPO"
+    progress_metric = ("loss", "dpo/loss")
+    args: MADPOConfig
+
+    def __init__(self, *args: Any, centralized_comparator_adapter: Any = None, **kwargs: Any):
+        if centralized_comparator_adapter is not None:
+            raise ValueError(
+                "centralized_comparator_adapter: centralized collaboration (one model writing every agent's part) is "
+                "not supported by MADPOTrainer yet; train one model per agent (collaboration_mode='decentralized')"
+            )
+        if DataParallel.from_environment().enabled:
+            raise ValueError("MADPOTrainer does not run under torchrun yet: start it as one process")
+        self.pairs: list[PreferencePair] | None = None
+        """The run's preference pairs, made when ``train()`` starts."""
+        self.pending_learners: list[tuple[Sequence[str], Sequence[Sequence[torch.nn.Parameter]], Sequence[float]]] = []
+        super().__init__(*args, **kwargs)
+        config = self.args
+        sampled = config.per_device_train_batch_size * self.num_agents * config.preference_num_candidates
+        if sampled > config.max_generations_per_step:
+            raise ValueError(
+                f"building pairs samples {sampled} completions at a time (per_device_train_batch_size="
+                f"{config.per_device_train_batch_size} rows x {self.num_agents} agents x preference_num_candidates="
+                f"{config.preference_num_candidates}), above max_generations_per_step="
+                f"{config.max_generations_per_step}: lower per_device_train_batch_size or preference_num_candidates, "
+                "or raise max_generations_per_step"
+            )
+
+    # ----------------------------------------------------------------------------------------
+    # what the loop goes through: the pairs
+    # ----------------------------------------------------------------------------------------
+    @property
+    def num_train_items(self) -> int:
+        """The preference pairs (known once ``train()`` has made them)."""
+        if self.pairs is None:
+            raise RuntimeError("MADPO makes its preference pairs when train() starts; there are none yet")
+        return len(self.pairs)
+
+    @property
+    def items_per_step(self) -> int:
+        return self.args.pairs_per_step
+
+    @property
+    def total_optimizer_steps(self) -> int:
+        return self.args.num_train_epochs * self.steps_per_epoch
+
+    def add_learners(
+        self, names: Sequence[str], parameters: Sequence[Sequence[torch.nn.Parameter]], learning_rates: Sequence[float]
+    ) -> None:
+        """Deferred to ``prepare``: the learning-rate schedules span the run's optimizer steps,
+        which the number of pairs decides."""
+        self.pending_learners.append((names, parameters, learning_rates))
+
+    def prepare(self, checkpoint: str | None) -> dict[str, float]:
+        """The pairs: read from ``checkpoint`` when resuming, else made now (once per trainer);
+        then the optimizers and schedules. Returns the pair-building metrics."""
+        metrics: dict[str, float] = {}
+        if checkpoint is not None:
+            self.pairs = self.read_pairs(checkpoint)
+        elif self.pairs is None:
+            self.pairs, metrics = self.build_pairs()
+        for request in self.pending_learners:
+            super().add_learners(*request)
+        self.pending_learners = []
+        return metrics
+
+    def build_pairs(self) -> tuple[list[PreferencePair], dict[str, float]]:
+        """Sample ``preference_num_candidates`` joint actions per training prompt with the
+        current policy, score them with the task reward and keep the pairs ``pair_selection``
+        picks; returns them and what building them found."""
+        args = self.args
+        count = args.preference_num_candidates
+        aligned = joint_action_indices(self.num_agents, count, "aligned")
+        order = torch.Generator().manual_seed(args.seed)  # pair_selection="random"'s draws
+        rows = list(range(len(self.train_prompts)))
+        chunk = args.per_device_train_batch_size
+        pairs: list[PreferencePair] = []
+        candidate_rewards = []
+        for first in tqdm(range(0, len(rows), chunk), desc="MADPO pairs", unit="batch", dynamic_ncols=True):
+            turn = self.rollout(
+                self.train_prompts, rows[first : first + chunk], num_generations=count, joint_indices=aligned
+            ).turns[0]
+            rewards = shared_rewards(turn.rewards, turn.rows)  # (M, N)
+            candidate_rewards.append(rewards)
+            for m, row in enumerate(turn.rows):
+                ranked = select_pairs(rewards[m], args.pair_selection, args.preference_pairs_per_sample, order)
+                prompts = [agent_prompts[m] for agent_prompts in turn.prompts]
+                pairs.extend(node_pairs(row, prompts, turn.agents, m * count, ranked, rewards[m]))
+        all_rewards = torch.cat(candidate_rewards)
+        if not pairs:
+            raise ValueError(
+                f"MADPO found no preference pairs: the {count} candidates of each of the {len(rows)} training rows "
+                f"all got the same reward (e.g. {all_rewards[0, 0].item():g}), so none is preferred. A constant "
+                "reward_func or reward_processor does this; otherwise sample more varied candidates (more "
+                "preference_num_candidates, a higher temperature)"
+            )
+        if args.dpo_reference == "initial":
+            pairs = self.with_reference(pairs)
+        return pairs, pair_statistics(all_rewards, pairs)
+
+    def with_reference(self, pairs: list[PreferencePair]) -> list[PreferencePair]:
+        """``pairs`` with each agent's margin under the current policy, DPO's reference."""
+        logps = map_agents(self.agents, lambda i: self.frozen_logps(i, self.batch(pairs, i)))
+        per_pair = torch.stack([preference_deltas(chosen, rejected) for chosen, rejected in logps]).T.tolist()
+        return [dataclasses.replace(pair, reference_deltas=deltas) for pair, deltas in zip(pairs, per_pair)]
+
+    # ----------------------------------------------------------------------------------------
+    # one step
+    # ----------------------------------------------------------------------------------------
+    def step(self, pair_ids: list[int]) -> PreferenceStep:
+        """One optimizer step per agent on the pairs ``pair_ids``, with the joint DPO loss."""
+        started = time.perf_counter()
+        args = self.args
+        pairs = [self.pairs[k] for k in pair_ids]
+        batches = [self.batch(pairs, i) for i in range(self.num_agents)]
+        reference = self.reference_deltas(pairs)  # (K, P) or None
+        logps = map_agents(self.agents, lambda i: self.frozen_logps(i, batches[i]))
+        deltas = torch.stack(
+            [
+                preference_deltas(chosen, rejected, None if reference is None else reference[i])
+                for i, (chosen, rejected) in enumerate(logps)
+            ]
+        )  # (K, P), before the update
+        others = others_deltas(deltas)
+
+        def backward(i: int) -> dict[str, Stat]:
+            return self.agent_backward(i, batches[i], others[i], None if reference is None else reference[i])
+
+        self.learners.zero_grad()
+        metrics = {key: value for agent in map_agents(self.agents, backward) for key, value in agent.items()}
+        norms = self.learners.step(args.max_grad_norm, self.parallel.sum_gradients, self.global_step + 1)
+        for i in range(self.num_agents):
+            self.backend.sync_weights(i)
+        joint = joint_preference(deltas, args.dpo_beta)
+        metrics.update(
+            {
+                "dpo/loss": metric_stats.mean_of(joint.loss),
+                "dpo/accuracy": metric_stats.mean_of(joint.correct.float()),
+                "dpo/margin": metric_stats.mean_of(joint.margin),
+                "dpo/chosen_logp": metric_stats.mean_of(sum(chosen for chosen, _ in logps)),
+                "dpo/rejected_logp": metric_stats.mean_of(sum(rejected for _, rejected in logps)),
+                "time/step_s": metric_stats.maximum(time.perf_counter() - started),
+            }
+        )
+        for i in range(self.num_agents):
+            metrics[f"agent{i}/delta_mean"] = metric_stats.mean_of(deltas[i])
+        for name, norm, rate in zip(self.learners.names, norms, self.learners.learning_rates()):
+            metrics[f"{learner_key(name)}/grad_norm"] = metric_stats.same(norm)
+            metrics[f"{learner_key(name)}/learning_rate"] = metric_stats.same(rate)
+        return PreferenceStep(self.parallel.reduce_metrics(metrics), pairs)
+
+    def batch(self, pairs: Sequence[PreferencePair], agent: int) -> SequenceBatch:
+        """Agent ``agent``'s chosen and rejected completions of ``pairs``, padded."""
+        return pair_batch(pairs, agent, self.agents.tokenizers[agent].pad_token_id)
+
+    def reference_deltas(self, pairs: Sequence[PreferencePair]) -> Tensor | None:
+        """``(K, P)`` the reference's margins of ``pairs`` (None: reference-free)."""
+        if self.args.dpo_reference == "none":
+            return None
+        return torch.tensor([pair.reference_deltas for pair in pairs], dtype=torch.float32).T
+
+    def micro_batches(self, num_pairs: int) -> list[slice]:
+        """Pairs per forward: ``micro_batch_size`` counts sequences, and a pair is two (its
+        chosen and rejected completions, in the same forward)."""
+        size = self.args.micro_batch_size
+        return micro_batches(num_pairs, None if size is None else max(1, size // 2))
+
+    def sequence_logps(self, model: torch.nn.Module, batch: SequenceBatch, pairs: slice) -> tuple[Tensor, Tensor]:
+        """``(p,)`` summed log-probs of the chosen and of the rejected completions of the
+        pairs ``pairs`` of ``batch``, at the sampling temperature, in one forward: every
+        completion token counts, EOS included, padding never."""
+        num_pairs = len(batch.prompt_ids) // 2
+        index = torch.arange(num_pairs)[pairs]
+        rows = torch.cat([index, index + num_pairs])
+        device = next(model.parameters()).device
+        prompt_ids, prompt_mask, completion_ids, completion_mask = (part[rows].to(device) for part in batch)
+        with self.agents.precision(model):
+            token_logps = completion_logprobs(
+                model, prompt_ids, prompt_mask, completion_ids, completion_mask, temperature=self.sampling.temperature
+            )
+        chosen, rejected = (token_logps * completion_mask).sum(dim=1).chunk(2)
+        return chosen, rejected
+
+    def frozen_logps(self, agent: int, batch: SequenceBatch) -> tuple[Tensor, Tensor]:
+        """``(P,)`` chosen and rejected log-probs of every pair of ``batch`` under agent
+        ``agent`` as it is, without gradient, on the CPU."""
+        num_pairs = len(batch.prompt_ids) // 2
+        with self.agents.frozen(agent) as model:
+            parts = [self.sequence_logps(model, batch, piece) for piece in self.micro_batches(num_pairs)]
+        return torch.cat([c for c, _ in parts]).cpu(), torch.cat([r for _, r in parts]).cpu()
+
+    def agent_backward(
+        self, agent: int, batch: SequenceBatch, other_deltas: Tensor, reference_deltas: Tensor | None
+    ) -> dict[str, Stat]:
+        """Agent ``agent``'s DPO loss on ``batch`` (the other agents' margins ``other_deltas``
+        held fixed), backpropagated micro-batch by micro-batch; the micro-batches' losses add
+        up to the mean over the batch's pairs."""
+        model = self.agents.trainable(agent)
+        num_pairs = len(other_deltas)
+        total = 0.0
+        for piece in self.micro_batches(num_pairs):
+            chosen, rejected = self.sequence_logps(model, batch, piece)
+            reference = None if reference_deltas is None else reference_deltas[piece].to(chosen)
+            own = preference_deltas(chosen, rejected, reference)
+            loss = agent_dpo_losses(own, other_deltas[piece].to(own), self.args.dpo_beta).sum() / num_pairs
+            loss.backward()
+            total += loss.item()
+        return {f"agent{agent}/loss": metric_stats.total(total)}
+
+    def step_samples(self, result: PreferenceStep, count: int) -> list[dict[str, Any]]:
+        """The step's first ``count`` pairs: prompts, every agent's chosen and rejected completions, rewards."""
+        samples = []
+        for pair in result.pairs[:count]:
+            sample: dict[str, Any] = {"row": pair.row, "prompt": self.train_prompts.row_prompts([pair.row])[0]}
+            for i in range(self.num_agents):
+                sample[f"agent{i}_prompt"] = pair.prompts[i]
+                sample[f"agent{i}_chosen"] = pair.chosen_texts[i]
+                sample[f"agent{i}_rejected"] = pair.rejected_texts[i]
+            sample["chosen_reward"], sample["rejected_reward"] = pair.chosen_reward, pair.rejected_reward
+            samples.append(sample)
+        return samples
+
+    # ----------------------------------------------------------------------------------------
+    # what MultiAgentTrainer asks of an algorithm
+    # ----------------------------------------------------------------------------------------
+    @property
+    def discount(self) -> float:
+        return 1.0  # single-turn: an evaluated joint action's return is its reward
+
+    @property
+    def passes(self) -> int:
+        return 1
+
+    def estimate(self, tree: RolloutTree) -> Estimate:
+        raise TypeError("MADPOTrainer trains on preference pairs, not on advantages: it has no estimate")
+
+    # ----------------------------------------------------------------------------------------
+    # checkpoints: the pairs go with the weights
+    # ----------------------------------------------------------------------------------------
+    def write_models(self, folder: str) -> None:
+        """The agents (``agent_{i}/``) and the run's pairs (``preference_pairs.pt``, tensors,
+        strings and numbers only): a resumed run trains on the same pairs, which the policy,
+        changed since, could not sample again."""
+        super().write_models(folder)
+        torch.save([dataclasses.asdict(pair) for pair in self.pairs], os.path.join(folder, PAIRS_FILE))
+
+    def read_pairs(self, checkpoint: str) -> list[PreferencePair]:
+        """The pairs :meth:`write_models` put into ``checkpoint``, checked against this trainer."""
+        path = os.path.join(checkpoint, PAIRS_FILE)
+        if not os.path.isfile(path):
+            raise ValueError(f"checkpoint {checkpoint} holds no {PAIRS_FILE}: it was not written by MADPOTrainer")
+        try:
+            pairs = [PreferencePair(**record) for record in torch.load(path, weights_only=True)]
+        except Exception as error:
+            raise ValueError(
+                f"checkpoint {checkpoint}: {PAIRS_FILE} cannot be read ({type(error).__name__}: {error}); the file is "
+                "truncated, was changed, or was not written by comlrl"
+            ) from error
+        if not pairs or any(len(pair.prompt_ids) != self.num_agents for pair in pairs):
+            raise ValueError(f"checkpoint {checkpoint}: its preference pairs are not of {self.num_agents} agents")
+        saved = read_state(checkpoint).config
+        saved_per_step = saved.get("train_batch_size") or saved.get("per_device_train_batch_size")
+        if saved_per_step != self.items_per_step:
+            raise ValueError(
+                f"checkpoint {checkpoint} trained on {saved_per_step} pairs per step; this config has "
+                f"{self.items_per_step} (train_batch_size), so the pair order cannot be continued: make them agree"
+            )
+        if (saved.get("dpo_reference") or "none") != self.args.dpo_reference:
+            raise ValueError(
+                f"checkpoint {checkpoint} was trained with dpo_reference={saved.get('dpo_reference')!r}; this config "
+                f"has {self.args.dpo_reference!r}: make them agree"
+            )
+        return pairs
