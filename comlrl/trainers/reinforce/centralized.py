@@ -233,8 +233,8 @@ class RoleReward:
             "prompt_history_per_agent": [[[prompt] for prompt in role_prompts] for role_prompts in prompts],
             "response_history_per_agent": [[[text] for text in role_texts] for role_texts in texts],
         }
-        # The rows' dataset indices are not handed to a reward function; errors of this call
-        # number its joint actions (and "rows") by their position in it.
+        # A reward function is not given the rows' dataset indices, so the inner reward's
+        # errors name joint actions (and their "dataset row") by position in this call.
         positions = list(range(len(completions)))
         scored = self.roles(
             [role_prompts[0] for role_prompts in prompts],
