@@ -123,11 +123,6 @@ class PolicyUpdate:
         self.sampling, self.parallel, self.passes = sampling, parallel, passes
         self.auxiliary: list[AuxiliaryLoss] = []
 
-    @property
-    def steps_per_rollout(self) -> int:
-        """Optimizer steps per learner over a full rollout (``passes`` times its minibatches)."""
-        return self.passes * minibatch_count(self.args.per_device_train_batch_size, self.args.train_batch_size)
-
     def frozen(self, tree: RolloutTree) -> FrozenLogprobs:
         """The log-probs this step's update and KL shaping need, before either changes anything."""
         args = self.args
