@@ -11,9 +11,9 @@ import pytest
 import torch
 
 import comlrl
+import comlrl.trainers.config as trainer_config
 from comlrl.algorithms import joint_preference, others_deltas, preference_deltas
 from comlrl.trainers import MADPOConfig, MADPOTrainer
-from comlrl.trainers.preference import config as preference_config
 from comlrl.trainers.preference import madpo
 
 from .helpers import (
@@ -100,8 +100,8 @@ def test_bad_field_is_named_with_what_is_allowed(field, value, match):
         MADPOConfig(**{field: value})
 
 
-def test_1_4_3_fields_without_effect_are_accepted_with_one_warning():
-    preference_config._INERT_WARNED.clear()
+def test_1_4_3_fields_without_effect_are_accepted_with_one_warning(monkeypatch):
+    monkeypatch.setattr(trainer_config, "_WARNED", set())
     with pytest.warns(UserWarning) as said:
         MADPOConfig(discount=1.0, use_environment_step=True, environment_steps_per_pair=2)
     assert sorted(str(w.message).split(" has no effect in MADPO")[0] for w in said) == [

@@ -24,7 +24,7 @@ WIDTH = 32  # hidden size of the tiny models
 @pytest.fixture(autouse=True)
 def fresh_rename_warnings(monkeypatch):
     """Renamed fields warn once per process; each test sees its own first time."""
-    monkeypatch.setattr(trainer_config, "_RENAMED_WARNED", set())
+    monkeypatch.setattr(trainer_config, "_WARNED", set())
 
 
 def config(config_class=IACConfig, tmp_path=None, **overrides):

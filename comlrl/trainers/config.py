@@ -59,7 +59,7 @@ def check_choice(config: Any, name: str, allowed: Any) -> None:
         raise ValueError(f"{name}={getattr(config, name)!r}; expected one of {sorted(allowed)}")
 
 
-_RENAMED_WARNED: set[tuple[str, str]] = set()
+_WARNED: set[tuple[str, ...]] = set()
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -72,6 +72,13 @@ def user_stacklevel() -> int:
     ):
         frame, level = frame.f_back, level + 1
     return level
+
+
+def warn_once(key: tuple[str, ...], message: str, category: type[Warning]) -> None:
+    """``message`` the first time this process meets ``key`` (a config class and field), pointed at the user's line."""
+    if key not in _WARNED:
+        _WARNED.add(key)
+        warnings.warn(message, category, stacklevel=user_stacklevel())
 
 
 def renamed(new_name: str) -> Any:
@@ -101,14 +108,11 @@ def apply_renamed_fields(config: Any) -> None:
                 f"{spec.name}={value!r} (comlrl 1.4.3's name for {new_name}) and {new_name}={current!r} "
                 f"disagree: set only {new_name}"
             )
-        if (type(config).__name__, spec.name) not in _RENAMED_WARNED:
-            _RENAMED_WARNED.add((type(config).__name__, spec.name))
-            warnings.warn(
-                f"{type(config).__name__}: {spec.name} is comlrl 1.4.3's name for {new_name}; "
-                f"write {new_name}={value!r}",
-                FutureWarning,
-                stacklevel=user_stacklevel(),
-            )
+        warn_once(
+            (type(config).__name__, spec.name),
+            f"{type(config).__name__}: {spec.name} is comlrl 1.4.3's name for {new_name}; write {new_name}={value!r}",
+            FutureWarning,
+        )
         setattr(config, new_name, value)
         setattr(config, spec.name, None)
 

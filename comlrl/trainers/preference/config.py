@@ -3,7 +3,6 @@ loss's constants, with comlrl 1.4.3's names and defaults."""
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass, field
 
 from comlrl.trainers.config import (
@@ -12,7 +11,7 @@ from comlrl.trainers.config import (
     check_int,
     field_default,
     is_real,
-    user_stacklevel,
+    warn_once,
 )
 from comlrl.trainers.preference.pairs import PAIR_SELECTIONS
 
@@ -37,8 +36,6 @@ UNUSED_SHARED_FIELDS = {
 }
 """Fields of :class:`TrainerConfig` that MADPO does not use, and why: a value other than the
 default is an error (it would otherwise be silently ignored)."""
-
-_INERT_WARNED: set[str] = set()
 
 
 def inert() -> object:
@@ -135,12 +132,10 @@ class MADPOConfig(TrainerConfig):
     def _warn_inert_fields(self) -> None:
         for spec in self.__dataclass_fields__.values():
             value = getattr(self, spec.name)
-            if not spec.metadata.get("inert") or value is None or spec.name in _INERT_WARNED:
-                continue
-            _INERT_WARNED.add(spec.name)
-            warnings.warn(
-                f"MADPOConfig: {spec.name}={value!r} has no effect in MADPO (it had none in comlrl 1.4.3 either); "
-                "remove it",
-                UserWarning,
-                stacklevel=user_stacklevel(),
-            )
+            if spec.metadata.get("inert") and value is not None:
+                warn_once(
+                    ("MADPOConfig", spec.name),
+                    f"MADPOConfig: {spec.name}={value!r} has no effect in MADPO (it had none in comlrl 1.4.3 "
+                    "either); remove it",
+                    UserWarning,
+                )
