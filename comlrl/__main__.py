@@ -13,11 +13,13 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     plot = commands.add_parser("plot", help="write a PNG of a run's reward, completion length and loss curves")
     plot.add_argument("run_dir", help="the run's output_dir (holds metrics.jsonl)")
-    plot.add_argument("--out", default=None, help="PNG path (default: RUN_DIR/metrics.png)")
+    plot.add_argument(
+        "--out", default=None, help="PNG path (default: RUN_DIR/metrics.png; give one when RUN_DIR is read-only)"
+    )
     args = parser.parse_args(argv)
     try:
         print(plot_run(args.run_dir, args.out))
-    except (FileNotFoundError, ValueError, ImportError) as error:
+    except (OSError, ValueError, ImportError) as error:  # OSError: a log or PNG path it cannot read or write
         print(f"error: {error}", file=sys.stderr)
         return 2
     return 0
