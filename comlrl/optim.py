@@ -94,10 +94,23 @@ class Learners:
                     "no weights were changed in this step"
                 )
             norms.append(norm)
+        rates = self.learning_rates()
         for optimizer, scheduler in zip(self.optimizers, self.schedulers):
             optimizer.step()
             scheduler.step()
+        used = ", ".join(f"{name} {rate:.3g}" for name, rate in zip(self.names, rates))
+        self.require_finite(
+            f" after the optimizer step of step {step_number} (learning rates: {used}); training stopped, "
+            "and nothing of this step was saved"
+        )
         return norms
+
+    def require_finite(self, consequence: str) -> None:
+        """Stop with an error naming the first learner whose weights hold a NaN or an
+        infinity, followed by ``consequence``."""
+        for name, parameters in zip(self.names, self.parameters):
+            if not all(bool(torch.isfinite(p).all()) for p in parameters):
+                raise FloatingPointError(f"{name}'s weights are not finite{consequence}")
 
     def learning_rates(self) -> list[float]:
         return [optimizer.param_groups[0]["lr"] for optimizer in self.optimizers]

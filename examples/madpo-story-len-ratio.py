@@ -86,6 +86,7 @@ def main(argv=None) -> None:
         eval_batch_size=len(PROMPTS),
         seed=args.seed,
         output_dir=args.output_dir,
+        overwrite_output_dir=True,  # running the example again replaces its previous run
     )
     wandb_config = None
     if args.wandb:

@@ -103,6 +103,7 @@ def main(argv=None) -> None:
         max_new_tokens=args.max_new_tokens,
         seed=args.seed,
         output_dir=args.output_dir,
+        overwrite_output_dir=True,  # running the example again replaces its previous run
     )
     wandb_config = None
     if args.wandb:

@@ -169,10 +169,9 @@ class LastEpisodes:
         return metrics
 
 
-def evaluations(log: Path, offset: int) -> list[dict]:
-    """The evaluation records written to ``log`` after byte ``offset`` (this run's)."""
+def evaluations(log: Path) -> list[dict]:
+    """The evaluation records of ``log`` (this run's: an earlier run's log was replaced)."""
     with open(log, encoding="utf-8") as file:
-        file.seek(offset)
         records = [json.loads(line) for line in file if line.strip()]
     return [record for record in records if "eval/turn_1/reward_mean" in record]
 
@@ -269,6 +268,7 @@ def main(argv=None) -> None:
         eval_num_samples=len(EVAL_TOPICS),
         seed=args.seed,
         output_dir=args.output_dir,
+        overwrite_output_dir=True,  # running the example again replaces its previous run
         **objective,
     )
     wandb_config = None
@@ -293,7 +293,6 @@ def main(argv=None) -> None:
         wandb_config=wandb_config,
     )
     log = Path(args.output_dir) / "metrics.jsonl"
-    offset = log.stat().st_size if log.exists() else 0  # an earlier run's records stay above
     result = trainer.train()
     models_dir = os.path.join(args.output_dir, "models")
     trainer.save_model(models_dir)
@@ -304,7 +303,7 @@ def main(argv=None) -> None:
         curves = f"curves in {plot_run(args.output_dir).resolve()}"
     except ImportError as error:  # matplotlib is an optional extra
         curves = f"no curves: {error}"
-    evals = evaluations(log, offset)
+    evals = evaluations(log)
     before, after = evals[0], evals[-1]
     lines = [f"\nheld-out evaluation ({len(EVAL_TOPICS)} topics, reward 0..1 per turn): before -> after training"]
     for t in (1, 2):

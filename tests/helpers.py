@@ -20,6 +20,7 @@ from peft import LoraConfig, get_peft_model
 from tokenizers import Tokenizer, decoders, models
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+from comlrl.checkpoint import complete_checkpoints
 from comlrl.trainers.actor_critic import IACConfig, IACTrainer
 from comlrl.trainers.reinforce import MAGRPOConfig, MAGRPOTrainer, MAREINFORCEConfig, MAREINFORCETrainer
 
@@ -263,3 +264,29 @@ def run_ddp_worker(algorithm: str, out: str, per_device_rows: int) -> None:
     (out_dir / f"rank{rank}.json").write_text(
         json.dumps({"world_size": straight.parallel.world_size, "saved": saved, "steps": straight.global_step})
     )
+
+
+# ------------------------------------------------------------------------------ a run to kill (tests/fault_worker.py)
+def killable_trainer(output_dir: str):
+    """A run long enough (24 steps, a checkpoint after each) to be killed at random moments,
+    and deterministic, so a run that was killed and resumed can be compared to a straight one."""
+    tok = char_tokenizer()
+    args = small_config(
+        Path(output_dir).parent,
+        num_train_epochs=8,
+        per_device_train_batch_size=1,
+        save_steps=1,
+        save_total_limit=2,
+        output_dir=output_dir,
+    )
+    return make_trainer(
+        Path(output_dir).parent, agents=[tiny_llama(tok, seed=i) for i in range(2)], tokenizer=tok, args=args
+    )
+
+
+def run_killable(output_dir: str, weights_file: str) -> None:
+    """Train, resuming from the newest checkpoint if there is one; save the weights at the end."""
+    trainer = killable_trainer(output_dir)
+    print("ready", flush=True)
+    trainer.train(resume_from_checkpoint=True if complete_checkpoints(output_dir) else None)
+    torch.save(weights(trainer), weights_file)

@@ -57,9 +57,16 @@ def test_checkpoint_holds_hugging_face_folders_and_data_only(tmp_path):
     trainer = make_trainer(tmp_path, args=config(tmp_path, save_steps=1, save_total_limit=2))
     trainer.train()
     run = tmp_path / "run"
-    assert sorted(os.listdir(run)) == ["checkpoint-3", "checkpoint-4", "metrics.jsonl", "samples.jsonl"]
+    assert sorted(os.listdir(run)) == [
+        ".comlrl-run.lock",
+        "checkpoint-3",
+        "checkpoint-4",
+        "metrics.jsonl",
+        "samples.jsonl",
+    ]
+    assert (run / ".comlrl-run.lock").read_text() == ""  # released
     files = set(os.listdir(run / "checkpoint-4"))
-    assert files == {"agent_0", "agent_1", "optimizer.pt", "rng_state.pt", "trainer_state.json"}
+    assert files == {"agent_0", "agent_1", "optimizer.pt", "rng_state.pt", "trainer_state.json", "manifest.json"}
     assert {"model.safetensors", "config.json", "tokenizer.json"} <= set(os.listdir(run / "checkpoint-4" / "agent_0"))
     state = json.loads((run / "checkpoint-4" / "trainer_state.json").read_text())
     assert (state["global_step"], state["epoch"], state["step_in_epoch"]) == (4, 1, 2)
@@ -76,28 +83,38 @@ def test_a_save_cut_short_is_ignored_with_a_warning(tmp_path):
     assert result.global_step == 2  # resumed from checkpoint-1 and took step 2 again
 
 
-@pytest.mark.parametrize(
-    "damage,match",
-    [
-        ("optimizer.pt", r"optimizer.pt cannot be read"),
-        ("rng_state.pt", r"rng_state.pt cannot be read"),
-        ("trainer_state.json", r"trainer_state.json cannot be read"),
-        ("agent_1/model.safetensors", r"agent_1/model.safetensors cannot be read"),
-    ],
-)
-def test_truncated_files_give_a_clear_error(tmp_path, damage, match):
+DAMAGEABLE = ["optimizer.pt", "rng_state.pt", "trainer_state.json", "agent_1/model.safetensors"]
+
+
+@pytest.mark.parametrize("damage", DAMAGEABLE)
+def test_truncated_files_are_named_by_the_manifest(tmp_path, damage):
     make_trainer(tmp_path, args=config(tmp_path, num_train_epochs=1, save_steps=2)).train()
     path = tmp_path / "run" / "checkpoint-2" / damage
-    path.write_bytes(path.read_bytes()[: len(path.read_bytes()) // 2])
-    with pytest.raises(ValueError, match=match):
+    size = len(path.read_bytes())
+    path.write_bytes(path.read_bytes()[: size // 2])
+    with pytest.raises(ValueError, match=rf"checkpoint-2 is damaged: {damage} has {size // 2} bytes, {size} were"):
         make_trainer(tmp_path, args=config(tmp_path, num_train_epochs=1)).train(resume_from_checkpoint=True)
+
+
+@pytest.mark.parametrize("damage", DAMAGEABLE)
+def test_truncated_files_of_a_checkpoint_without_manifest_give_a_clear_error(tmp_path, damage):
+    """A checkpoint written before manifests: its readers still name the file they cannot read."""
+    make_trainer(tmp_path, args=config(tmp_path, num_train_epochs=1, save_steps=2)).train()
+    os.remove(tmp_path / "run" / "checkpoint-2" / "manifest.json")
+    path = tmp_path / "run" / "checkpoint-2" / damage
+    path.write_bytes(path.read_bytes()[: len(path.read_bytes()) // 2])
+    with pytest.warns(UserWarning, match="has no manifest.json: its files cannot be verified"):
+        with pytest.raises(ValueError, match=rf"{damage} cannot be read"):
+            make_trainer(tmp_path, args=config(tmp_path, num_train_epochs=1)).train(resume_from_checkpoint=True)
 
 
 def test_a_pickled_object_is_refused(tmp_path):
     make_trainer(tmp_path, args=config(tmp_path, num_train_epochs=1, save_steps=2)).train()
+    os.remove(tmp_path / "run" / "checkpoint-2" / "manifest.json")  # past the manifest, as a forger would go
     torch.save({"optimizers": [object()]}, tmp_path / "run" / "checkpoint-2" / "optimizer.pt")
-    with pytest.raises(ValueError, match=r"optimizer.pt cannot be read \(UnpicklingError"):
-        make_trainer(tmp_path, args=config(tmp_path, num_train_epochs=1)).train(resume_from_checkpoint=True)
+    with pytest.warns(UserWarning, match="cannot be verified"):
+        with pytest.raises(ValueError, match=r"optimizer.pt cannot be read \(UnpicklingError"):
+            make_trainer(tmp_path, args=config(tmp_path, num_train_epochs=1)).train(resume_from_checkpoint=True)
 
 
 def test_resuming_with_other_agents_names_what_differs(tmp_path):

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from comlrl.algorithms.shaping import kl_shaped_rewards, sequence_kl
+from comlrl.checkpoint.run_folder import earlier_run
 from comlrl.metrics.sinks import wandb_init_kwargs
 from comlrl.models.forward import completion_logprobs
 from comlrl.trainers import IACConfig, MAGRPOConfig, MAGRPOTrainer, MAReMaxTrainer, MARLOOConfig, MARLOOTrainer
@@ -341,7 +342,7 @@ def test_train_checkpoint_arguments_of_the_original(tmp_path):
     folder = tmp_path / "ckpts"
     args = small_config(tmp_path, num_train_epochs=3, per_device_train_batch_size=2)  # 2 steps per epoch
     make_trainer(tmp_path, args=args).train(checkpoint_dir=str(folder), checkpoint_total_limit=2)
-    assert sorted(os.listdir(folder)) == ["checkpoint-4", "checkpoint-6"]  # every epoch, newest 2 kept
+    assert earlier_run(folder) == ["checkpoint-4", "checkpoint-6"]  # every epoch, newest 2 kept
     resumed = make_trainer(tmp_path, args=small_config(tmp_path, num_train_epochs=4, per_device_train_batch_size=2))
     result = resumed.train(resume_from_checkpoint=True, checkpoint_dir=str(folder), checkpoint_interval=3)
     assert result.global_step == 8 and "checkpoint-8" in os.listdir(folder)  # off the cadence: the end, as 1.4.3
@@ -458,7 +459,7 @@ def test_a_script_written_for_the_original_runs_with_its_meaning(tmp_path, model
     logged = {key for metrics, _ in fake_wandb["log"] for key in metrics}
     assert {"turn_1/reward_mean", "turn_2/expected_return", "turn_1/reference_kl_mean"} <= logged
     assert {"eval/turn_1/reward_mean", "eval/turn_1/expected_return", "eval/turn_1/chars"} <= logged
-    assert os.listdir(tmp_path / "ckpt") == ["checkpoint-2"]  # after the (only) epoch
+    assert earlier_run(tmp_path / "ckpt") == ["checkpoint-2"]  # after the (only) epoch
     assert set(trainer.evaluate(num_eval_samples=1)) >= {"eval/turn_2/reward_mean", "eval/turn_1/chars"}
     trainer.save_model(str(tmp_path / "out"))
     assert sorted(os.listdir(tmp_path / "out")) == ["agent_0", "agent_1"]

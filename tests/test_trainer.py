@@ -2,6 +2,7 @@
 
 import json
 import math
+import os
 
 import pytest
 import torch
@@ -216,7 +217,7 @@ def test_bad_reward_stops_before_any_update_or_output(tmp_path, reward, error, m
     with pytest.raises(error, match=match):
         trainer.train()
     assert unchanged(before, trainer.agents)
-    assert not (tmp_path / "run").exists()
+    assert os.listdir(tmp_path / "run") == [".comlrl-run.lock"]  # claimed before step 1, and nothing written
 
 
 def test_non_finite_loss_stops_without_touching_weights(tmp_path, monkeypatch):

@@ -164,11 +164,11 @@ def test_learning_rate_list_of_the_wrong_length(tmp_path):
     [
         ("epsilon", 0.0, "epsilon must be > 0"),
         ("epsilon_high", -0.1, "epsilon_high must be > 0 or None"),
-        ("beta", -0.01, "beta must be >= 0"),
+        ("beta", -0.01, r"beta must be a finite number in \[0, 1000\]"),
         ("num_iterations", 0, "num_iterations must be an integer >= 1"),
         ("reward_weights", [], "reward_weights must be None or a non-empty list of finite numbers"),
         ("reward_weights", [1.0, float("inf")], "reward_weights must be None or a non-empty list"),
-        ("agent_learning_rate", [1e-3, -1.0], "agent_learning_rate must be > 0, or a non-empty list"),
+        ("agent_learning_rate", [1e-3, -1.0], r"agent_learning_rate\[1\] must be a finite number in \(0, 1\]"),
         ("lr_scheduler_type", "step", r"lr_scheduler_type='step'; expected one of \['constant', 'cosine', 'linear'\]"),
         ("warmup_ratio", 1.0, r"warmup_ratio must be in \[0, 1\)"),
     ],

@@ -15,6 +15,7 @@ from comlrl.checkpoint.files import (
     read_state,
     save_checkpoint,
     truncate_log,
+    verify_checkpoint,
     write_folders,
 )
 
@@ -33,5 +34,6 @@ __all__ = [
     "read_state",
     "save_checkpoint",
     "truncate_log",
+    "verify_checkpoint",
     "write_folders",
 ]

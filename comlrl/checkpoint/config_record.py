@@ -131,3 +131,33 @@ def check_resumed_config(path: str, record: dict[str, Any], config: Any) -> list
     if problems:
         raise ValueError("Cannot resume with this config:\n" + "\n".join(problems))
     return notes
+
+
+KEPT_FROM_CHECKPOINT = {
+    "agent_learning_rate": "its optimizer and schedule state hold it",
+    "critic_learning_rate": "its optimizer and schedule state hold it",
+    "weight_decay": "its optimizer state holds it",
+    "seed": "its generator states continue",
+}
+"""Fields whose checkpointed value stays in effect on resume, and why; every other field of
+the resuming run's config applies from the step it resumes at."""
+
+
+def config_changes(path: str, record: dict[str, Any], config: Any) -> list[str]:
+    """One line per field whose value in ``config`` differs from checkpoint ``path``'s
+    ``record``, saying which of the two the resumed run uses. Values the record could not
+    store are left to :func:`check_resumed_config`."""
+    now = config_record(config)
+    lines = []
+    for name, saved in record.items():
+        current = now.get(name, _MISSING)
+        if current is _MISSING or current == saved or not_json_values({name: saved}):
+            continue
+        if name in KEPT_FROM_CHECKPOINT:
+            effect = f"the checkpoint's value stays ({KEPT_FROM_CHECKPOINT[name]})"
+        else:
+            effect = "this run's value applies from here"
+        lines.append(
+            f"resuming {path} with {name}={short_repr(current, 80)} (checkpoint: {short_repr(saved, 80)}): {effect}"
+        )
+    return lines

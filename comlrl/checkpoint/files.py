@@ -9,15 +9,19 @@ A checkpoint is ``output_dir/checkpoint-{step}/`` holding, as data only (never p
     rng_state.pt          torch generator states: sampling (CPU and CUDA) and data order
     trainer_state.json    step, epoch, position in the epoch, reward history, pending metric
                           window, Python and NumPy generator states, what the agents were
+    manifest.json         every other file's size and SHA-256
 
-It is written under ``checkpoint-{step}.partial`` and renamed when complete, and
-``trainer_state.json`` is written last: a folder without it (a crash mid-save) is never
-taken for a checkpoint. Reading uses ``torch.load(weights_only=True)``, JSON and safetensors
-only, so a tampered file gives an error, not code execution.
+It is written under ``checkpoint-{step}.partial`` and renamed when complete: a folder
+without ``trainer_state.json`` (a crash mid-save) is never taken for a checkpoint. Resuming
+checks every file against the manifest first, so a damaged file (a flipped byte inside a
+weight tensor loads without complaint) is an error naming the file. Reading uses
+``torch.load(weights_only=True)``, JSON and safetensors only, so a tampered file gives an
+error, not code execution.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -37,6 +41,7 @@ PREFIX = "checkpoint-"
 STATE_FILE = "trainer_state.json"
 OPTIMIZER_FILE = "optimizer.pt"
 RNG_FILE = "rng_state.pt"
+MANIFEST_FILE = "manifest.json"
 _STEP = re.compile(rf"^{PREFIX}(\d+)$")
 
 
@@ -116,18 +121,94 @@ def save_checkpoint(
     final = os.path.join(output_dir, f"{PREFIX}{state.global_step}")
     partial = final + ".partial"
     shutil.rmtree(partial, ignore_errors=True)
-    os.makedirs(partial)
-    write_models(partial)
-    torch.save(optimizer_state, os.path.join(partial, OPTIMIZER_FILE))
-    torch.save(generators, os.path.join(partial, RNG_FILE))
-    with open(os.path.join(partial, STATE_FILE), "w", encoding="utf-8") as f:
-        json.dump(asdict(state), f, indent=1)
+    try:
+        os.makedirs(partial)
+        write_models(partial)
+        torch.save(optimizer_state, os.path.join(partial, OPTIMIZER_FILE))
+        torch.save(generators, os.path.join(partial, RNG_FILE))
+        with open(os.path.join(partial, STATE_FILE), "w", encoding="utf-8") as f:
+            json.dump(asdict(state), f, indent=1)
+        write_manifest(partial)
+    except (OSError, RuntimeError) as error:  # torch reports a full disk as RuntimeError
+        shutil.rmtree(partial, ignore_errors=True)
+        raise OSError(save_failure(final, output_dir, error)) from error
     shutil.rmtree(final, ignore_errors=True)
     os.replace(partial, final)
     if total_limit is not None:
         for old in complete_checkpoints(output_dir)[:-total_limit]:
             shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def save_failure(final: str, output_dir: str, error: BaseException) -> str:
+    """What to tell when writing checkpoint ``final`` failed: the disk's free space and what was kept."""
+    try:
+        free = f"{shutil.disk_usage(output_dir).free / 2**30:.2f} GiB free"
+    except OSError:
+        free = "free space unknown"
+    earlier = complete_checkpoints(output_dir)
+    kept = f"the newest complete checkpoint, {earlier[-1]}, is kept" if earlier else "no earlier checkpoint exists"
+    return (
+        f"checkpoint {final} could not be written ({type(error).__name__}: {error}); the disk holding "
+        f"{os.path.abspath(output_dir)} has {free}. Nothing of it was left behind; {kept}"
+    )
+
+
+def file_sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def folder_files(folder: str) -> list[str]:
+    """Every file under ``folder`` but the manifest, as sorted relative paths with ``/``."""
+    found = []
+    for root, _, names in os.walk(folder):
+        for name in names:
+            relative = os.path.relpath(os.path.join(root, name), folder).replace(os.sep, "/")
+            if relative != MANIFEST_FILE:
+                found.append(relative)
+    return sorted(found)
+
+
+def write_manifest(folder: str) -> None:
+    """``folder/manifest.json``: the size and SHA-256 of every other file in ``folder``."""
+    files = {}
+    for relative in folder_files(folder):
+        path = os.path.join(folder, relative)
+        files[relative] = {"size": os.path.getsize(path), "sha256": file_sha256(path)}
+    with open(os.path.join(folder, MANIFEST_FILE), "w", encoding="utf-8") as f:
+        json.dump({"files": files}, f, indent=1)
+
+
+def verify_checkpoint(path: str) -> None:
+    """Check every file of checkpoint ``path`` against its manifest; the error names the
+    first file that is missing, has another size, or other bytes. A checkpoint written
+    before manifests existed is read with a warning that it cannot be verified."""
+    try:
+        with open(os.path.join(path, MANIFEST_FILE), encoding="utf-8") as f:
+            files = json.load(f)["files"]
+    except FileNotFoundError:
+        warnings.warn(f"checkpoint {path} has no {MANIFEST_FILE}: its files cannot be verified", stacklevel=2)
+        return
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise _unreadable(path, MANIFEST_FILE, error) from error
+    for relative, expected in files.items():
+        file = os.path.join(path, relative)
+        if not os.path.isfile(file):
+            raise ValueError(f"checkpoint {path} is damaged: {relative} is missing")
+        size = os.path.getsize(file)
+        if size != expected["size"]:
+            raise ValueError(
+                f"checkpoint {path} is damaged: {relative} has {size} bytes, {expected['size']} were written"
+            )
+        if file_sha256(file) != expected["sha256"]:
+            raise ValueError(
+                f"checkpoint {path} is damaged: {relative} differs from what was written (SHA-256 mismatch); "
+                "resume from an earlier checkpoint"
+            )
 
 
 def write_folders(output_dir: str, writers: Sequence[tuple[str, Callable[[str], None]]]) -> list[str]:
@@ -248,20 +329,31 @@ def load_training_state(path: str) -> tuple[dict[str, Any], dict[str, torch.Tens
 
 def truncate_log(path: str, step: int) -> None:
     """Drop the lines of a JSONL log written after ``step`` (by the run that stopped), so a
-    resumed run's log reads as if it never stopped."""
+    resumed run's log reads as if it never stopped. Lines that are not JSON objects (a crash
+    mid-write tears the last one, and the next record would be glued onto it) move to
+    ``<log>.damaged``, with a warning: kept for a person to read, out of the log."""
     if not os.path.isfile(path):
         return
-    with open(path, encoding="utf-8") as f:
-        lines = f.readlines()
-    kept = []
+    with open(path, "rb") as f:
+        lines = f.read().splitlines(keepends=True)
+    kept, damaged = [], []
     for line in lines:
         try:
-            if json.loads(line).get("step", 0) > step:
-                continue
-        except ValueError:
-            pass  # an unreadable line is kept; the plot skips it and says so
-        kept.append(line)
-    if len(kept) != len(lines):
-        with open(path + ".tmp", "w", encoding="utf-8") as f:
+            record = json.loads(line)
+            if not isinstance(record, dict):
+                raise ValueError("not a JSON object")
+        except ValueError:  # UnicodeDecodeError included
+            damaged.append(line if line.endswith(b"\n") else line + b"\n")
+            continue
+        if record.get("step", 0) <= step:
+            kept.append(line if line.endswith(b"\n") else line + b"\n")
+    if damaged:
+        with open(path + ".damaged", "ab") as f:
+            f.writelines(damaged)
+        warnings.warn(
+            f"{path}: {len(damaged)} damaged line(s) (a run stopped mid-write) moved to {path}.damaged", stacklevel=2
+        )
+    if kept != lines:
+        with open(path + ".tmp", "wb") as f:
             f.writelines(kept)
         os.replace(path + ".tmp", path)

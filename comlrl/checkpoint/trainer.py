@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 import torch
 
-from comlrl.checkpoint.config_record import check_resumed_config, config_record
+from comlrl.checkpoint.config_record import check_resumed_config, config_changes, config_record
 from comlrl.checkpoint.files import (
     TrainerState,
     check_compatible,
@@ -58,6 +58,7 @@ def save_trainer(
 ) -> str:
     """Rank 0 writes ``checkpoint_dir/checkpoint-{step}`` (keeping the newest ``total_limit``),
     with every rank's generator states (each rank samples its own); returns the folder on every rank."""
+    trainer.learners.require_finite(f": checkpoint-{trainer.global_step} was not written")
     json_states, tensors = generator_states()
     gathered = trainer.parallel.gather((json_states, tensors))
     folder = os.path.join(checkpoint_dir, f"checkpoint-{trainer.global_step}")
@@ -87,7 +88,9 @@ def resume_trainer(
     path = find_checkpoint(checkpoint_dir, resume_from_checkpoint)
     state = read_state(path)
     check_compatible(path, state, start_state(trainer))
-    for note in check_resumed_config(path, state.config, trainer.args):
+    for note in check_resumed_config(path, state.config, trainer.args) + config_changes(
+        path, state.config, trainer.args
+    ):
         say(note)
     optimizer_state, generators = load_training_state(path)
     trainer.load_models(path)

@@ -14,6 +14,7 @@ from torch import Tensor
 from comlrl.algorithms import completion_mask
 from comlrl.models.modes import frozen
 from comlrl.rollout.decoding import decode, decoding_settings
+from comlrl.rollout.prompt_fit import check_length
 
 # Agents may share one tokenizer and generate in parallel threads; a fast tokenizer sets its
 # padding state on every call and is not safe to call from two threads at once.
@@ -89,6 +90,10 @@ def generate_group(
     """
     device = next(model.parameters()).device
     encoded = encode_prompts(tokenizer, prompts)
+    # Later turns' prompts are written during training (the first turn's were checked, with
+    # their warnings, before it): past learned positions they would fail deep inside torch.
+    max_new_tokens = sampling_kwargs.get("max_new_tokens", 0)
+    check_length(model, encoded["input_ids"].shape[1], max_new_tokens, "a prompt being sampled", warn=False)
     prompt_ids = encoded["input_ids"].repeat_interleave(num_generations, dim=0).to(device)
     prompt_mask = encoded["attention_mask"].repeat_interleave(num_generations, dim=0).to(device)
     kwargs = dict(sampling_kwargs)

@@ -45,6 +45,7 @@ from comlrl.optim import Learners, per_agent_learning_rates
 from comlrl.rewards import JointReward
 from comlrl.rollout import AgentRollout
 from comlrl.rollout.backends import build_backend
+from comlrl.rollout.prompt_fit import check_prompts_fit
 from comlrl.rollout.prompts import Formatter, PromptTable
 from comlrl.rollout.sampling import SamplingSpec
 from comlrl.rollout.transition import Transition
@@ -134,6 +135,11 @@ class MultiAgentTrainer(abc.ABC):
             ``pip install 'comlrl[lora]'``). With ``agent_model``, or with the same model
             object passed for every agent, the agents share ONE frozen base model, each with
             its own adapter.
+        train_reward_func: scores the training rollouts in place of ``reward_func``: called
+            with all the joint actions of a turn at once, its values used as returned (no
+            ``reward_processor``, no ``reward_weights``), while ``reward_func`` still scores
+            ``evaluate()`` (MARLHF trains on a learned reward model and evaluates on the task
+            reward). None: ``reward_func`` scores both.
     """
 
     config_class: type[TrainerConfig] = TrainerConfig
@@ -167,6 +173,7 @@ class MultiAgentTrainer(abc.ABC):
         *,
         peft_config: Any = None,
         metrics_callback: Callable[[list[RolloutSample]], dict[str, float]] | None = None,
+        train_reward_func: RewardFunction | None = None,
     ):
         self.args = args = self.accept_config(args)
         if reward_func is None:
@@ -214,12 +221,23 @@ class MultiAgentTrainer(abc.ABC):
             call=args.reward_call,
             actor_critic_calls=self.actor_critic_reward_calls,
         )
+        self.train_reward = (
+            self.reward
+            if train_reward_func is None
+            else JointReward(
+                train_reward_func, self.num_agents, call="batch", actor_critic_calls=self.actor_critic_reward_calls
+            )
+        )
+        """What scores the training rollouts; ``self.reward`` (the task reward) scores evaluations."""
         self.transition = None if external_transition is None else Transition(external_transition, self.num_agents)
         self.train_prompts = PromptTable(train_dataset, formatters, self.num_agents, "train_dataset")
         self.parallel.check_rows(len(self.train_prompts), args.per_device_train_batch_size)
         self.eval_prompts = (
             None if eval_dataset is None else PromptTable(eval_dataset, formatters, self.num_agents, "eval_dataset")
         )
+        for table in (self.train_prompts, self.eval_prompts):
+            if table is not None:
+                check_prompts_fit(self.agents, self.agents.tokenizers, table.prompts, args.max_new_tokens, table.name)
         self.eval_hooks = EvalHooks(eval_logger, eval_aggregator)
         self.metrics_callback = MetricsCallback(metrics_callback)
         self.wandb_config = wandb_config
@@ -354,7 +372,7 @@ class MultiAgentTrainer(abc.ABC):
     def step(self, row_ids: list[int]) -> StepResult:
         """Sample, score and update every agent on this rank's dataset rows ``row_ids``."""
         started = time.perf_counter()
-        tree = self.rollout(self.train_prompts, row_ids)
+        tree = self.rollout(self.train_prompts, row_ids, reward=self.train_reward)
         generated = time.perf_counter()
         frozen = self.update.frozen(tree)
         shaping_metrics: dict[str, metric_stats.Stat] = {}
@@ -417,9 +435,11 @@ class MultiAgentTrainer(abc.ABC):
         num_generations: int | None = None,
         joint_indices: torch.Tensor | None = None,
         sampling: SamplingSpec | None = None,
+        reward: JointReward | None = None,
     ) -> RolloutTree:
         """Generate, score and expand the rollout tree of ``row_ids``, one ``generate`` call
-        per agent per turn (training settings unless given)."""
+        per agent per turn (training settings unless given), scored by ``reward`` (default:
+        the task reward, ``reward_func``)."""
         group = self.args.num_generations if num_generations is None else num_generations
         kwargs = (self.sampling if sampling is None else sampling).generate_kwargs()
         # One generator per agent, seeded from torch's (whose state checkpoints keep), so that
@@ -434,7 +454,7 @@ class MultiAgentTrainer(abc.ABC):
             prompts,
             row_ids,
             generate,
-            self.reward,
+            self.reward if reward is None else reward,
             self.joint_indices if joint_indices is None else joint_indices,
             group,
             num_turns=self.args.num_turns,
@@ -522,6 +542,7 @@ class MultiAgentTrainer(abc.ABC):
         """
         if not self.parallel.is_main:
             return []
+        self.learners.require_finite(f": {output_dir} was not written")
         return write_folders(output_dir, self.model_writers(merge_adapters))
 
     def model_writers(self, merge_adapters: bool = False) -> list[tuple[str, Callable[[str], None]]]:

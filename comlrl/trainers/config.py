@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import math
 import numbers
-import os
-import sys
 import warnings
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, ClassVar
@@ -17,6 +15,7 @@ from comlrl.optim import LR_SCHEDULES
 from comlrl.rewards.joint_reward import REWARD_CALLS
 from comlrl.rollout.backends import BACKENDS
 from comlrl.rollout.sampling import check_generation_kwargs
+from comlrl.utils.caller import user_stacklevel
 
 JOINT_MODE_SPELLINGS = {"aligned": "aligned", "align": "aligned", "cross": "cross", "crossed": "cross"}
 """Every ``joint_mode`` comlrl 1.4.3 accepted (any letter case), and what it is here."""
@@ -48,6 +47,36 @@ def check_fraction(config: Any, name: str) -> None:
         raise ValueError(f"{name} must be in [0, 1], got {value!r}")
 
 
+MAX_LEARNING_RATE = 1.0
+"""AdamW moves every weight by about the learning rate per step: above 1 a model is destroyed."""
+MAX_COEFFICIENT = 1e3
+"""A loss coefficient above this leaves the other terms no weight in the gradient."""
+MAX_NEW_TOKENS = 2**20
+"""No model has positions (or a KV cache the memory) for more tokens per completion."""
+
+
+def check_scalar(value: Any, name: str, low: float, high: float, low_open: bool = False, why: str = "") -> None:
+    """``value`` (called ``name`` in the error) must be a finite number in [low, high]
+    ((low, high] with ``low_open``); ``why`` explains the upper bound."""
+    above = low < value if low_open else low <= value
+    if not (is_real(value) and math.isfinite(value) and above and value <= high):
+        interval = f"{'(' if low_open else '['}{low:g}, {high:g}]"
+        raise ValueError(f"{name} must be a finite number in {interval}{why}, got {value!r}")
+
+
+def check_learning_rate(value: Any, name: str) -> None:
+    why = " (AdamW moves each weight by about it per step)"
+    check_scalar(value, name, 0, MAX_LEARNING_RATE, low_open=True, why=why)
+
+
+def check_coefficient(config: Any, name: str, positive: bool = False) -> None:
+    """``config.<name>``, a loss coefficient, must be finite, >= 0 (> 0 when ``positive``)
+    and at most ``MAX_COEFFICIENT``."""
+    check_scalar(
+        getattr(config, name), name, 0, MAX_COEFFICIENT, low_open=positive, why=" (above it, it swamps the other terms)"
+    )
+
+
 def check_bool(config: Any, *names: str) -> None:
     for name in names:
         if not isinstance(getattr(config, name), bool):
@@ -60,18 +89,6 @@ def check_choice(config: Any, name: str, allowed: Any) -> None:
 
 
 _WARNED: set[tuple[str, ...]] = set()
-_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def user_stacklevel() -> int:
-    """The ``stacklevel`` that points a warning at the first frame outside this package (and
-    outside the code dataclasses generate), whatever the depth of config subclasses."""
-    frame, level = sys._getframe(1), 1
-    while frame is not None and (
-        frame.f_code.co_filename.startswith(_PACKAGE) or frame.f_code.co_filename == "<string>"
-    ):
-        frame, level = frame.f_back, level + 1
-    return level
 
 
 def warn_once(key: tuple[str, ...], message: str, category: type[Warning]) -> None:
@@ -265,7 +282,10 @@ class TrainerConfig:
     # --- output ---------------------------------------------------------------------------
     output_dir: str = "comlrl_output"
     """Where the run writes (``train()`` prints it when it starts): ``metrics.jsonl``,
-    ``samples.jsonl``, ``checkpoint-{step}/``, ``tensorboard/``."""
+    ``samples.jsonl``, ``checkpoint-{step}/``, ``tensorboard/``. One run at a time: ``train()``
+    locks it, and refuses a folder holding another run unless resuming or overwriting."""
+    overwrite_output_dir: bool = False
+    """Let a new run replace an earlier run's checkpoints and logs in ``output_dir`` (else it stops)."""
     logging_steps: int = 50
     """Write averaged metrics every this many training steps."""
     num_completions_to_log: int = 4
@@ -325,6 +345,7 @@ class TrainerConfig:
             "log_tensorboard",
             "disable_dropout",
             "reference_kl_enabled",
+            "overwrite_output_dir",
         )
         bounded = self.train_batch_size_counts_rows and self.train_batch_size is not None
         if bounded and self.train_batch_size > self.per_device_train_batch_size:
@@ -332,24 +353,25 @@ class TrainerConfig:
                 f"train_batch_size={self.train_batch_size} is more rows than a rollout holds "
                 f"(per_device_train_batch_size={self.per_device_train_batch_size}); it must be at most that"
             )
-        if not (
-            is_real(self.reference_kl_coef) and math.isfinite(self.reference_kl_coef) and self.reference_kl_coef >= 0
-        ):
-            raise ValueError(f"reference_kl_coef must be a finite number >= 0, got {self.reference_kl_coef!r}")
+        check_coefficient(self, "reference_kl_coef")
         if isinstance(self.parallel_training, str) and self.parallel_training.strip().lower() == "null":
             self.parallel_training = "none"
         check_choice(self, "parallel_training", ("none", "mp"))
         if self.parallel_training == "mp" and self.agent_devices is None:
             raise ValueError("parallel_training='mp' needs agent_devices: a list with one device per agent (or 'auto')")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
-            raise ValueError(f"seed must be an integer, got {self.seed!r}")
+        check_int(self, "seed", minimum=0)
+        if self.seed >= 2**63 - 2**16:  # torch's generators take 64 bits; ranks add their index
+            raise ValueError(f"seed must be below 2**63 - 2**16, got {self.seed!r}")
+        if self.max_new_tokens > MAX_NEW_TOKENS:
+            raise ValueError(f"max_new_tokens must be at most {MAX_NEW_TOKENS} (2**20), got {self.max_new_tokens!r}")
         rates = self.agent_learning_rate
-        rates = rates if isinstance(rates, list | tuple) else [rates]
-        if not rates or not all(is_real(rate) and rate > 0 for rate in rates):
-            raise ValueError(
-                f"agent_learning_rate must be > 0, or a non-empty list of values > 0 (one per agent), "
-                f"got {self.agent_learning_rate!r}"
-            )
+        if isinstance(rates, list | tuple):
+            if not rates:
+                raise ValueError("agent_learning_rate is an empty list; give one value, or one per agent")
+            for i, rate in enumerate(rates):
+                check_learning_rate(rate, f"agent_learning_rate[{i}]")
+        else:
+            check_learning_rate(rates, "agent_learning_rate")
         check_choice(self, "lr_scheduler_type", LR_SCHEDULES)
         if not (is_real(self.warmup_ratio) and 0 <= self.warmup_ratio < 1):
             raise ValueError(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio!r}")
@@ -358,8 +380,7 @@ class TrainerConfig:
         if self.epsilon_high is not None and not (is_real(self.epsilon_high) and self.epsilon_high > 0):
             raise ValueError(f"epsilon_high must be > 0 or None, got {self.epsilon_high!r}")
         for name in ("beta", "entropy_coef"):
-            if not (is_real(getattr(self, name)) and getattr(self, name) >= 0):
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
+            check_coefficient(self, name)
         if self.reward_weights is not None and (
             not isinstance(self.reward_weights, list | tuple)
             or not self.reward_weights
@@ -368,8 +389,13 @@ class TrainerConfig:
             raise ValueError(
                 f"reward_weights must be None or a non-empty list of finite numbers, got {self.reward_weights!r}"
             )
-        if not (is_real(self.weight_decay) and self.weight_decay >= 0):
-            raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay!r}")
+        check_scalar(
+            self.weight_decay,
+            "weight_decay",
+            0,
+            MAX_COEFFICIENT,
+            why=" (AdamW shrinks each weight by the learning rate times it per step)",
+        )
         if self.max_grad_norm is not None and not (is_real(self.max_grad_norm) and self.max_grad_norm > 0):
             raise ValueError(f"max_grad_norm must be > 0 or None, got {self.max_grad_norm!r}")
         if not (is_real(self.temperature) and self.temperature > 0):

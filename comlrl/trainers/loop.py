@@ -20,7 +20,8 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from comlrl.checkpoint.files import find_checkpoint
+from comlrl.checkpoint.files import find_checkpoint, verify_checkpoint
+from comlrl.checkpoint.run_folder import RunFolderLock, check_new_run
 from comlrl.checkpoint.trainer import resume_trainer, save_trainer, start_state
 from comlrl.metrics import MetricsLogger
 from comlrl.metrics.rollout import format_metrics
@@ -110,7 +111,41 @@ class TrainingLoop:
         self.checkpoints = checkpoints
         self.main = trainer.parallel.is_main
         self.data_order = torch.Generator()
+        self.locks = self.claim_folders(bool(resume_from_checkpoint)) if self.main else []
+        try:
+            self.start(resume_from_checkpoint)
+        except BaseException:
+            self.release_folders()
+            raise
+
+    def claim_folders(self, resuming: bool) -> list[RunFolderLock]:
+        """Lock the run's folders (which also shows they can be written) before anything slow,
+        and, for a new run, make sure they hold no earlier run (or clear it, when told to)."""
+        folders = {os.path.realpath(self.args.output_dir): (self.args.output_dir, "output_dir")}
+        folders.setdefault(os.path.realpath(self.checkpoints.folder), (self.checkpoints.folder, "checkpoint_dir"))
+        locks: list[RunFolderLock] = []
+        try:
+            for folder, what in folders.values():
+                locks.append(RunFolderLock(folder, what).acquire())
+                removed = [] if resuming else check_new_run(folder, self.args.overwrite_output_dir, what)
+                if removed:
+                    tqdm.write(f"overwrite_output_dir=True: removed the earlier run's {', '.join(removed)} in {folder}")
+        except BaseException:
+            for lock in locks:
+                lock.release()
+            raise
+        return locks
+
+    def release_folders(self) -> None:
+        for lock in self.locks:
+            lock.release()
+
+    def start(self, resume_from_checkpoint: bool | str | None) -> None:
+        """Seed a new run, or find the checkpoint to resume; prepare the trainer and the logging."""
+        trainer, checkpoints = self.trainer, self.checkpoints
         checkpoint = find_checkpoint(checkpoints.folder, resume_from_checkpoint) if resume_from_checkpoint else None
+        if checkpoint is not None:
+            verify_checkpoint(checkpoint)  # before anything, the trainer's prepare() included, reads it
         if checkpoint is None:
             # Ranks sample differently; they all shuffle the data alike.
             seed_everything(self.args.seed + trainer.parallel.rank)
@@ -129,7 +164,7 @@ class TrainingLoop:
                 tqdm.write(" | ".join(f"{key} {value:.4g}" for key, value in start_metrics.items()))
         self.logger.add_window(self.progress.metrics_window)
         self.bar = tqdm(
-            total=self.args.num_train_epochs * trainer.steps_per_epoch,
+            total=self.num_epochs * trainer.steps_per_epoch,
             initial=trainer.global_step,
             desc=trainer.algorithm_name,
             unit="step",
@@ -149,7 +184,7 @@ class TrainingLoop:
             with StopOnSignal() as stop:
                 if self.periodic_evaluation and self.trainer.global_step == 0:
                     self.evaluate()
-                for epoch in range(self.progress.epoch, self.args.num_train_epochs):
+                for epoch in range(self.progress.epoch, self.num_epochs):
                     self.progress.epoch = epoch
                     epoch_order_state = self.data_order.get_state()  # a checkpoint rebuilds the order from it
                     order = self.epoch_order()
@@ -169,12 +204,17 @@ class TrainingLoop:
         return self.result(started)
 
     @property
+    def num_epochs(self) -> int:
+        """Epochs the run goes through (MADPOIter's loop: every round's epochs)."""
+        return self.args.num_train_epochs
+
+    @property
     def periodic_evaluation(self) -> bool:
         return self.evaluates and self.args.eval_interval > 0
 
     def finished_with_save(self) -> bool:
         """The step just taken is the run's last, and the plan keeps the end (1.4.3's epoch checkpoints)."""
-        last = self.args.num_train_epochs * self.trainer.steps_per_epoch
+        last = self.num_epochs * self.trainer.steps_per_epoch
         return self.checkpoints.at_end and self.trainer.global_step == last
 
     def due(self, every: int | None) -> bool:
@@ -245,6 +285,7 @@ class TrainingLoop:
             self.logger.flush(self.trainer.global_step)
         self.bar.close()
         self.logger.close()
+        self.release_folders()
 
     def result(self, started: float) -> TrainResult:
         progress = self.progress

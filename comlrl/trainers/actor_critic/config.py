@@ -9,8 +9,10 @@ from comlrl.trainers.config import (
     TrainerConfig,
     check_bool,
     check_choice,
+    check_coefficient,
     check_fraction,
     check_int,
+    check_learning_rate,
     is_real,
     renamed,
 )
@@ -86,8 +88,7 @@ class ActorCriticConfig(TrainerConfig):
         self._resolve_critic_learning_rate()
         if self.value_clip_range is not None and not (is_real(self.value_clip_range) and self.value_clip_range > 0):
             raise ValueError(f"value_clip_range must be > 0 or None (off), got {self.value_clip_range!r}")
-        if not (is_real(self.value_loss_coef) and self.value_loss_coef > 0):
-            raise ValueError(f"value_loss_coef must be > 0, got {self.value_loss_coef!r}")
+        check_coefficient(self, "value_loss_coef", positive=True)
         if self.advantage_normalization and self.per_device_train_batch_size * self.num_generations < 2:
             raise ValueError(
                 "advantage_normalization needs at least 2 samples per agent and step to whiten: "
@@ -104,8 +105,7 @@ class ActorCriticConfig(TrainerConfig):
                     "give critic_learning_rate a number"
                 )
             self.critic_learning_rate = self.agent_learning_rate
-        if not (is_real(self.critic_learning_rate) and self.critic_learning_rate > 0):
-            raise ValueError(f"critic_learning_rate must be > 0 or None, got {self.critic_learning_rate!r}")
+        check_learning_rate(self.critic_learning_rate, "critic_learning_rate")
 
     def _check_critic_devices(self) -> None:
         """Only the form: whether the devices equal the critics' placement is known once the

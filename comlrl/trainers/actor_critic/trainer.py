@@ -47,7 +47,7 @@ from comlrl.trainers.actor_critic.critics import (
     split_critic_model_config,
 )
 from comlrl.trainers.base import MultiAgentTrainer
-from comlrl.trainers.config import user_stacklevel
+from comlrl.utils.caller import user_stacklevel
 
 
 class ActorCriticTrainer(MultiAgentTrainer):
