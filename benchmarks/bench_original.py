@@ -48,11 +48,17 @@ import workload as wl
 ORIGINAL_VERSION = "1.4.3"
 
 
-def build_trainer(model: str, work: wl.Workload):
+def build_trainer(
+    model: str,
+    work: wl.Workload,
+    dtype: torch.dtype = torch.float32,
+    epochs: int = wl.NUM_EPOCHS,
+    reward: object = wl.length_ratio_reward,
+):
     from comlrl.trainers.reinforce import MAGRPOConfig, MAGRPOTrainer
 
     config = MAGRPOConfig(
-        num_train_epochs=wl.NUM_EPOCHS,
+        num_train_epochs=epochs,
         agent_learning_rate=wl.LEARNING_RATE,
         num_agents=wl.NUM_AGENTS,
         num_generations=work.num_generations,
@@ -64,7 +70,7 @@ def build_trainer(model: str, work: wl.Workload):
         eval_interval=0,
         rollout_buffer_size=wl.PROMPTS_PER_STEP,
     )
-    return MAGRPOTrainer(args=config, **measure.trainer_inputs(model, work))
+    return MAGRPOTrainer(args=config, **measure.trainer_inputs(model, work, dtype, reward))
 
 
 def instrument(trainer) -> dict:
@@ -100,13 +106,24 @@ def seed_everything(seed: int) -> None:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True, help="model folder, e.g. ~/.cache/comlrl/SmolLM2-135M-Instruct")
+    parser.add_argument(
+        "--dtype", default="fp32", choices=["fp32", "bf16"], help="the agents' weights (bf16: pure bf16 training)"
+    )
+    measure.add_learning_arg(parser)
     measure.add_common_args(parser)
     args = parser.parse_args(argv)
     if version("comlrl") != ORIGINAL_VERSION:
         sys.exit(f"comlrl {version('comlrl')} found: run with the original's venv (benchmarks/setup_original.sh)")
     measure.set_threads(args.threads)
     work = measure.workload_from_args(args)
-    trainer = build_trainer(args.model, work)
+    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
+    if args.learning_seed is not None:
+        recorder = wl.RecordedReward()
+        trainer = build_trainer(args.model, work, dtype, wl.LEARNING_EPOCHS, recorder)
+        seed_everything(args.learning_seed)
+        measure.run_learning(f"original-{args.dtype}", args.learning_seed, recorder, trainer.train)
+        return
+    trainer = build_trainer(args.model, work, dtype)
     totals = instrument(trainer)
     gflops = measure.matmul_gflops()
     seed_everything(wl.SEED)
@@ -117,7 +134,7 @@ def main(argv=None) -> None:
     measure.check_generated(totals["generated_tokens"], work.generated_tokens)
     measure.print_result(
         measure.result(
-            "original",
+            f"original-{args.dtype}",
             train_s=train_s,
             generate_s=totals["generate_s"],
             update_s=totals["update_s"],

@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/bench_ours.py                    # the embedded SmolLM2-135M-Instruct
     .venv/bin/python benchmarks/bench_ours.py --threads 2 --model DIR
     .venv/bin/python benchmarks/bench_ours.py --smoke            # 1 prompt, 2 generations, 4 tokens
+    .venv/bin/python benchmarks/bench_ours.py --precision bf16   # bf16 rollout copies, autocast updates
 
 Config: one epoch, 2 dataset rows per step (``per_device_train_batch_size=2``: one optimizer
 step per agent per 2 prompts, as the original's rollout buffer of 2), rows in dataset order (the
@@ -34,9 +35,19 @@ import workload as wl
 from comlrl.trainers.reinforce import MAGRPOConfig, MAGRPOTrainer
 
 
-def build_trainer(model: str, work: wl.Workload, output_dir: str) -> MAGRPOTrainer:
+def build_trainer(
+    model: str,
+    work: wl.Workload,
+    output_dir: str,
+    precision: str = "fp32",
+    learning_seed: int | None = None,
+    reward: object = wl.length_ratio_reward,
+) -> MAGRPOTrainer:
+    """The timed run, or with ``learning_seed`` the learning run (free lengths, its epochs and seed)."""
+    learning = learning_seed is not None
     config = MAGRPOConfig(
-        num_train_epochs=wl.NUM_EPOCHS,
+        precision=precision,
+        num_train_epochs=wl.LEARNING_EPOCHS if learning else wl.NUM_EPOCHS,
         per_device_train_batch_size=wl.PROMPTS_PER_STEP,
         shuffle=False,
         agent_learning_rate=wl.LEARNING_RATE,
@@ -45,12 +56,12 @@ def build_trainer(model: str, work: wl.Workload, output_dir: str) -> MAGRPOTrain
         temperature=wl.TEMPERATURE,
         top_p=wl.TOP_P,
         top_k=wl.TOP_K,
-        generation_kwargs={"min_new_tokens": work.max_new_tokens},
-        seed=wl.SEED,
+        generation_kwargs={} if learning else {"min_new_tokens": work.max_new_tokens},
+        seed=learning_seed if learning else wl.SEED,
         logging_steps=1,
         output_dir=output_dir,
     )
-    return MAGRPOTrainer(args=config, **measure.trainer_inputs(model, work))
+    return MAGRPOTrainer(args=config, **measure.trainer_inputs(model, work, reward=reward))
 
 
 def step_metrics(output_dir: str) -> list[dict]:
@@ -68,6 +79,8 @@ def prompt_tokens(trainer: MAGRPOTrainer, work: wl.Workload) -> int:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default=None, help="model folder (default: the embedded SmolLM2-135M-Instruct)")
+    parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16"], help="the config's precision")
+    measure.add_learning_arg(parser)
     measure.add_common_args(parser)
     args = parser.parse_args(argv)
     measure.set_threads(args.threads)
@@ -76,8 +89,14 @@ def main(argv=None) -> None:
         from comlrl.models import default_model_path
 
         args.model = str(default_model_path())
+    if args.learning_seed is not None:
+        recorder = wl.RecordedReward()
+        with tempfile.TemporaryDirectory(prefix="learn_ours_") as output_dir:
+            trainer = build_trainer(args.model, work, output_dir, args.precision, args.learning_seed, recorder)
+            measure.run_learning(f"ours-{args.precision}", args.learning_seed, recorder, trainer.train)
+        return
     with tempfile.TemporaryDirectory(prefix="bench_ours_") as output_dir:
-        trainer = build_trainer(args.model, work, output_dir)
+        trainer = build_trainer(args.model, work, output_dir, args.precision)
         gflops = measure.matmul_gflops()
         with contextlib.redirect_stdout(sys.stderr):
             started = time.perf_counter()
@@ -88,7 +107,7 @@ def main(argv=None) -> None:
     measure.check_generated(generated, work.generated_tokens)
     measure.print_result(
         measure.result(
-            "ours",
+            f"ours-{args.precision}",
             train_s=train_s,
             generate_s=sum(s["time/generate_s"] for s in steps),
             update_s=sum(s["time/update_s"] for s in steps),

@@ -7,6 +7,8 @@ environment, benchmarks/bench_ours.py in ours).
     .venv/bin/python benchmarks/compare_original.py                 # 3 pairs
     .venv/bin/python benchmarks/compare_original.py --pairs 5 --threads 2 --json benchmarks/results/original.json
     .venv/bin/python benchmarks/compare_original.py --smoke --pairs 1
+    .venv/bin/python benchmarks/compare_original.py --precision bf16                      # ours bf16, original fp32
+    .venv/bin/python benchmarks/compare_original.py --precision bf16 --original-dtype bf16
 
 Printed: per pair, both sides' ``trainer.train()`` seconds and their ratio original / ours;
 the median of those ratios; the median over the runs of every figure of each side (see
@@ -27,8 +29,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPTS = {"original": "bench_original.py", "ours": "bench_ours.py"}
 
 
-def run_side(python: str, side: str, options: list[str]) -> dict:
-    """One run of one side in a fresh process; returns its JSON line."""
+def run_script(python: str, side: str, options: list[str]) -> dict:
+    """One run of one side's script (``original`` or ``ours``) in a fresh process; returns its JSON line."""
     done = subprocess.run([python, os.path.join(HERE, SCRIPTS[side]), *options], capture_output=True, text=True)
     if done.returncode != 0:
         sys.stderr.write(done.stdout + done.stderr)
@@ -62,6 +64,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="Python of the original's virtual environment (default: %(default)s)",
     )
     parser.add_argument("--ours-python", default=sys.executable, help="Python of ours (default: this one)")
+    parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16"], help="ours: the config's precision")
+    parser.add_argument(
+        "--original-dtype",
+        default="fp32",
+        choices=["fp32", "bf16"],
+        help="the original's agents' weights (its default: fp32)",
+    )
     parser.add_argument("--json", default=None, help="also write every run and the medians to this JSON file")
     return parser.parse_args(argv)
 
@@ -77,9 +86,11 @@ def main(argv=None) -> None:
     options = ["--model", args.model] + (["--smoke"] if args.smoke else [])
     options += ["--threads", str(args.threads)] if args.threads else []
     pythons = {"original": args.original_python, "ours": args.ours_python}
+    side_options = {"original": ["--dtype", args.original_dtype], "ours": ["--precision", args.precision]}
+    print(f"original with {args.original_dtype} agents, ours with precision={args.precision}", flush=True)
     pairs = []
     for pair in range(1, args.pairs + 1):
-        runs = {side: run_side(pythons[side], side, options) for side in SCRIPTS}
+        runs = {side: run_script(pythons[side], side, options + side_options[side]) for side in SCRIPTS}
         ratio = runs["original"]["train_s"] / runs["ours"]["train_s"]
         pairs.append({**runs, "train_s_ratio": ratio})
         print(

@@ -11,9 +11,11 @@ in the same process, with the same threads, just before training.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import resource
+import sys
 import time
 from importlib.metadata import version
 from typing import Any
@@ -49,9 +51,30 @@ def repeated_prompts(tokenizer: Any, count: int, samples: int) -> tuple[torch.Te
     return tuple(encoded[key].repeat_interleave(samples, dim=0) for key in ("input_ids", "attention_mask"))
 
 
+def add_learning_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--learning-seed",
+        type=int,
+        default=None,
+        help="instead of the timed run: the learning run (workload.LEARNING) with this seed, printing each "
+        "epoch's mean reward x100 (benchmarks/learning_vs_original.py)",
+    )
+
+
+def run_learning(side: str, seed: int, recorder: wl.RecordedReward, train: Any) -> None:
+    """Run ``train()`` of a trainer whose reward is ``recorder`` and print one JSON line: the
+    side, the seed, the wall time and each epoch's mean reward x100."""
+    started = time.perf_counter()
+    with contextlib.redirect_stdout(sys.stderr):
+        train()
+    train_s = time.perf_counter() - started
+    means = recorder.epoch_means(wl.LEARNING_EPOCHS)
+    print(json.dumps({"side": side, "seed": seed, "train_s": train_s, "epoch_reward_means": means}), flush=True)
+
+
 def workload_from_args(args: argparse.Namespace) -> wl.Workload:
     """The workload, or the smoke check, with the command line's overrides."""
-    work = wl.workload(args.smoke)
+    work = wl.LEARNING if getattr(args, "learning_seed", None) is not None else wl.workload(args.smoke)
     return dataclasses.replace(
         work,
         prompts=work.prompts[: args.prompts] if args.prompts else work.prompts,
@@ -81,15 +104,18 @@ def matmul_gflops(repeats: int = 8) -> float:
     return 2 * MATMUL_SIZE**3 * repeats / (time.perf_counter() - started) / 1e9
 
 
-def trainer_inputs(model: str, work: wl.Workload) -> dict[str, Any]:
+def trainer_inputs(
+    model: str, work: wl.Workload, dtype: torch.dtype = torch.float32, reward: Any = wl.length_ratio_reward
+) -> dict[str, Any]:
     """What both libraries' ``MAGRPOTrainer`` get for ``work`` (a ``workload.Workload``): the
-    agents (fp32 copies of ``model``), the shared tokenizer, the prompts, the reward and its
-    processor. The configs differ: each library names its fields its own way."""
+    agents (copies of ``model`` in ``dtype``), the shared tokenizer, the prompts, the reward
+    (the length ratio, or a recording of it) and its processor. The configs differ: each
+    library names its fields its own way."""
     return {
-        "agents": [AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32) for _ in range(wl.NUM_AGENTS)],
+        "agents": [AutoModelForCausalLM.from_pretrained(model, dtype=dtype) for _ in range(wl.NUM_AGENTS)],
         "tokenizer": AutoTokenizer.from_pretrained(model),
         "train_dataset": [{"prompt": prompt} for prompt in work.prompts],
-        "reward_func": wl.length_ratio_reward,
+        "reward_func": reward,
         "reward_processor": wl.scale_reward,
     }
 

@@ -29,13 +29,23 @@ SEED = 0
 PROMPTS_PER_STEP = 2
 REWARD_SCALE = 100.0
 
-# The first 4 of examples/story-len-ratio.py's PROMPTS.
-PROMPTS = (
+# examples/story-len-ratio.py's PROMPTS; the speed workload takes the first 4.
+ALL_PROMPTS = (
     "Describe a city in the clouds:",
     "Invent a new holiday and explain it:",
     "Write a bedtime story for a dragon:",
     "Explain how teleportation might work:",
+    "Tell a joke about dinosaurs:",
+    "Describe a world without electricity:",
+    "Create a superhero with a unique power:",
+    "Write a scene where the moon talks:",
+    "Invent a new type of fruit:",
+    "Design a playground on Mars:",
 )
+PROMPTS = ALL_PROMPTS[:4]
+LEARNING_EPOCHS = 2
+"""The learning comparison (benchmarks/learning_vs_original.py): the tutorial's 10 prompts,
+G = 8, up to 64 tokens chosen freely, 2 epochs of 5 optimizer steps per agent."""
 
 
 @dataclass(frozen=True)
@@ -54,6 +64,7 @@ class Workload:
 
 FULL = Workload(prompts=PROMPTS, num_generations=8, max_new_tokens=64)
 SMOKE = Workload(prompts=PROMPTS[:1], num_generations=2, max_new_tokens=4)
+LEARNING = Workload(prompts=ALL_PROMPTS, num_generations=8, max_new_tokens=64)
 
 
 def workload(smoke: bool) -> Workload:
@@ -82,3 +93,23 @@ def length_ratio_reward(completions1, completions2, target_min=2.0, target_max=3
 def scale_reward(reward: float) -> float:
     """The reward processor of both runs: x100."""
     return REWARD_SCALE * reward
+
+
+class RecordedReward:
+    """The length-ratio reward, keeping every value it returns in call order (both libraries
+    score a turn's joint actions in sample order, in one call or one call each)."""
+
+    __name__ = "length_ratio_reward"
+
+    def __init__(self) -> None:
+        self.values: list[float] = []
+
+    def __call__(self, completions1, completions2):
+        rewards = length_ratio_reward(completions1, completions2)
+        self.values.extend(rewards)
+        return rewards
+
+    def epoch_means(self, epochs: int) -> list[float]:
+        """Mean reward x100 of each of ``epochs`` equal runs of calls (every epoch scores as many)."""
+        per_epoch = len(self.values) // epochs
+        return [REWARD_SCALE * sum(self.values[e * per_epoch : (e + 1) * per_epoch]) / per_epoch for e in range(epochs)]

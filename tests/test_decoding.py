@@ -54,7 +54,7 @@ def test_greedy_tokens_equal_generate_with_early_eos_padding_and_min_new_tokens(
             pad_token_id=tok.pad_token_id,
         )[:, ids.shape[1] :]
         settings = DecodingSettings(max_new_tokens=8, min_new_tokens=min_new_tokens)
-        got = decode(model, ids, mask, settings, eos, tok.pad_token_id)
+        got = decode(model, ids, mask, settings, eos, tok.pad_token_id).ids
     assert (mask == 0).any(), "the test needs left padding"
     assert min_new_tokens or (got == tok.pad_token_id).any(), "the test needs a row padded after its EOS"
     assert torch.equal(got, expected)
@@ -73,7 +73,7 @@ class AlwaysEos(torch.nn.Module):
 def test_min_new_tokens_holds_eos_back_exactly_that_many_tokens_then_decoding_stops(min_new_tokens):
     ids, mask = torch.ones(2, 3, dtype=torch.long), torch.ones(2, 3, dtype=torch.long)
     settings = DecodingSettings(max_new_tokens=8, min_new_tokens=min_new_tokens)
-    got = decode(AlwaysEos(), ids, mask, settings, eos_ids=[1], pad_id=0)
+    got = decode(AlwaysEos(), ids, mask, settings, eos_ids=[1], pad_id=0).ids
     assert got.tolist() == [[5] * min_new_tokens + [1]] * 2
 
 

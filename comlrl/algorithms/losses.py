@@ -205,6 +205,7 @@ def policy_gradient_loss(
     sequence_weights: Tensor | None = None,
     entropy: Tensor | None = None,
     entropy_coef: float = 0.0,
+    sampler_weights: Tensor | None = None,
 ) -> PolicyLoss:
     """Clipped policy-gradient loss over the completion tokens (PPO / GRPO surrogate).
 
@@ -231,6 +232,9 @@ def policy_gradient_loss(
         entropy: ``(S, T)`` entropy of the policy at each completion token (with gradient),
             for the entropy bonus.
         entropy_coef: weight of the entropy bonus.
+        sampler_weights: ``(S, T)`` weights of each token's policy-gradient term (not of the
+            KL or entropy terms), without gradient: the truncated importance weights of a
+            sampler that is not the learner (see ``sampler_correction``).
     """
     weights = mask.to(token_logps.dtype)
     if sequence_weights is None:
@@ -242,6 +246,8 @@ def policy_gradient_loss(
     unclipped = ratio * adv
     clipped = torch.clamp(ratio, 1 - epsilon, 1 + upper) * adv
     per_token_loss = -torch.minimum(unclipped, clipped)
+    if sampler_weights is not None:
+        per_token_loss = per_token_loss * sampler_weights
     kl = torch.zeros_like(token_logps) if ref_logps is None else k3_kl(token_logps, ref_logps)
     if beta:
         per_token_loss = per_token_loss + beta * kl

@@ -4,10 +4,11 @@ The trainer asks a backend for ``G`` completions of each prompt by one agent
 (:meth:`GenerationBackend.generate`), drawn from that agent's own ``torch.Generator`` so that
 agents can sample in parallel threads reproducibly, and tells it after every update (the
 optimizer steps of a training step) that an agent's weights changed
-(:meth:`GenerationBackend.sync_weights`). ``hf`` samples with the training model itself (the
-lean loop of :mod:`comlrl.rollout.decoding`, or Hugging Face ``generate`` for settings outside
-it); ``vllm`` (optional, GPU) keeps an inference engine per agent beside the training model
-and copies the weights into it.
+(:meth:`GenerationBackend.sync_weights`). ``hf`` samples with the training model itself, or
+with a bf16 copy of it (``precision="bf16"``), through the lean loop of
+:mod:`comlrl.rollout.decoding` (or Hugging Face ``generate`` for settings outside it);
+``vllm`` (optional, GPU) keeps an inference engine per agent beside the training model and
+copies the weights into it.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any, Protocol
 
 import torch
 
+from comlrl.models.rollout_copy import RolloutCopies
 from comlrl.rollout.decoding import decoding_settings
 from comlrl.rollout.generation import AgentRollout, generate_group
 
@@ -49,18 +51,25 @@ class GenerationBackend(Protocol):
         ...
 
 
-def build_backend(name: str, agents: Any, vllm_gpu_memory_utilization: float) -> GenerationBackend:
+def build_backend(
+    name: str, agents: Any, vllm_gpu_memory_utilization: float, rollout_dtype: torch.dtype | None = None
+) -> GenerationBackend:
     """The backend ``name`` (a key of ``BACKENDS``) for ``agents`` (the trainer's
-    :class:`~comlrl.trainers.agents.Agents`: models, tokenizers, adapters, precision)."""
+    :class:`~comlrl.trainers.agents.Agents`: models, tokenizers, adapters, precision);
+    ``rollout_dtype`` (``hf``): sample from copies of the agents in that dtype."""
     if name == "vllm":
         from comlrl.rollout.vllm_backend import VLLMBackend
 
         return VLLMBackend(agents, agents.tokenizers, agents.adapters, vllm_gpu_memory_utilization)
-    return HFBackend(agents, agents.tokenizers, agents.activate, agents.precision)
+    copies = None
+    if rollout_dtype is not None:
+        copies = RolloutCopies(agents, agents.parameters, agents.adapters, rollout_dtype)
+    return HFBackend(agents, agents.tokenizers, agents.activate, agents.precision, copies)
 
 
 class HFBackend:
-    """Sampling with the training models themselves: nothing to synchronise."""
+    """Sampling with the training models themselves, or with low-precision copies of them
+    (``copies``: refreshed at every call, and the sampler's log-probs kept for the update)."""
 
     def __init__(
         self,
@@ -68,9 +77,11 @@ class HFBackend:
         tokenizers: Sequence[Any],
         activate: Callable[[int], None],
         precision: Callable[[torch.nn.Module], contextlib.AbstractContextManager],
+        copies: RolloutCopies | None = None,
     ):
         self.agents, self.tokenizers = agents, tokenizers
         self.activate, self.precision = activate, precision
+        self.copies = copies
 
     def generate(
         self,
@@ -80,6 +91,11 @@ class HFBackend:
         sampling: dict[str, Any],
         generator: torch.Generator | None = None,
     ) -> AgentRollout:
+        if self.copies is not None:
+            model = self.copies.model(agent)
+            return generate_group(
+                model, self.tokenizers[agent], prompts, num_generations, sampling, generator, with_logprobs=True
+            )
         self.activate(agent)
         model = self.agents[agent]
         with self.precision(model):

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -116,6 +116,22 @@ def next_tokens(logits: Tensor, settings: DecodingSettings, generator: torch.Gen
     return token_ids.gather(-1, choice).squeeze(-1)
 
 
+def token_logprobs(logits: Tensor, tokens: Tensor, temperature: float) -> Tensor:
+    """``(R, V)`` logits, ``(R,)`` drawn ids -> ``(R,)`` float32 ``log_softmax(logits / T)[token]``
+    over the whole vocabulary: the policy's log-prob as the learner computes it (top-k and
+    top-p shape what is drawn, not the policy being trained)."""
+    scaled = logits.float() / temperature
+    return scaled.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(scaled, dim=-1)
+
+
+class Decoded(NamedTuple):
+    ids: Tensor
+    """``(R, T)`` completion ids, padded after EOS."""
+    logprobs: Tensor | None
+    """``(R, T)`` float32 log-probs of the drawn tokens at the sampling temperature (see
+    :func:`token_logprobs`; 0 after a row finished), when asked for."""
+
+
 def decode(
     model: torch.nn.Module,
     prompt_ids: Tensor,
@@ -124,15 +140,18 @@ def decode(
     eos_ids: list[int],
     pad_id: int,
     generator: torch.Generator | None = None,
-) -> Tensor:
-    """``(R, T)`` completion ids of left-padded prompts, one KV-cached forward per token.
+    with_logprobs: bool = False,
+) -> Decoded:
+    """The completions of left-padded prompts, one KV-cached forward per token (and, with
+    ``with_logprobs``, the log-probs the sampler gave its tokens).
 
     Laid out as ``generate``'s output after the prompt: a finished row (it drew an EOS) is
     padded with ``pad_id``, and decoding stops when every row has finished or after
     ``max_new_tokens``. Call under ``torch.inference_mode()`` with the model in eval mode.
     """
     if settings.max_new_tokens == 0:
-        return prompt_ids.new_zeros(prompt_ids.shape[0], 0)
+        empty = prompt_ids.new_zeros(prompt_ids.shape[0], 0)
+        return Decoded(empty, empty.float() if with_logprobs else None)
     eos = torch.tensor(eos_ids, dtype=torch.long, device=prompt_ids.device)
     mask = prompt_mask
     kwargs = padded_forward_kwargs(model, mask, logits_to_keep=1)
@@ -140,13 +159,18 @@ def decode(
     # transformers 5 names the cache ``cache`` (argument and output), 4.x ``past_key_values``.
     cache_name = "cache" if getattr(out, "cache", None) is not None else "past_key_values"
     finished = torch.zeros(prompt_ids.shape[0], dtype=torch.bool, device=prompt_ids.device)
-    columns = []
+    columns, logprob_columns = [], []
+    temperature = settings.temperature if settings.do_sample else 1.0
     for step in range(settings.max_new_tokens):
         logits = out.logits[:, -1, :]
+        if with_logprobs:  # of the policy: before min_new_tokens holds EOS back
+            policy_logits = logits
         if step < settings.min_new_tokens and eos_ids:
             logits = logits.index_fill(-1, eos, float("-inf"))
         tokens = next_tokens(logits, settings, generator).masked_fill(finished, pad_id)
         columns.append(tokens)
+        if with_logprobs:
+            logprob_columns.append(token_logprobs(policy_logits, tokens, temperature).masked_fill(finished, 0.0))
         finished |= torch.isin(tokens, eos)
         if finished.all() or step + 1 == settings.max_new_tokens:
             break
@@ -155,4 +179,4 @@ def decode(
             kwargs["position_ids"] = mask.sum(dim=1, keepdim=True) - 1
         kwargs[cache_name] = getattr(out, cache_name)
         out = model(input_ids=tokens.unsqueeze(1), attention_mask=mask, use_cache=True, **kwargs)
-    return torch.stack(columns, dim=1)
+    return Decoded(torch.stack(columns, dim=1), torch.stack(logprob_columns, dim=1) if with_logprobs else None)

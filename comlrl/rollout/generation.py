@@ -38,6 +38,9 @@ class AgentRollout:
     """``B*G`` decoded completions, special tokens removed."""
     truncated: Tensor
     """``(B*G,)`` bool: the completion ended at ``max_new_tokens`` without an EOS."""
+    sampler_logprobs: Tensor | None = None
+    """``(B*G, T)`` float32 log-probs the sampler gave its tokens, when it is not the learner
+    itself (a bf16 rollout copy): the update measures and corrects the mismatch with them."""
 
     @property
     def lengths(self) -> Tensor:
@@ -81,12 +84,14 @@ def generate_group(
     num_generations: int,
     sampling_kwargs: dict[str, Any],
     generator: torch.Generator | None = None,
+    with_logprobs: bool = False,
 ) -> AgentRollout:
     """Sample ``num_generations`` completions for every prompt in ONE batched call.
 
     ``sampling_kwargs`` are ``generate``'s keyword arguments. The lean loop draws from
     ``generator`` (torch's default generator when None); ``generate``, used when the settings
-    are outside the loop's, always draws from the default generator.
+    are outside the loop's, always draws from the default generator. ``with_logprobs`` keeps
+    the sampler's log-probs of its tokens (the lean loop only; ``generate`` keeps none).
     """
     device = next(model.parameters()).device
     encoded = encode_prompts(tokenizer, prompts)
@@ -103,6 +108,7 @@ def generate_group(
     eos_ids = eos_token_ids(model, tokenizer) if eos is None else [eos] if isinstance(eos, int) else list(eos)
     kwargs.setdefault("pad_token_id", tokenizer.pad_token_id)
     settings = decoding_settings(model, kwargs)
+    sampler_logprobs = None
     with frozen(model, inference=True):
         if settings is None:
             sequences = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, eos_token_id=eos_ids, **kwargs)
@@ -111,6 +117,10 @@ def generate_group(
             pad_id = kwargs["pad_token_id"]
             if pad_id is None:  # no row can finish without an EOS id, so no pad is written
                 pad_id = eos_ids[0] if eos_ids else 0
-            completion_ids = decode(model, prompt_ids, prompt_mask, settings, eos_ids, pad_id, generator)
+            decoded = decode(model, prompt_ids, prompt_mask, settings, eos_ids, pad_id, generator, with_logprobs)
+            completion_ids, sampler_logprobs = decoded
     # Inference tensors cannot enter autograd; the ids are small, a copy is cheap.
-    return rollout_from_ids(tokenizer, prompt_ids, prompt_mask, completion_ids.clone(), eos_ids)
+    rollout = rollout_from_ids(tokenizer, prompt_ids, prompt_mask, completion_ids.clone(), eos_ids)
+    if sampler_logprobs is not None:
+        rollout.sampler_logprobs = sampler_logprobs.clone()
+    return rollout

@@ -107,7 +107,8 @@ class Agents(Sequence[torch.nn.Module]):
         tokenizers = resolve_tokenizers(tokenizer, models, model_config.tokenizer_kwargs)
         add_special_tokens(tokenizers, models, model_config.special_tokens)
         with_references = args.beta > 0 or args.reference_kl_enabled
-        return cls(models, tokenizers, adapters, placed, with_references, args.mixed_precision)
+        autocast = "bf16" if args.precision == "bf16" else None
+        return cls(models, tokenizers, adapters, placed, with_references, autocast)
 
     def __len__(self) -> int:
         return len(self.models)
@@ -124,8 +125,8 @@ class Agents(Sequence[torch.nn.Module]):
             self.models[agent].set_adapter(self.adapters[agent])
 
     def precision(self, model: torch.nn.Module) -> contextlib.AbstractContextManager:
-        """bf16 autocast on the model's device when ``mixed_precision="bf16"``; the weights,
-        gradients and optimizer state stay in their own dtype."""
+        """bf16 autocast on the model's device for the update's forward passes when
+        ``precision="bf16"``; the weights, gradients and optimizer state stay in their own dtype."""
         if self.mixed_precision is None:
             return contextlib.nullcontext()
         return torch.autocast(next(model.parameters()).device.type, dtype=torch.bfloat16)

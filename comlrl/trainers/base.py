@@ -258,7 +258,12 @@ class MultiAgentTrainer(abc.ABC):
             self.agents.parameters,
             per_agent_learning_rates(args.agent_learning_rate, self.num_agents),
         )
-        self.backend = build_backend(args.generation_backend, self.agents, args.vllm_gpu_memory_utilization)
+        self.backend = build_backend(
+            args.generation_backend,
+            self.agents,
+            args.vllm_gpu_memory_utilization,
+            torch.bfloat16 if args.precision == "bf16" else None,
+        )
         self.update = PolicyUpdate(self.agents, self.learners, args, self.sampling, self.parallel, self.passes)
         self.global_step = 0
 

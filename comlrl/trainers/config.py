@@ -47,6 +47,7 @@ def check_fraction(config: Any, name: str) -> None:
         raise ValueError(f"{name} must be in [0, 1], got {value!r}")
 
 
+PRECISIONS = ("fp32", "bf16")
 MAX_LEARNING_RATE = 1.0
 """AdamW moves every weight by about the learning rate per step: above 1 a model is destroyed."""
 MAX_COEFFICIENT = 1e3
@@ -253,9 +254,16 @@ class TrainerConfig:
     are placed so); ``"none"``: as ``agent_devices`` says."""
     reference_devices: str | list[str] | None = None
     """Where reference models live: ``None`` or the agents' devices (a frozen copy lives with its agent)."""
+    precision: str = "fp32"
+    """``"bf16"``: sample from a bf16 copy of each agent (refreshed from the learner before
+    every sampling call) and run the update's forward passes under bf16 autocast, while the
+    weights, gradients, optimizer state, log-probs and loss stay fp32; ``"fp32"``: all in fp32."""
+    sampler_ratio_cap: float | None = 2.0
+    """When the sampler is not the learner (``precision="bf16"``): weight each token's
+    policy-gradient term by min(pi_learner / pi_sampler, cap), truncated importance sampling
+    (``None``: no correction; the log-prob gap is logged either way)."""
     mixed_precision: str | None = None
-    """``"bf16"``: run generation and the forward passes under bf16 autocast (on GPUs with
-    bf16; weights, gradients and optimizer state keep their dtype); ``None``: full precision."""
+    """Replaced by ``precision`` (which no longer autocasts sampling): setting it is an error saying so."""
     disable_dropout: bool = True
     """Turn every dropout of the agents (and critics) off when the trainer is built, as TRL
     does: sampling and the frozen log-probs run in eval mode, the loss's forward in train
@@ -409,10 +417,15 @@ class TrainerConfig:
         if not isinstance(self.generation_kwargs, dict):
             raise ValueError(f"generation_kwargs must be a dict, got {type(self.generation_kwargs).__name__}")
         check_generation_kwargs(self.generation_kwargs, type(self).__name__)
-        if self.mixed_precision not in (None, "bf16"):
+        if self.mixed_precision is not None:
             raise ValueError(
-                f"mixed_precision={self.mixed_precision!r}; expected None or 'bf16' (fp16 would need loss scaling)"
+                f"mixed_precision={self.mixed_precision!r} was replaced by precision: write precision='bf16' (a bf16 "
+                "rollout copy of each agent and bf16 autocast in the update, fp32 weights) or precision='fp32'"
             )
+        check_choice(self, "precision", PRECISIONS)
+        if self.sampler_ratio_cap is not None:
+            why = " or None (no correction)"
+            check_scalar(self.sampler_ratio_cap, "sampler_ratio_cap", 1, MAX_COEFFICIENT, why=why)
         if self.early_termination_threshold is not None and not is_real(self.early_termination_threshold):
             raise ValueError(
                 f"early_termination_threshold must be a number or None (off), got {self.early_termination_threshold!r}"

@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from comlrl.algorithms import policy_gradient_loss, turn_token_weights
+from comlrl.algorithms.sampler_correction import sampler_logprob_gap, truncated_importance_weights
 from comlrl.distributed import DataParallel
 from comlrl.metrics import stats
 from comlrl.metrics.stats import Stat
@@ -270,6 +271,7 @@ class PolicyUpdate:
         model = self.agents.trainable(agent)
         with_entropy = args.entropy_coef > 0
         loss = clipped = kl = entropy = tokens = 0.0
+        gap = gap_tokens = capped = 0.0
         for t, rollout in enumerate(rollouts):
             selected = None if sequences is None else sequences[t]
             for piece in micro_batches(len(weights[t]), args.micro_batch_size):
@@ -279,6 +281,15 @@ class PolicyUpdate:
                 else:
                     token_logps, token_entropy = self.logprobs(model, rollout, rows), None
                 mask = rollout.completion_mask[rows]
+                behaviour = token_logps if old_logps is None else old_logps[t][rows]  # the policy that sampled
+                sampler_weights = None
+                if rollout.sampler_logprobs is not None:
+                    sampler_logps = rollout.sampler_logprobs[rows].to(token_logps.device)
+                    gap_sum, gap_count = sampler_logprob_gap(behaviour, sampler_logps, mask)
+                    gap, gap_tokens = gap + gap_sum.item(), gap_tokens + gap_count.item()
+                    if args.sampler_ratio_cap is not None:
+                        sampler_weights = truncated_importance_weights(behaviour, sampler_logps, args.sampler_ratio_cap)
+                        capped += ((sampler_weights >= args.sampler_ratio_cap) & mask).sum().item()
                 out = policy_gradient_loss(
                     token_logps,
                     advantages[t][rows].to(token_logps.device),
@@ -291,6 +302,7 @@ class PolicyUpdate:
                     entropy=token_entropy,
                     entropy_coef=args.entropy_coef,
                     sequence_weights=weights[t][piece].to(token_logps.device),
+                    sampler_weights=sampler_weights,
                 )
                 out.loss.backward()
                 count = mask.sum().item()
@@ -307,6 +319,10 @@ class PolicyUpdate:
             metrics[f"agent{agent}/kl"] = stats.mean(kl, tokens)
         if with_entropy:
             metrics[f"agent{agent}/entropy"] = stats.mean(entropy, tokens)
+        if gap_tokens:
+            metrics[f"agent{agent}/sampler_logprob_gap"] = stats.mean(gap, gap_tokens)
+            if args.sampler_ratio_cap is not None:
+                metrics[f"agent{agent}/sampler_ratio_capped"] = stats.mean(capped, gap_tokens)
         return metrics
 
 
