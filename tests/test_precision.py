@@ -174,3 +174,13 @@ def test_the_correction_changes_nothing_when_sampler_and_learner_agree(tmp_path)
 def test_bad_precision_settings_are_named(tmp_path, values, match):
     with pytest.raises(ValueError, match=match):
         small_config(tmp_path, **values)
+
+
+@pytest.mark.parametrize("has_units,warns", [(False, True), (True, False), (None, False)])
+def test_bf16_on_a_cpu_without_bf16_units_is_warned(tmp_path, monkeypatch, recwarn, has_units, warns):
+    monkeypatch.setattr("comlrl.trainers.base.cpu_has_bf16_units", lambda: has_units)
+    make_trainer(tmp_path, args=small_config(tmp_path, precision="bf16"))
+    messages = [str(w.message) for w in recwarn if "bf16 matrix units" in str(w.message)]
+    assert bool(messages) == warns
+    if warns:
+        assert "precision='fp32' is the fast choice" in messages[0]

@@ -39,6 +39,7 @@ from comlrl.metrics import stats as metric_stats
 from comlrl.metrics.evaluation import EvalHooks, evaluation_metrics
 from comlrl.metrics.hooks import MetricsCallback, RolloutSample, rollout_samples
 from comlrl.metrics.rollout import completion_samples, rollout_metrics
+from comlrl.models.hardware import cpu_has_bf16_units
 from comlrl.models.loading import split_model_config
 from comlrl.models.placement import map_agents
 from comlrl.optim import Learners, per_agent_learning_rates
@@ -54,6 +55,7 @@ from comlrl.trainers.agents import Agents
 from comlrl.trainers.config import TrainerConfig
 from comlrl.trainers.loop import CheckpointPlan, TrainingLoop, TrainResult
 from comlrl.trainers.update import Estimate, FrozenLogprobs, PolicyUpdate, minibatch_count
+from comlrl.utils.caller import user_stacklevel
 from comlrl.utils.run_control import seeded_cuda_devices
 
 RewardFunction = Callable[..., Sequence[Any]]
@@ -258,6 +260,13 @@ class MultiAgentTrainer(abc.ABC):
             self.agents.parameters,
             per_agent_learning_rates(args.agent_learning_rate, self.num_agents),
         )
+        if args.precision == "bf16" and self.agents.device(0).type == "cpu" and cpu_has_bf16_units() is False:
+            warnings.warn(
+                "precision='bf16' on a CPU without bf16 matrix units (no amx_bf16 or avx512_bf16 in /proc/cpuinfo): "
+                "torch emulates bf16 products here, far slower than fp32; precision='fp32' is the fast choice on "
+                "this machine",
+                stacklevel=user_stacklevel(),
+            )
         self.backend = build_backend(
             args.generation_backend,
             self.agents,
