@@ -1,5 +1,5 @@
 """Pure tensor functions of the trainers' objectives (MAGRPO's and its family's, the critics',
-MADPO's): no models, no trainers, no config objects."""
+MADPO's, the reward model's): no models, no trainers, no config objects."""
 
 from comlrl.algorithms.advantages import BASELINES, group_advantages
 from comlrl.algorithms.dpo import JointPreference, agent_dpo_losses, joint_preference, others_deltas, preference_deltas
@@ -15,6 +15,7 @@ from comlrl.algorithms.losses import (
     turn_token_weights,
 )
 from comlrl.algorithms.masks import completion_mask
+from comlrl.algorithms.reward_model import bradley_terry_loss, pair_accuracy
 
 __all__ = [
     "BASELINES",
@@ -24,12 +25,14 @@ __all__ = [
     "TURN_WEIGHTINGS",
     "PolicyLoss",
     "agent_dpo_losses",
+    "bradley_terry_loss",
     "completion_mask",
     "group_advantages",
     "joint_action_indices",
     "joint_preference",
     "k3_kl",
     "others_deltas",
+    "pair_accuracy",
     "per_agent_returns",
     "policy_gradient_loss",
     "preference_deltas",

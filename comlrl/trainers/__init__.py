@@ -1,5 +1,5 @@
 """Every trainer and its config: MAGRPO and its REINFORCE variants, centralized MAGRPO, IAC and
-MAAC, MADPO."""
+MAAC, MADPO and MADPOIter, MARLHF."""
 
 from comlrl.trainers.actor_critic import (
     ActorCriticConfig,
@@ -12,7 +12,15 @@ from comlrl.trainers.actor_critic import (
 from comlrl.trainers.base import MultiAgentTrainer
 from comlrl.trainers.config import TrainerConfig
 from comlrl.trainers.loop import TrainResult
-from comlrl.trainers.preference import MADPOConfig, MADPOTrainer
+from comlrl.trainers.preference import (
+    JointRewardModel,
+    MADPOConfig,
+    MADPOIterConfig,
+    MADPOIterTrainer,
+    MADPOTrainer,
+    MARLHFConfig,
+    MARLHFTrainer,
+)
 from comlrl.trainers.reinforce import (
     CentralizedMAGRPOConfig,
     CentralizedMAGRPOTrainer,
@@ -33,12 +41,17 @@ __all__ = [
     "CentralizedMAGRPOTrainer",
     "IACConfig",
     "IACTrainer",
+    "JointRewardModel",
     "MAACConfig",
     "MAACTrainer",
     "MADPOConfig",
+    "MADPOIterConfig",
+    "MADPOIterTrainer",
     "MADPOTrainer",
     "MAGRPOConfig",
     "MAGRPOTrainer",
+    "MARLHFConfig",
+    "MARLHFTrainer",
     "MAREINFORCEConfig",
     "MAREINFORCETrainer",
     "MARLOOConfig",

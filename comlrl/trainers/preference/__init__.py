@@ -1,8 +1,22 @@
-"""Preference-based multi-agent trainers: MADPO (DPO on pairs of the agents' own joint actions)."""
+"""Preference-based multi-agent trainers: MADPO (DPO on pairs of the agents' own joint actions)
+and MADPOIter (MADPO in rounds, against a comparator policy); MARLHF (a joint reward model fitted
+to such pairs, then online RL on its scores)."""
 
 from comlrl.trainers.loop import TrainResult
 from comlrl.trainers.preference.config import MADPOConfig
+from comlrl.trainers.preference.iterative import MADPOIterConfig, MADPOIterTrainer
 from comlrl.trainers.preference.madpo import MADPOTrainer
+from comlrl.trainers.preference.marlhf import JointRewardModel, MARLHFConfig, MARLHFTrainer
 from comlrl.trainers.preference.pairs import PreferencePair
 
-__all__ = ["MADPOConfig", "MADPOTrainer", "PreferencePair", "TrainResult"]
+__all__ = [
+    "JointRewardModel",
+    "MADPOConfig",
+    "MADPOIterConfig",
+    "MADPOIterTrainer",
+    "MADPOTrainer",
+    "MARLHFConfig",
+    "MARLHFTrainer",
+    "PreferencePair",
+    "TrainResult",
+]

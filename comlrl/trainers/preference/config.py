@@ -4,6 +4,7 @@ loss's constants, with comlrl 1.4.3's names and defaults."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 from comlrl.trainers.config import (
     TrainerConfig,
@@ -90,12 +91,18 @@ class MADPOConfig(TrainerConfig):
     """1.4.3 MAGRPO's advantage scaling; DPO has no advantages."""
 
     train_batch_size_counts_rows = False  # it counts preference pairs
+    unused_shared_fields: ClassVar[dict[str, str]] = UNUSED_SHARED_FIELDS
+    """Shared fields this trainer does not use, and why (MARLHF's RL phase uses them)."""
+    trainer_name: ClassVar[str] = "MADPO"
+    """The trainer errors about those fields name."""
+    pair_selections: ClassVar[dict[str, Any]] = PAIR_SELECTIONS
+    """The ``pair_selection`` values this trainer's pairs can be ordered by."""
 
     def __post_init__(self):
         super().__post_init__()
         check_int(self, "preference_num_candidates", minimum=2)
         check_int(self, "preference_pairs_per_sample", allow_none=True)
-        check_choice(self, "pair_selection", PAIR_SELECTIONS)
+        check_choice(self, "pair_selection", self.pair_selections)
         if self.pair_selection == "all" and self.preference_pairs_per_sample is not None:
             raise ValueError(
                 f"pair_selection='all' keeps every pair, but preference_pairs_per_sample="
@@ -118,10 +125,12 @@ class MADPOConfig(TrainerConfig):
                 f"MADPO pairs candidate j of every agent into joint action j: joint_mode must be 'aligned', "
                 f"got {self.joint_mode!r}"
             )
-        for name, why in UNUSED_SHARED_FIELDS.items():
+        for name, why in self.unused_shared_fields.items():
             value, default = getattr(self, name), field_default(self, name)
             if value != default:
-                raise ValueError(f"{name}={value!r} has no effect in MADPO ({why}); leave it at {default!r}")
+                raise ValueError(
+                    f"{name}={value!r} has no effect in {self.trainer_name} ({why}); leave it at {default!r}"
+                )
         self._warn_inert_fields()
 
     @property

@@ -97,16 +97,7 @@ class MADPOTrainer(MultiAgentTrainer):
         """The run's preference pairs, made when ``train()`` starts."""
         self.pending_learners: list[tuple[Sequence[str], Sequence[Sequence[torch.nn.Parameter]], Sequence[float]]] = []
         super().__init__(*args, **kwargs)
-        config = self.args
-        sampled = config.per_device_train_batch_size * self.num_agents * config.preference_num_candidates
-        if sampled > config.max_generations_per_step:
-            raise ValueError(
-                f"building pairs samples {sampled} completions at a time (per_device_train_batch_size="
-                f"{config.per_device_train_batch_size} rows x {self.num_agents} agents x preference_num_candidates="
-                f"{config.preference_num_candidates}), above max_generations_per_step="
-                f"{config.max_generations_per_step}: lower per_device_train_batch_size or preference_num_candidates, "
-                "or raise max_generations_per_step"
-            )
+        check_candidate_budget(self.args, self.num_agents)
 
     # ----------------------------------------------------------------------------------------
     # what the loop goes through: the pairs
@@ -147,38 +138,12 @@ class MADPOTrainer(MultiAgentTrainer):
         return metrics
 
     def build_pairs(self) -> tuple[list[PreferencePair], dict[str, float]]:
-        """Sample ``preference_num_candidates`` joint actions per training prompt with the
-        current policy, score them with the task reward and keep the pairs ``pair_selection``
-        picks; returns them and what building them found."""
-        args = self.args
-        count = args.preference_num_candidates
-        aligned = joint_action_indices(self.num_agents, count, "aligned")
-        order = torch.Generator().manual_seed(args.seed)  # pair_selection="random"'s draws
-        rows = list(range(len(self.train_prompts)))
-        chunk = args.per_device_train_batch_size
-        pairs: list[PreferencePair] = []
-        candidate_rewards = []
-        for first in tqdm(range(0, len(rows), chunk), desc="MADPO pairs", unit="batch", dynamic_ncols=True):
-            turn = self.rollout(
-                self.train_prompts, rows[first : first + chunk], num_generations=count, joint_indices=aligned
-            ).turns[0]
-            rewards = shared_rewards(turn.rewards, turn.rows)  # (M, N)
-            candidate_rewards.append(rewards)
-            for m, row in enumerate(turn.rows):
-                ranked = select_pairs(rewards[m], args.pair_selection, args.preference_pairs_per_sample, order)
-                prompts = [agent_prompts[m] for agent_prompts in turn.prompts]
-                pairs.extend(node_pairs(row, prompts, turn.agents, m * count, ranked, rewards[m]))
-        all_rewards = torch.cat(candidate_rewards)
-        if not pairs:
-            raise ValueError(
-                f"MADPO found no preference pairs: the {count} candidates of each of the {len(rows)} training rows "
-                f"all got the same reward (e.g. {all_rewards[0, 0].item():g}), so none is preferred. A constant "
-                "reward_func or reward_processor does this; otherwise sample more varied candidates (more "
-                "preference_num_candidates, a higher temperature)"
-            )
-        if args.dpo_reference == "initial":
+        """The pairs of :func:`sample_preference_pairs`, with their reference margins when the
+        DPO loss has a reference; and what building them found."""
+        pairs, metrics = sample_preference_pairs(self, self.args, self.algorithm_name)
+        if self.args.dpo_reference == "initial":
             pairs = self.with_reference(pairs)
-        return pairs, pair_statistics(all_rewards, pairs)
+        return pairs, metrics
 
     def with_reference(self, pairs: list[PreferencePair]) -> list[PreferencePair]:
         """``pairs`` with each agent's margin under the current policy, DPO's reference."""
@@ -353,3 +318,52 @@ class MADPOTrainer(MultiAgentTrainer):
                 f"has {self.args.dpo_reference!r}: make them agree"
             )
         return pairs
+
+
+def check_candidate_budget(config: MADPOConfig, num_agents: int) -> None:
+    """Building pairs samples ``per_device_train_batch_size`` rows' candidates at a time: at
+    most ``max_generations_per_step`` completions."""
+    sampled = config.per_device_train_batch_size * num_agents * config.preference_num_candidates
+    if sampled > config.max_generations_per_step:
+        raise ValueError(
+            f"building pairs samples {sampled} completions at a time (per_device_train_batch_size="
+            f"{config.per_device_train_batch_size} rows x {num_agents} agents x preference_num_candidates="
+            f"{config.preference_num_candidates}), above max_generations_per_step="
+            f"{config.max_generations_per_step}: lower per_device_train_batch_size or preference_num_candidates, "
+            "or raise max_generations_per_step"
+        )
+
+
+def sample_preference_pairs(
+    trainer: MultiAgentTrainer, args: MADPOConfig, name: str
+) -> tuple[list[PreferencePair], dict[str, float]]:
+    """Sample ``preference_num_candidates`` joint actions per training prompt with
+    ``trainer``'s current policy, score them with its task reward and keep the pairs
+    ``pair_selection`` picks; returns them and what building them found. ``name`` (the
+    trainer's: MADPO, MARLHF) labels the progress bar and the error."""
+    count = args.preference_num_candidates
+    aligned = joint_action_indices(trainer.num_agents, count, "aligned")
+    order = torch.Generator().manual_seed(args.seed)  # pair_selection="random"'s draws
+    rows = list(range(len(trainer.train_prompts)))
+    chunk = args.per_device_train_batch_size
+    pairs: list[PreferencePair] = []
+    candidate_rewards = []
+    for first in tqdm(range(0, len(rows), chunk), desc=f"{name} pairs", unit="batch", dynamic_ncols=True):
+        turn = trainer.rollout(
+            trainer.train_prompts, rows[first : first + chunk], num_generations=count, joint_indices=aligned
+        ).turns[0]
+        rewards = shared_rewards(turn.rewards, turn.rows)  # (M, N)
+        candidate_rewards.append(rewards)
+        for m, row in enumerate(turn.rows):
+            ranked = select_pairs(rewards[m], args.pair_selection, args.preference_pairs_per_sample, order)
+            prompts = [agent_prompts[m] for agent_prompts in turn.prompts]
+            pairs.extend(node_pairs(row, prompts, turn.agents, m * count, ranked, rewards[m]))
+    all_rewards = torch.cat(candidate_rewards)
+    if not pairs:
+        raise ValueError(
+            f"{name} found no preference pairs: the {count} candidates of each of the {len(rows)} training rows "
+            f"all got the same reward (e.g. {all_rewards[0, 0].item():g}), so none is preferred. A constant "
+            "reward_func or reward_processor does this; otherwise sample more varied candidates (more "
+            "preference_num_candidates, a higher temperature)"
+        )
+    return pairs, pair_statistics(all_rewards, pairs)

@@ -5,6 +5,9 @@ and sampled tokens; no models.
     N candidates per prompt (candidate j: every agent's sample j), one joint reward each
     ─every ordered (winner, loser) with a strictly higher reward (ties dropped)─▶
     ─pair_selection order, at most preference_pairs_per_sample─▶ PreferencePair records
+
+Against a comparator policy (MADPOIter), candidate j of the current policy meets only
+candidate j of the comparator (:func:`comparison_pairs`), as in comlrl 1.4.3.
 """
 
 from __future__ import annotations
@@ -19,27 +22,43 @@ from torch import Tensor
 from comlrl.rollout import AgentRollout
 
 
-def by_reward_gap(gaps: Tensor, generator: torch.Generator) -> Tensor:
+def by_reward_gap(gaps: Tensor, comparator_rewards: Tensor | None, generator: torch.Generator) -> Tensor:
     """Largest gap first; a stable sort keeps equal gaps in index order."""
     return torch.sort(gaps, descending=True, stable=True).indices
 
 
-def shuffled(gaps: Tensor, generator: torch.Generator) -> Tensor:
+def shuffled(gaps: Tensor, comparator_rewards: Tensor | None, generator: torch.Generator) -> Tensor:
     """A random order drawn from ``generator``."""
     return torch.randperm(len(gaps), generator=generator)
 
 
-def in_index_order(gaps: Tensor, generator: torch.Generator) -> Tensor:
+def in_index_order(gaps: Tensor, comparator_rewards: Tensor | None, generator: torch.Generator) -> Tensor:
     """(winner, loser) index order."""
     return torch.arange(len(gaps))
 
 
-PAIR_SELECTIONS: dict[str, Callable[[Tensor, torch.Generator], Tensor]] = {
+def by_comparator_reward(gaps: Tensor, comparator_rewards: Tensor | None, generator: torch.Generator) -> Tensor:
+    """Highest comparator reward first, then largest gap, then index order (comlrl 1.4.3's
+    ``comparator_reward``): a pair that beats a strong comparator sample, or loses to one, is
+    kept first. Two stable sorts: by the second key, then by the first."""
+    by_gap = torch.sort(gaps, descending=True, stable=True).indices
+    return by_gap[torch.sort(comparator_rewards[by_gap], descending=True, stable=True).indices]
+
+
+PairOrder = Callable[[Tensor, Tensor | None, torch.Generator], Tensor]
+"""``(gaps (P,), comparator_rewards (P,) or None, generator) -> (P,)`` the order in which a
+prompt's pairs are kept; ``comparator_rewards`` (the comparator side's reward of each pair)
+exists only for pairs against a comparator policy."""
+
+PAIR_SELECTIONS: dict[str, PairOrder] = {
     "reward_gap": by_reward_gap,
     "random": shuffled,
     "all": in_index_order,
 }
-"""``pair_selection`` -> the order in which a prompt's pairs are kept (from their reward gaps)."""
+"""``pair_selection`` -> the order in which a prompt's pairs (within one policy's candidates) are kept."""
+
+COMPARISON_SELECTIONS: dict[str, PairOrder] = {**PAIR_SELECTIONS, "comparator_reward": by_comparator_reward}
+"""``pair_selection`` -> the order in which a prompt's pairs against a comparator are kept."""
 
 
 def shared_rewards(rewards: Tensor, rows: Sequence[int]) -> Tensor:
@@ -77,7 +96,39 @@ def select_pairs(
     rewards = torch.as_tensor(rewards, dtype=torch.float64)
     wins = (rewards.unsqueeze(1) > rewards.unsqueeze(0)).nonzero()  # (Q, 2), row-major: index order
     gaps = rewards[wins[:, 0]] - rewards[wins[:, 1]]
-    return wins[PAIR_SELECTIONS[selection](gaps, generator)][:limit]
+    return wins[PAIR_SELECTIONS[selection](gaps, None, generator)][:limit]
+
+
+def comparison_pairs(
+    current_rewards: Sequence[float] | Tensor,
+    comparator_rewards: Sequence[float] | Tensor,
+    selection: str,
+    limit: int | None,
+    generator: torch.Generator,
+) -> Tensor:
+    """``(P, 2)`` rows ``(j, current_won)`` of one prompt's kept pairs against a comparator.
+
+    Current candidate j meets comparator candidate j only, for ``j < min(N, M)``; the STRICTLY
+    better one wins and ties are dropped. The pairs are ordered by
+    ``COMPARISON_SELECTIONS[selection]`` and the first ``limit`` kept (None: all).
+
+    Args:
+        current_rewards: ``(N,)`` joint reward of each current candidate.
+        comparator_rewards: ``(M,)`` joint reward of each comparator candidate.
+        selection: a key of ``COMPARISON_SELECTIONS``.
+        limit: most pairs kept, or None.
+        generator: draws ``random``'s order.
+    """
+    if selection not in COMPARISON_SELECTIONS:
+        raise ValueError(f"pair_selection={selection!r}; expected one of {sorted(COMPARISON_SELECTIONS)}")
+    current = torch.as_tensor(current_rewards, dtype=torch.float64)
+    comparator = torch.as_tensor(comparator_rewards, dtype=torch.float64)
+    met = min(len(current), len(comparator))
+    margins = current[:met] - comparator[:met]
+    decided = margins.nonzero().squeeze(1)  # ties dropped; index order
+    order = COMPARISON_SELECTIONS[selection](margins[decided].abs(), comparator[decided], generator)
+    kept = decided[order][:limit]
+    return torch.stack([kept, (margins[kept] > 0).long()], dim=1)
 
 
 @dataclass(frozen=True)
@@ -113,6 +164,44 @@ def unpadded(ids: Tensor, mask: Tensor) -> Tensor:
     return ids[mask.bool()].cpu()
 
 
+class JointAction(NamedTuple):
+    """One candidate of one prompt: every agent's part as sampled, and its joint reward."""
+
+    prompt_ids: list[Tensor]
+    """Each agent's prompt tokens (no padding)."""
+    completion_ids: list[Tensor]
+    """Each agent's completion tokens as sampled, EOS included, no padding."""
+    texts: list[str]
+    """Each agent's completion as text."""
+    reward: float
+    """The joint reward."""
+
+
+def joint_action(rollouts: Sequence[AgentRollout], index: int, reward: float | Tensor) -> JointAction:
+    """Row ``index`` of every agent's rollout, unpadded and on the CPU, with its joint ``reward``."""
+    return JointAction(
+        [unpadded(r.prompt_ids[index], r.prompt_mask[index]) for r in rollouts],
+        [unpadded(r.completion_ids[index], r.completion_mask[index]) for r in rollouts],
+        [r.texts[index] for r in rollouts],
+        float(reward),
+    )
+
+
+def preference_pair(row: int, prompts: Sequence[str], chosen: JointAction, rejected: JointAction) -> PreferencePair:
+    """The record of ``chosen`` beating ``rejected`` at dataset row ``row`` (each agent's ``prompts``)."""
+    return PreferencePair(
+        row=row,
+        prompts=list(prompts),
+        prompt_ids=chosen.prompt_ids,
+        chosen_ids=chosen.completion_ids,
+        rejected_ids=rejected.completion_ids,
+        chosen_texts=chosen.texts,
+        rejected_texts=rejected.texts,
+        chosen_reward=chosen.reward,
+        rejected_reward=rejected.reward,
+    )
+
+
 def node_pairs(
     row: int,
     prompts: Sequence[str],
@@ -131,23 +220,15 @@ def node_pairs(
         ranked: ``(P, 2)`` (winner, loser) candidate indices (:func:`select_pairs`).
         rewards: ``(N,)`` joint reward of each candidate.
     """
-    pairs = []
-    for winner, loser in ranked.tolist():
-        chosen, rejected = first + winner, first + loser
-        pairs.append(
-            PreferencePair(
-                row=row,
-                prompts=list(prompts),
-                prompt_ids=[unpadded(r.prompt_ids[chosen], r.prompt_mask[chosen]) for r in rollouts],
-                chosen_ids=[unpadded(r.completion_ids[chosen], r.completion_mask[chosen]) for r in rollouts],
-                rejected_ids=[unpadded(r.completion_ids[rejected], r.completion_mask[rejected]) for r in rollouts],
-                chosen_texts=[r.texts[chosen] for r in rollouts],
-                rejected_texts=[r.texts[rejected] for r in rollouts],
-                chosen_reward=float(rewards[winner]),
-                rejected_reward=float(rewards[loser]),
-            )
+    return [
+        preference_pair(
+            row,
+            prompts,
+            joint_action(rollouts, first + winner, rewards[winner]),
+            joint_action(rollouts, first + loser, rewards[loser]),
         )
-    return pairs
+        for winner, loser in ranked.tolist()
+    ]
 
 
 def pair_statistics(candidate_rewards: Tensor, pairs: Sequence[PreferencePair]) -> dict[str, float]:

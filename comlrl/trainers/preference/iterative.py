@@ -1,0 +1,618 @@
+"""MADPOIter: MADPO in rounds, each on fresh pairs of the current policy against a comparator
+policy (comlrl 1.4.3's ``comlrl.trainers.preference.iterative``).
+
+    for each of num_iterations rounds (epochs r*E .. r*E+E-1 of the training loop, E = num_train_epochs):
+        when its first epoch starts:
+            rows ─current policy─▶ N candidates per prompt and agent ─▶ joint rewards
+            rows ─comparator (own random stream)─▶ M candidates ─▶ joint rewards
+            current j against comparator j, j < min(N, M): strictly better wins, ties dropped
+            ─pair_selection order, preference_pairs_per_sample─▶ this round's pairs (shard r)
+            ─preference_replay_mode over the shards of every round so far─▶ the round's training pairs
+        E epochs of MADPO's DPO steps on them (global step, optimizers and logs carry on)
+
+The comparator policies are in :mod:`comlrl.trainers.preference.comparators`, the replay
+rules in :mod:`comlrl.trainers.preference.replay`, the pair order in
+:mod:`comlrl.trainers.preference.pairs`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import enum
+import json
+import os
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from comlrl.algorithms import joint_action_indices
+from comlrl.checkpoint import read_state
+from comlrl.optim import build_schedulers
+from comlrl.rollout.backends import GenerationBackend
+from comlrl.rollout.tree import Turn
+from comlrl.trainers.config import check_bool, check_choice, check_int, field_default, is_real
+from comlrl.trainers.loop import CheckpointPlan, TrainingLoop, TrainResult
+from comlrl.trainers.preference.comparators import (
+    COMPARATOR_SPELLINGS,
+    COMPARATORS,
+    GENERATION_MODE_SPELLINGS,
+    build_comparator,
+)
+from comlrl.trainers.preference.config import MADPOConfig
+from comlrl.trainers.preference.madpo import MADPOTrainer
+from comlrl.trainers.preference.pairs import (
+    COMPARISON_SELECTIONS,
+    PreferencePair,
+    comparison_pairs,
+    joint_action,
+    preference_pair,
+    shared_rewards,
+)
+from comlrl.trainers.preference.replay import REPLAY_MODE_SPELLINGS, REPLAY_MODES, replay_choice
+from comlrl.utils.run_control import seeded_cuda_devices
+
+__all__ = ["MADPOIterConfig", "MADPOIterTrainer"]
+
+ROUNDS_FILE = "preference_rounds.pt"
+"""What a checkpoint holds of the rounds: the round in progress, every round's pairs, the comparator's state."""
+
+
+def unsupported(default: Any = None) -> Any:
+    """A comlrl 1.4.3 field of a feature MADPOIter does not have: any value but 1.4.3's
+    default is an error naming the field (``UNSUPPORTED_FIELDS`` says what to do instead)."""
+    return field(default=default, repr=False, metadata={"unsupported": True})
+
+
+API_INSTEAD = (
+    "comlrl 1.4.3's HTTP comparator (comparator_policy='api') is not supported; sample the comparator "
+    "locally with comparator_policy='model' and comparator_model_name=<folder or hub id>"
+)
+UNSUPPORTED_FIELDS = {
+    "comparator_centralized_agent_index": "centralized comparator generation is not supported yet",
+    "policy_checkpoint_dir": "MADPOIter writes no per-round policy folders (the history comparator keeps its "
+    "snapshots in memory and in checkpoints); save the agents with save_model(), or set save_steps",
+    **{
+        name: API_INSTEAD
+        for name in (
+            "comparator_api_url",
+            "comparator_api_format",
+            "comparator_api_model",
+            "comparator_api_max_n_per_request",
+            "comparator_api_timeout",
+            "comparator_api_headers",
+            "comparator_api_key",
+            "comparator_api_key_env",
+            "comparator_api_key_header",
+            "comparator_api_key_prefix",
+            "comparator_api_response_field",
+            "comparator_api_extra_body",
+        )
+    },
+}
+"""The unsupported fields and why."""
+
+
+def respell(config: Any, name: str, spellings: dict[str, str]) -> None:
+    """``config.<name>`` as its canonical name when it is one of comlrl 1.4.3's spellings."""
+    value = getattr(config, name)
+    if isinstance(value, str):
+        setattr(config, name, spellings.get(value.strip().lower(), value))
+
+
+@dataclass
+class MADPOIterConfig(MADPOConfig):
+    """Everything that shapes a MADPOIter run: MADPO's fields (with 1.4.3's MADPOIter defaults),
+    the rounds, the comparator and the replay. Every field is checked in ``__post_init__``."""
+
+    num_train_epochs: int = 1
+    """DPO passes over each round's training pairs."""
+    preference_num_candidates: int = 20
+    """Candidates N the current policy samples per prompt and agent each round (at least 2)."""
+    preference_pairs_per_sample: int | None = 4
+    """Most pairs kept per prompt and round, in ``pair_selection`` order (>= 1); ``None`` keeps all."""
+    pair_selection: str = "comparator_reward"
+    """Which of a prompt's comparisons become pairs first: ``comparator_reward`` (highest
+    comparator reward first, then largest gap), ``reward_gap`` (largest gap first), ``random``
+    (seeded by ``seed`` and the round), ``all`` (index order; needs
+    ``preference_pairs_per_sample=None``)."""
+
+    # --- rounds -----------------------------------------------------------------------------
+    num_iterations: int = 6
+    """Rounds: each samples new pairs of the current policy against the comparator, then
+    trains on them for ``num_train_epochs`` epochs (>= 1)."""
+
+    # --- the comparator -----------------------------------------------------------------------
+    comparator_policy: str = "current"
+    """What the current policy's candidates are compared with: ``current`` (the agents
+    themselves, sampled from a random stream of their own), ``current_copy`` (a frozen copy
+    made at each round's start, on ``comparator_devices``), ``model`` (frozen models loaded
+    by name), ``history`` (the policy ``comparator_history_k`` rounds earlier). comlrl 1.4.3's
+    spellings (``self``, ``copy``, ``reference``, ``previous``, ...) are accepted."""
+    comparator_num_candidates: int | None = None
+    """Candidates M the comparator samples per prompt and agent (>= 1); ``None``: ``preference_num_candidates``."""
+    comparator_model_name: str | None = None
+    """``model`` comparator: a folder or hub id loaded once and used for every agent."""
+    comparator_agents: list[str] | None = None
+    """``model`` comparator: one folder or hub id per agent, instead of ``comparator_model_name``."""
+    comparator_devices: str | list[str] | None = None
+    """Where ``current_copy``, ``model`` and ``history`` comparators live (as ``agent_devices``:
+    one device, ``"auto"`` or one per agent); ``None``: each agent's device."""
+    comparator_history_k: int | None = None
+    """``history`` comparator: how many rounds back it is (>= 1); ``None``: 1."""
+    comparator_generation_mode: str = "decentralized"
+    """``decentralized``: each comparator model writes its own agent's part (the only mode yet)."""
+
+    # --- replay across rounds ------------------------------------------------------------------
+    preference_replay_mode: str = "current"
+    """Which rounds' pairs a round trains on: ``current`` (its own), ``nearest_k`` (the last
+    ``preference_replay_k`` rounds), ``all_history`` (every round so far alike),
+    ``lambda_decay`` (round of age a weighted (1-λ)λ^a, the newest at age 0)."""
+    preference_replay_k: int | None = None
+    """``nearest_k``: how many rounds back, this one included (>= 1)."""
+    preference_replay_lambda: float | None = None
+    """``lambda_decay``: λ in [0, 1] (1: every round alike, 0: only the newest)."""
+    preference_replay_sample_size: int | None = None
+    """Pairs a round trains on, drawn from the chosen rounds (not with ``current``; >= 1);
+    ``None``: as many as the round made."""
+    preference_replay_dir: str | None = None
+    """Where each round's pairs are written for reading (``iteration_XXXX.json``, token ids
+    included); ``None``: ``output_dir/preference_replay``."""
+    log_reward_distribution: bool = False
+    """comlrl 1.4.3's per-round reward histograms: not supported yet (must stay False)."""
+
+    # --- comlrl 1.4.3's fields of features MADPOIter does not have ------------------------------
+    policy_checkpoint_dir: str | None = unsupported()
+    """1.4.3's folder of per-round policy copies: not supported."""
+    comparator_centralized_agent_index: int = unsupported(0)
+    """1.4.3's centralized comparator's model: not supported."""
+    comparator_api_url: str | None = unsupported()
+    """1.4.3's HTTP comparator endpoint: not supported."""
+    comparator_api_format: str = unsupported("generic")
+    """1.4.3's HTTP comparator request format: not supported."""
+    comparator_api_model: str | None = unsupported()
+    """1.4.3's HTTP comparator model name: not supported."""
+    comparator_api_max_n_per_request: int | None = unsupported()
+    """1.4.3's HTTP comparator batch size: not supported."""
+    comparator_api_timeout: float = unsupported(120.0)
+    """1.4.3's HTTP comparator timeout: not supported."""
+    comparator_api_headers: dict[str, str] | None = unsupported()
+    """1.4.3's HTTP comparator headers: not supported."""
+    comparator_api_key: str | None = unsupported()
+    """1.4.3's HTTP comparator key: not supported."""
+    comparator_api_key_env: str | None = unsupported()
+    """1.4.3's HTTP comparator key variable: not supported."""
+    comparator_api_key_header: str = unsupported("Authorization")
+    """1.4.3's HTTP comparator key header: not supported."""
+    comparator_api_key_prefix: str = unsupported("Bearer")
+    """1.4.3's HTTP comparator key prefix: not supported."""
+    comparator_api_response_field: str = unsupported("completions")
+    """1.4.3's HTTP comparator response field: not supported."""
+    comparator_api_extra_body: dict[str, Any] | None = unsupported()
+    """1.4.3's HTTP comparator request extras: not supported."""
+
+    pair_selections: ClassVar[dict[str, Any]] = COMPARISON_SELECTIONS
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_int(self, "num_iterations")
+        self._check_comparator()
+        self._check_replay()
+        check_bool(self, "log_reward_distribution")
+        if self.log_reward_distribution:
+            raise ValueError(
+                "log_reward_distribution=True (comlrl 1.4.3's per-round reward histograms) is not supported yet: "
+                "leave it False; each round's rewards are logged as iter/current_reward_mean and "
+                "iter/comparator_reward_mean, and its pairs are in preference_replay/iteration_XXXX.json"
+            )
+        for name, why in UNSUPPORTED_FIELDS.items():
+            value, default = getattr(self, name), field_default(self, name)
+            if value != default:
+                raise ValueError(f"{name}={value!r} is not supported by MADPOIter: {why}")
+
+    @property
+    def comparator_candidates(self) -> int:
+        """M: ``comparator_num_candidates``, else ``preference_num_candidates``."""
+        return (
+            self.preference_num_candidates if self.comparator_num_candidates is None else self.comparator_num_candidates
+        )
+
+    @property
+    def history_k(self) -> int:
+        """How many rounds back the ``history`` comparator is."""
+        return 1 if self.comparator_history_k is None else self.comparator_history_k
+
+    def _check_comparator(self) -> None:
+        respell(self, "comparator_policy", COMPARATOR_SPELLINGS)
+        policy = self.comparator_policy
+        if policy == "api":
+            raise ValueError(f"comparator_policy='api' is not supported: {API_INSTEAD.split('; ', 1)[1]}")
+        check_choice(self, "comparator_policy", COMPARATORS)
+        respell(self, "comparator_generation_mode", GENERATION_MODE_SPELLINGS)
+        if self.comparator_generation_mode == "centralized":
+            raise ValueError(
+                "comparator_generation_mode='centralized' (one comparator model writing every agent's part) is not "
+                "supported yet: use comparator_generation_mode='decentralized'"
+            )
+        check_choice(self, "comparator_generation_mode", ("decentralized",))
+        check_int(self, "comparator_num_candidates", allow_none=True)
+        named = self.comparator_model_name is not None or self.comparator_agents is not None
+        if policy == "model" and not named:
+            raise ValueError(
+                "comparator_policy='model' needs comparator_model_name (one model for every agent) or "
+                "comparator_agents (one per agent)"
+            )
+        if policy != "model" and named:
+            raise ValueError(
+                "comparator_model_name and comparator_agents are only used with comparator_policy='model', "
+                f"not {policy!r}"
+            )
+        if self.comparator_model_name is not None and self.comparator_agents is not None:
+            raise ValueError("comparator_model_name and comparator_agents both name the comparator: set one")
+        agents = self.comparator_agents
+        if agents is not None and not (
+            isinstance(agents, list | tuple) and agents and all(isinstance(a, str) for a in agents)
+        ):
+            raise ValueError(f"comparator_agents must be a list of folders or hub ids, got {agents!r}")
+        devices = self.comparator_devices
+        if not (
+            devices is None
+            or isinstance(devices, str)
+            or (isinstance(devices, list | tuple) and devices and all(isinstance(d, str) for d in devices))
+        ):
+            raise ValueError(
+                "comparator_devices must be None, 'auto', a device name or a list of device names (one per agent), "
+                f"got {devices!r}"
+            )
+        if policy == "current" and devices is not None:
+            raise ValueError(
+                f"comparator_devices={self.comparator_devices!r}: the 'current' comparator samples with the agents "
+                "where they are; use comparator_policy='current_copy' for a copy on other devices"
+            )
+        if policy != "history" and self.comparator_history_k is not None:
+            raise ValueError(
+                f"comparator_history_k={self.comparator_history_k!r} is only used with comparator_policy='history', "
+                f"not {policy!r}"
+            )
+        check_int(self, "comparator_history_k", allow_none=True)
+
+    def _check_replay(self) -> None:
+        respell(self, "preference_replay_mode", REPLAY_MODE_SPELLINGS)
+        mode = self.preference_replay_mode
+        check_choice(self, "preference_replay_mode", REPLAY_MODES)
+        if mode == "nearest_k" and self.preference_replay_k is None:
+            raise ValueError("preference_replay_mode='nearest_k' needs preference_replay_k (how many rounds back)")
+        if mode != "nearest_k" and self.preference_replay_k is not None:
+            raise ValueError(
+                f"preference_replay_k={self.preference_replay_k!r} is only used with preference_replay_mode="
+                f"'nearest_k', not {mode!r}"
+            )
+        check_int(self, "preference_replay_k", allow_none=True)
+        decay = self.preference_replay_lambda
+        if mode == "lambda_decay" and decay is None:
+            raise ValueError("preference_replay_mode='lambda_decay' needs preference_replay_lambda, in [0, 1]")
+        if mode != "lambda_decay" and decay is not None:
+            raise ValueError(
+                f"preference_replay_lambda={decay!r} is only used with preference_replay_mode='lambda_decay', "
+                f"not {mode!r}"
+            )
+        if decay is not None and not (is_real(decay) and 0 <= decay <= 1):
+            raise ValueError(f"preference_replay_lambda must be in [0, 1], got {decay!r}")
+        if mode == "current" and self.preference_replay_sample_size is not None:
+            raise ValueError(
+                f"preference_replay_sample_size={self.preference_replay_sample_size!r}: preference_replay_mode="
+                "'current' trains on every pair of the round; choose 'nearest_k', 'all_history' or 'lambda_decay' "
+                "to draw a sample"
+            )
+        check_int(self, "preference_replay_sample_size", allow_none=True)
+        folder = self.preference_replay_dir
+        if folder is not None and not (isinstance(folder, str) and folder):
+            raise ValueError(f"preference_replay_dir must be None or a folder path, got {folder!r}")
+
+
+class Stream(enum.IntEnum):
+    """The random streams of a round, each seeded from the run's ``seed`` and the round alone,
+    so a resumed run draws them again exactly and none depends on another."""
+
+    PAIR_ORDER = 0
+    COMPARATOR = 1
+    REPLAY = 2
+
+
+def round_generator(seed: int, round_index: int, stream: Stream) -> torch.Generator:
+    """The generator of ``stream`` in round ``round_index``."""
+    entropy = [seed % 2**64, round_index, int(stream)]
+    return torch.Generator().manual_seed(int(np.random.SeedSequence(entropy).generate_state(1, np.uint64)[0]))
+
+
+def comparison_statistics(current: Tensor, comparator: Tensor, pairs: list[PreferencePair]) -> dict[str, float]:
+    """What a round's comparisons found, from ``(rows, N)`` current and ``(rows, M)``
+    comparator candidate rewards and the pairs kept."""
+    met = min(current.shape[1], comparator.shape[1])
+    margins = (current[:, :met] - comparator[:, :met]).double()
+    decided = (margins != 0).sum().item()
+    gaps = [pair.chosen_reward - pair.rejected_reward for pair in pairs]
+    return {
+        "iter/current_reward_mean": current.double().mean().item(),
+        "iter/comparator_reward_mean": comparator.double().mean().item(),
+        "iter/current_win_rate": (margins > 0).sum().item() / decided if decided else 0.0,
+        "iter/tie_rate": 1.0 - decided / margins.numel(),
+        "preference/reward_gap_mean": sum(gaps) / len(gaps) if gaps else 0.0,
+    }
+
+
+def pair_record(pair: PreferencePair) -> dict[str, Any]:
+    """A pair as JSON: its token ids as lists of integers."""
+    return {
+        name: [ids.tolist() for ids in value] if name.endswith("_ids") else value for name, value in vars(pair).items()
+    }
+
+
+class MADPOIterTrainer(MADPOTrainer):
+    """Iterative MADPO: ``num_iterations`` rounds, each making new pairs of the current policy
+    against a comparator policy and training on them (with earlier rounds' pairs, as
+    ``preference_replay_mode`` says) with MADPO's joint DPO loss.
+
+    Arguments: MADPOTrainer's; ``args`` is a :class:`MADPOIterConfig`.
+
+    Differences from comlrl 1.4.3's MADPOIter: the pairs hold the tokens as sampled (1.4.3
+    re-tokenized the text and lost the EOS); the ``history`` comparator is really
+    ``comparator_history_k`` rounds old, kept in memory (1.4.3's k=1 was the current policy,
+    reloaded from disk for every prompt); ``nearest_k`` counts rounds, not rounds with pairs;
+    ``checkpoint_interval`` counts rounds and a checkpoint taken in the middle of a round
+    resumes exactly. A round's learning-rate schedule spans that round's steps (its pairs are
+    only known when it starts). The ``api`` comparator, centralized comparator generation and
+    the reward histograms are not supported.
+
+    A checkpoint holds, beside MADPO's, every round's pairs, the round in progress and the
+    comparator's state: nothing for ``current`` (its random stream is derived from ``seed``
+    and the round), ``current_copy`` (a copy is made when a round starts, and checkpoints
+    come after) and ``model`` (loaded again by name); for ``history``, the starting weights
+    of the rounds later rounds will compare with (up to ``comparator_history_k`` copies of
+    the agents' weights).
+    """
+
+    config_class = MADPOIterConfig
+    algorithm_name = "MADPOIter"
+    args: MADPOIterConfig
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        self.round = -1
+        """The round whose training pairs ``pairs`` holds (-1: none yet)."""
+        self.shards: list[list[PreferencePair]] = []
+        """Each round's own pairs, the replay's shards, oldest first."""
+        super().__init__(*args, **kwargs)
+        config = self.args
+        sampled = config.per_device_train_batch_size * self.num_agents * config.comparator_candidates
+        if sampled > config.max_generations_per_step:
+            raise ValueError(
+                f"the comparator samples {sampled} completions at a time (per_device_train_batch_size="
+                f"{config.per_device_train_batch_size} rows x {self.num_agents} agents x comparator_num_candidates="
+                f"{config.comparator_candidates}), above max_generations_per_step={config.max_generations_per_step}: "
+                "lower one of them, or raise max_generations_per_step"
+            )
+        self.comparator = build_comparator(
+            config.comparator_policy, self.agents, self.backend, config, self.model_kwargs
+        )
+
+    # ----------------------------------------------------------------------------------------
+    # the rounds
+    # ----------------------------------------------------------------------------------------
+    def train(
+        self,
+        resume_from_checkpoint: bool | str | None = None,
+        checkpoint_dir: str | None = None,
+        checkpoint_interval: int | None = None,
+        checkpoint_total_limit: int | None = None,
+    ) -> TrainResult:
+        """Train for ``num_iterations`` rounds; as :meth:`MultiAgentTrainer.train`, except that
+        ``checkpoint_interval`` counts rounds (comlrl 1.4.3's meaning for the iterative
+        trainers), and ``checkpoint_dir`` alone writes a checkpoint after every round."""
+        plan = CheckpointPlan.resolve(self.args, checkpoint_dir, checkpoint_interval, checkpoint_total_limit)
+        return RoundLoop(self, resume_from_checkpoint, plan).run()
+
+    def prepare(self, checkpoint: str | None) -> dict[str, float]:
+        """A new run starts round 1 (its metrics are returned); a resumed one reads its rounds back."""
+        if checkpoint is None:
+            self.pairs, self.round, self.shards = None, -1, []
+        return super().prepare(checkpoint)
+
+    def build_pairs(self) -> tuple[list[PreferencePair], dict[str, float]]:
+        """Round 1's training pairs, when a run starts, and what making them found."""
+        metrics = self.start_round(0)
+        return self.pairs, metrics
+
+    def start_epoch(self, epoch: int) -> dict[str, float]:
+        """Start the round epoch ``epoch`` belongs to, if it is a new one (its metrics are
+        returned); its learning-rate schedules start over, spanning its steps."""
+        round_index = epoch // self.args.num_train_epochs
+        if round_index == self.round:
+            return {}
+        metrics = self.start_round(round_index)
+        args = self.args
+        self.learners.schedulers = build_schedulers(
+            self.learners.optimizers, args.lr_scheduler_type, args.warmup_ratio, self.total_optimizer_steps
+        )
+        return metrics
+
+    def start_round(self, round_index: int) -> dict[str, float]:
+        """Make round ``round_index``'s pairs against the comparator, keep them as its shard,
+        and choose the round's training pairs from the shards; returns the round's metrics."""
+        if round_index != len(self.shards):
+            raise RuntimeError(f"round {round_index + 1} cannot start after {len(self.shards)} rounds")
+        args = self.args
+        current, metrics = self.compare(round_index, self.comparator.start_round(round_index))
+        if args.dpo_reference == "initial" and current:
+            current = self.with_reference(current)
+        self.shards.append(current)
+        self.round = round_index
+        self.write_shard(round_index, current)
+        chosen = replay_choice(
+            args.preference_replay_mode,
+            [len(shard) for shard in self.shards],
+            args.preference_replay_sample_size,
+            round_generator(args.seed, round_index, Stream.REPLAY),
+            args.preference_replay_k,
+            args.preference_replay_lambda,
+        )
+        self.pairs = [self.shards[shard][index] for shard, index in chosen]
+        if not self.pairs:
+            warnings.warn(
+                f"MADPOIter round {round_index + 1}: no preference pairs to train on (every comparison tied, "
+                "and the replay found none): the round trains nothing",
+                stacklevel=2,
+            )
+        metrics.update(
+            {
+                "iter/current_iteration": float(round_index + 1),
+                "iter/current_preference_pairs": float(len(current)),
+                "iter/total_preference_pairs": float(sum(len(shard) for shard in self.shards)),
+                "iter/train_preference_pairs": float(len(self.pairs)),
+            }
+        )
+        return metrics
+
+    def compare(self, round_index: int, comparator: GenerationBackend) -> tuple[list[PreferencePair], dict[str, float]]:
+        """Round ``round_index``'s pairs: for every training prompt, the current policy's N
+        candidates against the ``comparator``'s M, candidate j against candidate j."""
+        args = self.args
+        count, comparator_count = args.preference_num_candidates, args.comparator_candidates
+        order = round_generator(args.seed, round_index, Stream.PAIR_ORDER)  # pair_selection="random"
+        comparator_stream = round_generator(args.seed, round_index, Stream.COMPARATOR)
+        rows = list(range(len(self.train_prompts)))
+        chunk = args.per_device_train_batch_size
+        pairs: list[PreferencePair] = []
+        current_rewards, comparator_rewards = [], []
+        progress = tqdm(range(0, len(rows), chunk), desc=f"MADPOIter round {round_index + 1} pairs", unit="batch")
+        for first in progress:
+            batch = rows[first : first + chunk]
+            mine = self.candidates(batch, count)
+            with self.sampling_with(comparator, comparator_stream):
+                theirs = self.candidates(batch, comparator_count)
+            mine_rewards, their_rewards = (
+                shared_rewards(mine.rewards, mine.rows),
+                shared_rewards(theirs.rewards, theirs.rows),
+            )
+            for m, row in enumerate(mine.rows):
+                kept = comparison_pairs(
+                    mine_rewards[m], their_rewards[m], args.pair_selection, args.preference_pairs_per_sample, order
+                )
+                prompts = [agent_prompts[m] for agent_prompts in mine.prompts]
+                for j, current_won in kept.tolist():
+                    ours = joint_action(mine.agents, m * count + j, mine_rewards[m, j])
+                    other = joint_action(theirs.agents, m * comparator_count + j, their_rewards[m, j])
+                    pairs.append(preference_pair(row, prompts, *((ours, other) if current_won else (other, ours))))
+            current_rewards.append(mine_rewards)
+            comparator_rewards.append(their_rewards)
+        return pairs, comparison_statistics(torch.cat(current_rewards), torch.cat(comparator_rewards), pairs)
+
+    def candidates(self, rows: list[int], count: int) -> Turn:
+        """``count`` aligned joint actions per row, sampled and scored with the task reward."""
+        aligned = joint_action_indices(self.num_agents, count, "aligned")
+        return self.rollout(self.train_prompts, rows, num_generations=count, joint_indices=aligned).turns[0]
+
+    @contextlib.contextmanager
+    def sampling_with(self, backend: GenerationBackend, stream: torch.Generator) -> Iterator[None]:
+        """Rollouts inside sample with ``backend``, from a seed drawn from ``stream``; torch's
+        generators (the training's random stream) are left as they were."""
+        live = self.backend
+        with torch.random.fork_rng(devices=seeded_cuda_devices(), device_type="cuda"):
+            torch.manual_seed(int(torch.randint(0, 2**62, (1,), generator=stream)))
+            self.backend = backend
+            try:
+                yield
+            finally:
+                self.backend = live
+
+    def write_shard(self, round_index: int, pairs: list[PreferencePair]) -> None:
+        """Round ``round_index``'s pairs to ``iteration_XXXX.json`` (numbered from 1, as 1.4.3), for reading."""
+        folder = self.args.preference_replay_dir or os.path.join(self.args.output_dir, "preference_replay")
+        os.makedirs(folder, exist_ok=True)
+        path = os.path.join(folder, f"iteration_{round_index + 1:04d}.json")
+        record = {"iteration": round_index + 1, "num_pairs": len(pairs), "pairs": [pair_record(p) for p in pairs]}
+        with open(path + ".tmp", "w", encoding="utf-8") as f:
+            json.dump(record, f, ensure_ascii=False)
+        os.replace(path + ".tmp", path)
+
+    # ----------------------------------------------------------------------------------------
+    # checkpoints: the rounds go with MADPO's pairs
+    # ----------------------------------------------------------------------------------------
+    def write_models(self, folder: str) -> None:
+        """MADPO's (the agents, the round's training pairs) and ``preference_rounds.pt``: the
+        round in progress, every round's pairs and the comparator's state (tensors, strings
+        and numbers only)."""
+        super().write_models(folder)
+        state = {
+            "round": self.round,
+            "shards": [[dataclasses.asdict(pair) for pair in shard] for shard in self.shards],
+            "comparator": self.comparator.state(),
+        }
+        torch.save(state, os.path.join(folder, ROUNDS_FILE))
+
+    def read_pairs(self, checkpoint: str) -> list[PreferencePair]:
+        """MADPO's pairs of ``checkpoint``, after putting back the rounds :meth:`write_models` wrote."""
+        path = os.path.join(checkpoint, ROUNDS_FILE)
+        if not os.path.isfile(path):
+            raise ValueError(f"checkpoint {checkpoint} holds no {ROUNDS_FILE}: it was not written by MADPOIterTrainer")
+        saved = read_state(checkpoint).config
+        for name in ("num_train_epochs", "comparator_policy", "comparator_history_k"):
+            if saved.get(name) != getattr(self.args, name):
+                raise ValueError(
+                    f"checkpoint {checkpoint} was trained with {name}={saved.get(name)!r}; this config has "
+                    f"{getattr(self.args, name)!r}, so its rounds cannot be continued: make them agree"
+                )
+        try:
+            state = torch.load(path, weights_only=True)
+            shards = [[PreferencePair(**record) for record in shard] for shard in state["shards"]]
+        except Exception as error:
+            raise ValueError(
+                f"checkpoint {checkpoint}: {ROUNDS_FILE} cannot be read ({type(error).__name__}: {error}); the file "
+                "is truncated, was changed, or was not written by comlrl"
+            ) from error
+        self.round, self.shards = state["round"], shards
+        self.comparator.load_state(state["comparator"])
+        return super().read_pairs(checkpoint)
+
+
+class RoundLoop(TrainingLoop):
+    """The training loop over every round's epochs: a round's pairs are made when its first
+    epoch starts (so their count sets that round's steps), and an epoch cadence of checkpoints
+    counts rounds."""
+
+    def __init__(
+        self, trainer: MADPOIterTrainer, resume_from_checkpoint: bool | str | None, checkpoints: CheckpointPlan
+    ):
+        super().__init__(trainer, resume_from_checkpoint, checkpoints)
+        self.save_every = checkpoints.every_steps  # checkpoint_interval counts rounds: see finished_with_save
+
+    @property
+    def num_epochs(self) -> int:
+        return self.args.num_iterations * self.args.num_train_epochs
+
+    def epoch_order(self) -> list[int]:
+        """The epoch's order of its round's pairs, made first when the epoch starts a round."""
+        metrics = self.trainer.start_epoch(self.progress.epoch)
+        if metrics:
+            # Logged with the round's first step: a run resumed from a checkpoint taken before
+            # the round (which drops later lines from the log) makes and logs them again.
+            self.logger.log(metrics, self.trainer.global_step + 1)
+            if self.main:
+                self.bar.write(" | ".join(f"{key} {value:.4g}" for key, value in metrics.items()))
+        # Later rounds' sizes are unknown: the bar counts on this round's.
+        self.bar.total = self.bar.n + (self.num_epochs - self.progress.epoch) * self.trainer.steps_per_epoch
+        return super().epoch_order()
+
+    def finished_with_save(self) -> bool:
+        """The step just taken ends a round the plan keeps: every ``checkpoint_interval``-th, and the last."""
+        every, epochs = self.checkpoints.every_epochs, self.args.num_train_epochs
+        epoch, progress = self.progress.epoch, self.progress
+        if not every or (epoch + 1) % epochs or progress.step_in_epoch != self.trainer.steps_per_epoch:
+            return False
+        rounds_done = (epoch + 1) // epochs
+        return rounds_done % every == 0 or rounds_done == self.args.num_iterations
