@@ -349,3 +349,10 @@ def test_runs_killed_at_random_moments_resume_to_the_straight_result(tmp_path):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
     steps = [json.loads(line)["step"] for line in (folder / "metrics.jsonl").read_text().splitlines()]
     assert steps == list(range(1, 25))  # each step logged once, whatever was cut short
+
+
+def test_a_tampered_manifest_is_a_clear_error(tmp_path):
+    make_trainer(tmp_path, args=small_config(tmp_path, save_steps=1)).train()
+    (tmp_path / "run" / "checkpoint-2" / "manifest.json").write_text('{"files": {"optimizer.pt": 7}}')
+    with pytest.raises(ValueError, match=r"checkpoint-2: manifest.json cannot be read \(TypeError"):
+        make_trainer(tmp_path, args=small_config(tmp_path)).train(resume_from_checkpoint=True)

@@ -190,21 +190,20 @@ def verify_checkpoint(path: str) -> None:
     try:
         with open(os.path.join(path, MANIFEST_FILE), encoding="utf-8") as f:
             files = json.load(f)["files"]
+        files = {str(relative): (int(entry["size"]), str(entry["sha256"])) for relative, entry in files.items()}
     except FileNotFoundError:
         warnings.warn(f"checkpoint {path} has no {MANIFEST_FILE}: its files cannot be verified", stacklevel=2)
         return
-    except (OSError, ValueError, KeyError, TypeError) as error:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
         raise _unreadable(path, MANIFEST_FILE, error) from error
-    for relative, expected in files.items():
+    for relative, (expected_size, expected_sha256) in files.items():
         file = os.path.join(path, relative)
         if not os.path.isfile(file):
             raise ValueError(f"checkpoint {path} is damaged: {relative} is missing")
         size = os.path.getsize(file)
-        if size != expected["size"]:
-            raise ValueError(
-                f"checkpoint {path} is damaged: {relative} has {size} bytes, {expected['size']} were written"
-            )
-        if file_sha256(file) != expected["sha256"]:
+        if size != expected_size:
+            raise ValueError(f"checkpoint {path} is damaged: {relative} has {size} bytes, {expected_size} were written")
+        if file_sha256(file) != expected_sha256:
             raise ValueError(
                 f"checkpoint {path} is damaged: {relative} differs from what was written (SHA-256 mismatch); "
                 "resume from an earlier checkpoint"
