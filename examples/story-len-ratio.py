@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import sys
 import time
 from functools import partial
 
@@ -54,6 +55,16 @@ def proper_length_ratio_reward(completions1, completions2, target_min=2.0, targe
             reward = math.exp(-distance)
         rewards.append(float(reward))
     return rewards
+
+
+def peak_memory() -> str:
+    """ ", peak memory X GiB" (this process's peak resident set so far), where the OS reports it."""
+    try:
+        import resource
+    except ImportError:  # Windows
+        return ""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    return f", peak memory {peak / (2**30 if sys.platform == 'darwin' else 2**20):.1f} GiB"
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -133,7 +144,7 @@ def main(argv=None) -> None:
     print(
         f"\nmean length-ratio reward (0..1, before the x100 scale): first epoch {first:.3f}, "
         f"last epoch {last:.3f}\n"
-        f"{result.global_step} steps in {time.perf_counter() - started:.0f} s; "
+        f"{result.global_step} steps in {time.perf_counter() - started:.0f} s{peak_memory()}; "
         f"agents saved in {os.path.abspath(models_dir)}/agent_0, agent_1; "
         f"metrics in {os.path.abspath(os.path.join(args.output_dir, 'metrics.jsonl'))}; {curves}"
     )

@@ -1,5 +1,6 @@
 """examples/story-len-ratio.py: its flags, and a short run on a tiny model folder."""
 
+import re
 import sys
 
 import pytest
@@ -49,6 +50,7 @@ def test_short_run_on_a_tiny_model_saves_both_agents(example, tmp_path, capsys, 
     example.main(tiny_model_args)
     summary = capsys.readouterr().out
     assert "first epoch" in summary and "last epoch" in summary and str(out / "models") in summary
+    assert re.search(r"steps in \d+ s, peak memory \d+\.\d GiB;", summary)
     assert f"curves in {out / 'metrics.png'}" in summary and (out / "metrics.png").stat().st_size > 0
     for i in range(2):
         AutoModelForCausalLM.from_pretrained(out / "models" / f"agent_{i}")
