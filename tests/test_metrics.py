@@ -18,19 +18,41 @@ SAMPLES = [
 ]
 
 
-def test_logger_averages_each_window_and_jsonl_appends_lines(tmp_path):
+class ListSink:
+    """A remote sink stand-in (W&B, TensorBoard): what it was handed."""
+
+    def __init__(self):
+        self.logged = []
+
+    def log(self, metrics, step):
+        self.logged.append((step, metrics))
+
+    def log_samples(self, samples, step):
+        pass
+
+    def close(self):
+        pass
+
+
+def test_jsonl_keeps_every_step_and_remote_sinks_get_each_windows_average(tmp_path):
     path = tmp_path / "run" / "metrics.jsonl"
-    logger = MetricsLogger([JsonlSink(str(path))])
-    logger.add({"reward/mean": 1.0, "loss": 4.0})
-    logger.add({"reward/mean": 3.0, "loss": 2.0})
-    assert not path.exists()  # nothing is written before the first flush
+    remote = ListSink()
+    logger = MetricsLogger([JsonlSink(str(path)), remote])
+    logger.add({"reward/mean": 1.0, "loss": 4.0}, step=1)
+    logger.add({"reward/mean": 3.0, "loss": 2.0}, step=2)
+    assert remote.logged == []  # nothing averaged before the first flush
     assert logger.flush(step=2) == {"reward/mean": 2.0, "loss": 3.0}
-    logger.add({"reward/mean": 5.0})
+    logger.add({"reward/mean": 5.0}, step=3)
     logger.flush(step=3)
-    assert logger.flush(step=3) == {}  # an empty window writes nothing
+    assert logger.flush(step=3) == {}  # an empty window sends nothing
     logger.close()
     lines = [json.loads(line) for line in path.read_text().splitlines()]
-    assert lines == [{"step": 2, "reward/mean": 2.0, "loss": 3.0}, {"step": 3, "reward/mean": 5.0}]
+    assert lines == [
+        {"step": 1, "reward/mean": 1.0, "loss": 4.0},
+        {"step": 2, "reward/mean": 3.0, "loss": 2.0},
+        {"step": 3, "reward/mean": 5.0},
+    ]
+    assert remote.logged == [(2, {"reward/mean": 2.0, "loss": 3.0}), (3, {"reward/mean": 5.0})]
     assert not (tmp_path / "run" / "samples.jsonl").exists()  # no samples, no samples file
 
 
@@ -41,7 +63,7 @@ def test_jsonl_samples_go_to_their_own_file(tmp_path):
     assert not run.exists()
     logger.log_samples(SAMPLES[:2], step=1)
     logger.log_samples(SAMPLES[2:], step=2)
-    logger.add({"loss": 1.0})
+    logger.add({"loss": 1.0}, step=2)
     logger.flush(step=2)
     logger.close()
     lines = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
@@ -92,9 +114,9 @@ def read_wandb_records(path):
 def log_two_steps_and_samples(sink):
     """What the real-sink tests read back: steps 1 and 2 (loss at step 1 only), SAMPLES at step 2."""
     logger = MetricsLogger([sink])
-    logger.add({"reward/mean": 0.5, "loss": 2.0})
+    logger.add({"reward/mean": 0.5, "loss": 2.0}, step=1)
     logger.flush(step=1)
-    logger.add({"reward/mean": 0.75})
+    logger.add({"reward/mean": 0.75}, step=2)
     logger.flush(step=2)
     logger.log_samples(SAMPLES, step=2)
     logger.close()

@@ -20,9 +20,12 @@ class Sink(Protocol):
 
 
 class JsonlSink:
-    """Appends one JSON object per logging step to ``path``, and one per sample to ``samples_path``
-    (by default ``samples.jsonl`` next to ``path``), so the metrics file stays small enough to plot.
-    Each file is created on its first write, so a run that fails before logging leaves nothing behind."""
+    """Appends one JSON object per training step (and per evaluation) to ``path``, and one per
+    sample to ``samples_path`` (by default ``samples.jsonl`` next to ``path``). Each file is
+    created on its first write, so a run that fails before logging leaves nothing behind."""
+
+    every_step = True
+    """The local record keeps every step (a line is cheap); remote sinks get ``logging_steps`` averages."""
 
     def __init__(self, path: str, samples_path: str | None = None):
         self.path = path
@@ -149,13 +152,19 @@ def _markdown_cell(value: Any) -> str:
 
 
 class MetricsLogger:
-    """Averages each metric over the steps since the last flush, then hands them to sinks."""
+    """Hands every step's metrics to the sinks that keep every step (``every_step``: the JSONL
+    record), and to the others their averages over the steps since the last flush."""
 
     def __init__(self, sinks: list[Sink]):
         self.sinks = sinks
+        self._per_step = [sink for sink in sinks if getattr(sink, "every_step", False)]
+        self._averaged = [sink for sink in sinks if not getattr(sink, "every_step", False)]
         self._window: dict[str, list[float]] = defaultdict(list)
 
-    def add(self, metrics: dict[str, float]) -> None:
+    def add(self, metrics: dict[str, float], step: int) -> None:
+        """One training step's metrics: written to the per-step sinks now, averaged for the others."""
+        for sink in self._per_step:
+            sink.log(metrics, step)
         for key, value in metrics.items():
             self._window[key].append(value)
 
@@ -169,11 +178,11 @@ class MetricsLogger:
             self._window[key].extend(values)
 
     def flush(self, step: int) -> dict[str, float]:
-        """Send the averages to every sink and start a new window; returns the averages."""
+        """Send the averages to the averaging sinks and start a new window; returns the averages."""
         averaged = {key: sum(values) / len(values) for key, values in self._window.items()}
         self._window.clear()
         if averaged:
-            for sink in self.sinks:
+            for sink in self._averaged:
                 sink.log(averaged, step)
         return averaged
 

@@ -295,7 +295,8 @@ class TrainerConfig:
     overwrite_output_dir: bool = False
     """Let a new run replace an earlier run's checkpoints and logs in ``output_dir`` (else it stops)."""
     logging_steps: int = 50
-    """Write averaged metrics every this many training steps."""
+    """Print, and send to W&B / TensorBoard, the metrics averaged over this many training
+    steps (``metrics.jsonl`` keeps every step), with samples of the step's completions."""
     num_completions_to_log: int = 4
     """At every logging step, this many joint actions per turn (prompt, each agent's
     completion, reward, return) go to ``output_dir/samples.jsonl`` (and a W&B table, a

@@ -240,7 +240,7 @@ class TrainingLoop:
         if "reward/mean" in result.metrics:  # a step that samples (MADPO's steps train on stored pairs)
             progress.step_rewards.append(result.metrics["reward/mean"])
             progress.step_raw_rewards.append(result.metrics["reward/raw_mean"])
-        self.logger.add(result.metrics)
+        self.logger.add(result.metrics, trainer.global_step)
         self.bar.update(1)
         label, key = trainer.progress_metric
         self.bar.set_postfix({"epoch": epoch + 1, label: f"{result.metrics[key]:.3g}"})
