@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from comlrl.metrics.plot import plot_run
+from comlrl.metrics.plot import draw_run
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -18,7 +18,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     try:
-        print(plot_run(args.run_dir, args.out))
+        out, steps = draw_run(args.run_dir, args.out)
+        print(f"{out} ({steps} training steps drawn)")
     except (OSError, ValueError, ImportError) as error:  # OSError: a log or PNG path it cannot read or write
         print(f"error: {error}", file=sys.stderr)
         return 2

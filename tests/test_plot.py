@@ -6,7 +6,7 @@ import os
 import pytest
 
 from comlrl.__main__ import main
-from comlrl.metrics.plot import plot_run, read_metrics
+from comlrl.metrics.plot import moving_average, plot_run, read_metrics, training_steps, without_copies_of_joint
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -50,7 +50,8 @@ def test_command_line(run_dir, tmp_path, capsys):
     target = tmp_path / "curves.png"
     with pytest.warns(UserWarning):
         assert main(["plot", str(run_dir), "--out", str(target)]) == 0
-    assert capsys.readouterr().out.strip() == str(target) and target.read_bytes()[:8] == PNG_MAGIC
+    assert capsys.readouterr().out.strip() == f"{target} (3 training steps drawn)"
+    assert target.read_bytes()[:8] == PNG_MAGIC
 
 
 def test_command_line_without_a_log(tmp_path, capsys):
@@ -177,5 +178,46 @@ def test_read_only_run_folder_with_out(tmp_path, capsys):
         assert main(["plot", str(run), "--out", str(target)]) == 0
     finally:
         run.chmod(0o755)
-    assert capsys.readouterr().out.strip() == str(target) and target.read_bytes()[:8] == PNG_MAGIC
-    assert not (run / "metrics.png").exists()
+    assert capsys.readouterr().out.strip() == f"{target} (0 training steps drawn)"
+    assert target.read_bytes()[:8] == PNG_MAGIC and not (run / "metrics.png").exists()
+
+
+# ---------------------------------------------------------------- pictures people can read
+def test_a_shared_reward_is_drawn_once():
+    shared = [(1, 0.5), (2, 0.7)]
+    assert without_copies_of_joint({"joint": shared, "agent 0": shared, "agent 1": list(shared)}) == {
+        "joint (= every agent's)": shared
+    }
+    different = {"joint": shared, "agent 0": shared, "agent 1": [(1, 0.1), (2, 0.2)]}
+    assert without_copies_of_joint(different) == different
+
+
+def testmoving_average_by_hand():
+    values = [float(v) for v in range(20)]  # window = 20 // 10 = 2
+    assert moving_average(values)[:4] == [0.0, 0.5, 1.5, 2.5]
+    assert moving_average([1.0, 3.0]) == [1.0, 2.0]
+
+
+def test_steps_axis_labels_and_title(run_dir):
+    from matplotlib.figure import Figure
+
+    drawn = {}
+    real_savefig = Figure.savefig
+
+    def keep(figure, *args, **kwargs):
+        drawn["figure"] = figure
+        return real_savefig(figure, *args, **kwargs)
+
+    Figure.savefig = keep
+    try:
+        with pytest.warns(UserWarning):
+            plot_run(run_dir)
+    finally:
+        Figure.savefig = real_savefig
+    figure = drawn["figure"]
+    assert figure.get_suptitle().endswith(": 3 training steps")
+    reward, length, loss = figure.axes
+    assert "after reward_processor" in reward.get_ylabel() and length.get_ylabel() == "tokens per completion"
+    assert all(axes.get_xlabel() == "training step" for axes in figure.axes)
+    assert all(float(tick).is_integer() for tick in reward.get_xticks())
+    assert training_steps(read_metrics(run_dir / "metrics.jsonl")) == 3

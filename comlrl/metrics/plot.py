@@ -15,12 +15,13 @@ from pathlib import Path
 
 from comlrl.utils.text import short_repr
 
-# (panel title, metric key pattern with the agent index as a group, joint key drawn too)
+# (panel title, y-axis label, metric key pattern with the agent index as a group, joint key drawn too)
 PANELS = [
-    ("reward", r"agent(\d+)/reward_mean", "reward/mean"),
-    ("completion length (tokens)", r"agent(\d+)/completion_length", None),
-    ("loss", r"agent(\d+)/loss", None),
+    ("reward", "mean reward, as trained (after reward_processor)", r"agent(\d+)/reward_mean", "reward/mean"),
+    ("completion length", "tokens per completion", r"agent(\d+)/completion_length", None),
+    ("loss", "loss per optimizer step", r"agent(\d+)/loss", None),
 ]
+SMOOTH_FROM = 20  # points in a curve from which a moving average is drawn over the faint raw points
 SHOWN = 10  # items a warning lists before "and N more", so a badly damaged log gives one short line
 VALUE_REPR = 40  # characters of a skipped value a warning shows
 
@@ -95,6 +96,35 @@ def _series(records: list[dict], pattern: str, joint_key: str | None, bad: list[
     return series
 
 
+def without_copies_of_joint(series: dict[str, list[tuple[int, float]]]) -> dict[str, list[tuple[int, float]]]:
+    """With a shared reward every agent's curve is the joint one: keep one line, named so."""
+    joint = series.get("joint")
+    agents = [label for label in series if label != "joint"]
+    if joint is None or not agents or any(series[label] != joint for label in agents):
+        return series
+    return {"joint (= every agent's)": joint}
+
+
+def moving_average(values: list[float]) -> list[float]:
+    """Trailing mean over a tenth of the curve (at least 2 points)."""
+    window = max(2, len(values) // 10)
+    return [sum(values[max(0, i - window + 1) : i + 1]) / (i + 1 - max(0, i - window + 1)) for i in range(len(values))]
+
+
+def _draw(axes, label: str, points: list[tuple[int, float]]) -> None:
+    steps, values = zip(*points)
+    if len(points) < SMOOTH_FROM:
+        axes.plot(steps, values, marker="o", markersize=3, label=label)
+        return
+    (line,) = axes.plot(steps, moving_average(list(values)), label=f"{label} (moving average)")
+    axes.plot(steps, values, linestyle="none", marker=".", markersize=3, alpha=0.3, color=line.get_color())
+
+
+def training_steps(records: list[dict]) -> int:
+    """How many training steps ``records`` hold (steps with a per-agent loss)."""
+    return len({record["step"] for record in records if any(re.fullmatch(PANELS[2][2], key) for key in record)})
+
+
 def _cannot_write(out: Path, reason: str) -> PermissionError:
     return PermissionError(
         f"cannot write the plot to {out} ({reason}): pass --out FILE (out= in Python) to write it elsewhere"
@@ -113,6 +143,11 @@ def _check_writable(out: Path) -> None:
 
 def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     """Write a PNG of the run's curves (default ``RUN_DIR/metrics.png``); returns its path."""
+    return draw_run(run_dir, out)[0]
+
+
+def draw_run(run_dir: str | Path, out: str | Path | None = None) -> tuple[Path, int]:
+    """:func:`plot_run`, also returning how many training steps it drew (a live run's so far)."""
     try:
         from matplotlib.figure import Figure
     except ImportError:
@@ -127,13 +162,18 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     records = read_metrics(log)
     if not records:
         raise ValueError(f"{log} holds no readable metrics yet")
+    from matplotlib.ticker import MaxNLocator
+
     figure = Figure(figsize=(5 * len(PANELS), 4), layout="constrained")
+    steps = training_steps(records)
+    figure.suptitle(f"{Path(run_dir).resolve().name}: {steps} training steps")
     bad: list[str] = []
-    for axes, (title, pattern, joint_key) in zip(figure.subplots(1, len(PANELS)), PANELS):
-        series = _series(records, pattern, joint_key, bad)
+    for axes, (title, ylabel, pattern, joint_key) in zip(figure.subplots(1, len(PANELS)), PANELS):
+        series = without_copies_of_joint(_series(records, pattern, joint_key, bad))
         for label, points in sorted(series.items()):
-            axes.plot(*zip(*points), marker="o", markersize=3, label=label)
-        axes.set(title=title, xlabel="step")
+            _draw(axes, label, points)
+        axes.set(title=title, xlabel="training step", ylabel=ylabel)
+        axes.xaxis.set_major_locator(MaxNLocator(integer=True))
         if series:
             axes.legend()
     if bad:
@@ -143,4 +183,4 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
         figure.savefig(out, dpi=100)
     except OSError as error:  # the check above can still miss: a full disk, a folder changed meanwhile
         raise _cannot_write(out, error.strerror or str(error)) from error
-    return out
+    return out, steps
