@@ -7,11 +7,12 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from comlrl.trainers.config import (
+    MAX_COEFFICIENT,
     TrainerConfig,
     check_choice,
     check_int,
+    check_scalar,
     field_default,
-    is_real,
     warn_once,
 )
 from comlrl.trainers.preference.pairs import PAIR_SELECTIONS
@@ -109,8 +110,7 @@ class MADPOConfig(TrainerConfig):
                 f"{self.preference_pairs_per_sample}: set preference_pairs_per_sample=None, or choose "
                 "pair_selection='reward_gap' or 'random' to cap the pairs"
             )
-        if not (is_real(self.dpo_beta) and self.dpo_beta > 0):
-            raise ValueError(f"dpo_beta must be a number > 0, got {self.dpo_beta!r}")
+        check_scalar(self.dpo_beta, "dpo_beta", 0, MAX_COEFFICIENT, low_open=True)
         check_choice(self, "dpo_reference", DPO_REFERENCES)
         if self.collaboration_mode == "centralized":
             raise ValueError(
