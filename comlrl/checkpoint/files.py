@@ -315,15 +315,18 @@ def load_weights(
             )
 
 
+def read_tensors(path: str, name: str, parse: Callable[[Any], Any] = lambda data: data) -> Any:
+    """``parse`` of the data file ``name`` of checkpoint ``path`` (tensors, numbers, strings:
+    ``torch.load(weights_only=True)``); a file that cannot be read or parsed is an error naming it."""
+    try:
+        return parse(torch.load(os.path.join(path, name), weights_only=True))
+    except Exception as error:
+        raise _unreadable(path, name, error) from error
+
+
 def load_training_state(path: str) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """The optimizer/scheduler states and the generator states of a checkpoint."""
-    loaded = []
-    for name in (OPTIMIZER_FILE, RNG_FILE):
-        try:
-            loaded.append(torch.load(os.path.join(path, name), weights_only=True))
-        except Exception as error:
-            raise _unreadable(path, name, error) from error
-    return loaded[0], loaded[1]
+    return read_tensors(path, OPTIMIZER_FILE), read_tensors(path, RNG_FILE)
 
 
 def truncate_log(path: str, step: int) -> None:

@@ -159,9 +159,7 @@ class TrainingLoop:
         self.save_every = checkpoints.cadence(trainer.steps_per_epoch)
         self.logger = MetricsLogger(trainer.sinks() if self.main else [])
         if start_metrics:
-            self.logger.log(start_metrics, trainer.global_step)
-            if self.main:
-                tqdm.write(" | ".join(f"{key} {value:.4g}" for key, value in start_metrics.items()))
+            self.log_once(start_metrics, trainer.global_step)
         self.logger.add_window(self.progress.metrics_window)
         self.bar = tqdm(
             total=self.num_epochs * trainer.steps_per_epoch,
@@ -202,6 +200,13 @@ class TrainingLoop:
         finally:
             self.close()
         return self.result(started)
+
+    def log_once(self, metrics: dict[str, float], step: int) -> None:
+        """Metrics measured once, not per step (a preference trainer's pairs, a round's start):
+        to every sink at ``step``, and one console line."""
+        self.logger.log(metrics, step)
+        if self.main:
+            tqdm.write(" | ".join(f"{key} {value:.4g}" for key, value in metrics.items()))
 
     @property
     def num_epochs(self) -> int:

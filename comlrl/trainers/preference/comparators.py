@@ -117,7 +117,17 @@ def frozen_backend(models: Sequence[torch.nn.Module], agents: Any) -> HFBackend:
 # ------------------------------------------------------------------------------------------
 # the comparators
 # ------------------------------------------------------------------------------------------
-class LiveAgents:
+class Stateless:
+    """A comparator a checkpoint keeps nothing of: it is rebuilt from the config and the agents."""
+
+    def state(self) -> dict[str, Any]:
+        return {}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        pass
+
+
+class LiveAgents(Stateless):
     """``current``: the agents themselves; the trainer draws their comparator candidates from a
     random stream of their own, so they are not the current candidates again."""
 
@@ -127,14 +137,8 @@ class LiveAgents:
     def start_round(self, round_index: int) -> GenerationBackend:
         return self.backend
 
-    def state(self) -> dict[str, Any]:
-        return {}
 
-    def load_state(self, state: dict[str, Any]) -> None:
-        pass
-
-
-class RoundCopy:
+class RoundCopy(Stateless):
     """``current_copy``: a frozen copy of the agents made at the start of each round, on
     ``comparator_devices``; it stays as it was while the agents train, until the next round
     replaces it."""
@@ -149,14 +153,8 @@ class RoundCopy:
         self.models = [frozen_copy(self.agents, i, device) for i, device in enumerate(self.devices)]
         return frozen_backend(self.models, self.agents)
 
-    def state(self) -> dict[str, Any]:
-        return {}
 
-    def load_state(self, state: dict[str, Any]) -> None:
-        pass
-
-
-class ExternalModels:
+class ExternalModels(Stateless):
     """``model``: frozen models loaded once, by name (``comparator_model_name`` for every
     agent, one shared model, or ``comparator_agents``, one per agent). They sample with the
     agents' tokenizers, so each must share its agent's vocabulary."""
@@ -185,12 +183,6 @@ class ExternalModels:
 
     def start_round(self, round_index: int) -> GenerationBackend:
         return self.backend
-
-    def state(self) -> dict[str, Any]:
-        return {}
-
-    def load_state(self, state: dict[str, Any]) -> None:
-        pass
 
 
 def check_vocabulary(name: str, argument: str, tokenizer: Any, agent: int) -> None:

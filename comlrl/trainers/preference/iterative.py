@@ -33,7 +33,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from comlrl.algorithms import joint_action_indices
-from comlrl.checkpoint import read_state
+from comlrl.checkpoint import read_state, read_tensors
 from comlrl.optim import build_schedulers
 from comlrl.rollout.backends import GenerationBackend
 from comlrl.rollout.tree import Turn
@@ -567,16 +567,13 @@ class MADPOIterTrainer(MADPOTrainer):
                     f"checkpoint {checkpoint} was trained with {name}={saved.get(name)!r}; this config has "
                     f"{getattr(self.args, name)!r}, so its rounds cannot be continued: make them agree"
                 )
-        try:
-            state = torch.load(path, weights_only=True)
+
+        def parse(state: dict[str, Any]) -> tuple[int, list[list[PreferencePair]], dict[str, Any]]:
             shards = [[PreferencePair(**record) for record in shard] for shard in state["shards"]]
-        except Exception as error:
-            raise ValueError(
-                f"checkpoint {checkpoint}: {ROUNDS_FILE} cannot be read ({type(error).__name__}: {error}); the file "
-                "is truncated, was changed, or was not written by comlrl"
-            ) from error
-        self.round, self.shards = state["round"], shards
-        self.comparator.load_state(state["comparator"])
+            return state["round"], shards, state["comparator"]
+
+        self.round, self.shards, comparator_state = read_tensors(checkpoint, ROUNDS_FILE, parse)
+        self.comparator.load_state(comparator_state)
         return super().read_pairs(checkpoint)
 
 
@@ -601,9 +598,7 @@ class RoundLoop(TrainingLoop):
         if metrics:
             # Logged with the round's first step: a run resumed from a checkpoint taken before
             # the round (which drops later lines from the log) makes and logs them again.
-            self.logger.log(metrics, self.trainer.global_step + 1)
-            if self.main:
-                self.bar.write(" | ".join(f"{key} {value:.4g}" for key, value in metrics.items()))
+            self.log_once(metrics, self.trainer.global_step + 1)
         # Later rounds' sizes are unknown: the bar counts on this round's.
         self.bar.total = self.bar.n + (self.num_epochs - self.progress.epoch) * self.trainer.steps_per_epoch
         return super().epoch_order()

@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 
 from comlrl.algorithms import joint_action_indices
 from comlrl.algorithms.dpo import agent_dpo_losses, joint_preference, others_deltas, preference_deltas
-from comlrl.checkpoint import read_state
+from comlrl.checkpoint import read_state, read_tensors
 from comlrl.distributed import DataParallel
 from comlrl.metrics import stats as metric_stats
 from comlrl.metrics.stats import Stat
@@ -296,13 +296,7 @@ class MADPOTrainer(MultiAgentTrainer):
         path = os.path.join(checkpoint, PAIRS_FILE)
         if not os.path.isfile(path):
             raise ValueError(f"checkpoint {checkpoint} holds no {PAIRS_FILE}: it was not written by MADPOTrainer")
-        try:
-            pairs = [PreferencePair(**record) for record in torch.load(path, weights_only=True)]
-        except Exception as error:
-            raise ValueError(
-                f"checkpoint {checkpoint}: {PAIRS_FILE} cannot be read ({type(error).__name__}: {error}); the file is "
-                "truncated, was changed, or was not written by comlrl"
-            ) from error
+        pairs = read_tensors(checkpoint, PAIRS_FILE, lambda records: [PreferencePair(**record) for record in records])
         if not pairs or any(len(pair.prompt_ids) != self.num_agents for pair in pairs):
             raise ValueError(f"checkpoint {checkpoint}: its preference pairs are not of {self.num_agents} agents")
         saved = read_state(checkpoint).config
