@@ -50,6 +50,28 @@ HELD_OUT_PROMPTS = [
 ]
 
 
+def before_and_after(records: list[dict]) -> dict[str, dict[str, float]]:
+    """The first and last evaluations of a run's metrics records, without their ``eval/`` prefix."""
+    evaluations = [r for r in records if "eval/reward_mean" in r]
+    return {
+        side: {key.removeprefix("eval/"): value for key, value in record.items() if key.startswith("eval/")}
+        for side, record in (("initial", evaluations[0]), ("trained", evaluations[-1]))
+    }
+
+
+def print_held_out_table(figures: dict, samples_per_prompt: int, reward_label: str) -> None:
+    """The held-out evaluations before and after training, as a Markdown table."""
+    print(f"\nheld-out: {len(HELD_OUT_PROMPTS)} prompts x {samples_per_prompt} sampled joint answers, same seed")
+    print(f"| policy | {reward_label} (0..1) | in 2-3x range | agent 0 chars | agent 1 chars |")
+    print("|---|---|---|---|---|")
+    for side in ("initial", "trained"):
+        f = figures[side]
+        print(
+            f"| {side} | {f['reward_mean']:.3f} ± {f['reward_sem']:.3f} | {f['in_range_frac']:.2f} | "
+            f"{f['agent0_chars']:.0f} | {f['agent1_chars']:.0f} |"
+        )
+
+
 def held_out_figures(agent_completions_turns) -> dict[str, float]:
     """``eval_logger``: what the mean reward hides, from each joint answer (first turn)."""
     first, second = ([turns[0] for turns in agent] for agent in agent_completions_turns)
@@ -115,29 +137,18 @@ def main(argv=None) -> dict:
     seconds = time.perf_counter() - started
 
     records = read_metrics(Path(output_dir) / "metrics.jsonl")
-    evaluations = [r for r in records if "eval/reward_mean" in r]
-    initial, trained = evaluations[0], evaluations[-1]
     pairs = next(r for r in records if "preference/num_pairs" in r)
     last = [r for r in records if "dpo/loss" in r][-1]
     figures = {
         "held_out_answers": len(held_out),
-        "initial": {key.removeprefix("eval/"): value for key, value in initial.items() if key.startswith("eval/")},
-        "trained": {key.removeprefix("eval/"): value for key, value in trained.items() if key.startswith("eval/")},
+        **before_and_after(records),
         "pairs": {key.removeprefix("preference/"): value for key, value in pairs.items() if key != "step"},
         "last_step": {key: last[key] for key in ("dpo/loss", "dpo/accuracy", "dpo/margin")},
         "steps": result.global_step,
         "train_seconds": seconds,
         "config": vars(args),
     }
-    print(f"\nheld-out: {len(HELD_OUT_PROMPTS)} prompts x {args.samples_per_prompt} sampled joint answers, same seed")
-    print("| policy | reward (0..1) | in 2-3x range | agent 0 chars | agent 1 chars |")
-    print("|---|---|---|---|---|")
-    for side in ("initial", "trained"):
-        f = figures[side]
-        print(
-            f"| {side} | {f['reward_mean']:.3f} ± {f['reward_sem']:.3f} | {f['in_range_frac']:.2f} | "
-            f"{f['agent0_chars']:.0f} | {f['agent1_chars']:.0f} |"
-        )
+    print_held_out_table(figures, args.samples_per_prompt, "reward")
     p = figures["pairs"]
     print(
         f"\npairs: {p['num_pairs']:.0f} from {len(TRAIN_PROMPTS)} prompts x {args.num_candidates} candidates "

@@ -38,6 +38,8 @@ reward = TUTORIAL["proper_length_ratio_reward"]
 MADPO_BENCH = runpy.run_path(str(BENCHMARKS / "bench_madpo.py"))
 HELD_OUT_PROMPTS: list[str] = MADPO_BENCH["HELD_OUT_PROMPTS"]
 held_out_figures = MADPO_BENCH["held_out_figures"]
+before_and_after = MADPO_BENCH["before_and_after"]
+print_held_out_table = MADPO_BENCH["print_held_out_table"]
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -106,29 +108,18 @@ def main(argv=None) -> dict:
     seconds = time.perf_counter() - started
 
     records = read_metrics(Path(output_dir) / "metrics.jsonl")
-    evaluations = [r for r in records if "eval/reward_mean" in r]
-    initial, trained = evaluations[0], evaluations[-1]
     fit = next(r for r in records if "reward_model/loss" in r)
     steps = [r for r in records if "reward/mean" in r]
     figures = {
         "held_out_answers": len(held_out),
-        "initial": {key.removeprefix("eval/"): value for key, value in initial.items() if key.startswith("eval/")},
-        "trained": {key.removeprefix("eval/"): value for key, value in trained.items() if key.startswith("eval/")},
+        **before_and_after(records),
         "pairs_and_reward_model": {key: value for key, value in fit.items() if key != "step"},
         "rl_steps_reward_model_score": [r["reward/mean"] for r in steps],
         "steps": result.global_step,
         "train_seconds": seconds,
         "config": vars(args),
     }
-    print(f"\nheld-out: {len(HELD_OUT_PROMPTS)} prompts x {args.samples_per_prompt} sampled joint answers, same seed")
-    print("| policy | task reward (0..1) | in 2-3x range | agent 0 chars | agent 1 chars |")
-    print("|---|---|---|---|---|")
-    for side in ("initial", "trained"):
-        f = figures[side]
-        print(
-            f"| {side} | {f['reward_mean']:.3f} ± {f['reward_sem']:.3f} | {f['in_range_frac']:.2f} | "
-            f"{f['agent0_chars']:.0f} | {f['agent1_chars']:.0f} |"
-        )
+    print_held_out_table(figures, args.samples_per_prompt, "task reward")
     held = (
         f"held-out prompts' {fit['reward_model/eval_pairs']:.0f} pairs: loss {fit['reward_model/eval_loss']:.3f}, "
         f"accuracy {fit['reward_model/eval_accuracy']:.2f}"
