@@ -15,6 +15,7 @@ import signal
 import types
 from pathlib import Path
 
+import pytest
 import torch
 from peft import LoraConfig, get_peft_model
 from tokenizers import Tokenizer, decoders, models
@@ -96,6 +97,18 @@ def with_lora(build):
 
 def lora():
     return LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0, task_type="CAUSAL_LM")
+
+
+TUTORIAL_FLAGS = ["--wandb", "--wandb-project", "--wandb-entity", "--model", "--output-dir", "--epochs",
+                  "--num-generations", "--max-new-tokens", "--seed"]  # fmt: skip
+"""The tutorial example's flags, which every example that follows it keeps."""
+
+
+def help_text(example: types.ModuleType, capsys) -> str:
+    """What an example's ``--help`` prints (argparse exits after printing it)."""
+    with pytest.raises(SystemExit):
+        example.parse_args(["--help"])
+    return capsys.readouterr().out
 
 
 def load_example(filename: str) -> types.ModuleType:

@@ -19,9 +19,11 @@ from comlrl.trainers.reinforce.centralized import (
 
 from .helpers import (
     DATA,
+    TUTORIAL_FLAGS,
     assert_every_field_documented,
     char_tokenizer,
     content_score,
+    help_text,
     load_example,
     snapshot,
     tiny_llama,
@@ -371,11 +373,8 @@ def example():
 
 
 def test_example_flags_match_the_tutorials(example, capsys):
-    with pytest.raises(SystemExit):
-        example.parse_args(["--help"])
-    text = capsys.readouterr().out
-    for flag in ["--wandb", "--wandb-project", "--wandb-entity", "--model", "--output-dir", "--epochs",
-                 "--num-generations", "--max-new-tokens", "--seed"]:  # fmt: skip
+    text = help_text(example, capsys)
+    for flag in TUTORIAL_FLAGS:
         assert flag in text
     assert example.parse_args([]).wandb is False
 
