@@ -15,11 +15,13 @@ from pathlib import Path
 
 from comlrl.utils.text import short_repr
 
+AGENT_LOSS = r"agent(\d+)/loss"
+"""Every trainer logs each agent's loss at every training step."""
 # (panel title, y-axis label, metric key pattern with the agent index as a group, joint key drawn too)
 PANELS = [
     ("reward", "mean reward, as trained (after reward_processor)", r"agent(\d+)/reward_mean", "reward/mean"),
     ("completion length", "tokens per completion", r"agent(\d+)/completion_length", None),
-    ("loss", "loss per optimizer step", r"agent(\d+)/loss", None),
+    ("loss", "loss per optimizer step", AGENT_LOSS, None),
 ]
 SMOOTH_FROM = 20  # points in a curve from which a moving average is drawn over the faint raw points
 SHOWN = 10  # items a warning lists before "and N more", so a badly damaged log gives one short line
@@ -122,7 +124,7 @@ def _draw(axes, label: str, points: list[tuple[int, float]]) -> None:
 
 def training_steps(records: list[dict]) -> int:
     """How many training steps ``records`` hold (steps with a per-agent loss)."""
-    return len({record["step"] for record in records if any(re.fullmatch(PANELS[2][2], key) for key in record)})
+    return len({record["step"] for record in records if any(re.fullmatch(AGENT_LOSS, key) for key in record)})
 
 
 def _cannot_write(out: Path, reason: str) -> PermissionError:
