@@ -4,6 +4,8 @@
 #   make example  run examples/story-len-ratio.py (pass options with ARGS="...")
 #   make test     run the tests (pass options with PYTEST_ARGS="...", e.g. "-m 'not e2e'")
 #   make lint     ruff check and ruff format --check (also run by make test)
+#   make docs     build the documentation site into build/site/ with `mkdocs build --strict`
+#                 (make test runs the same build, and every example on the site, in tests/test_docs.py)
 #   make bench    run benchmarks/bench_step.py (pass options with ARGS="...")
 #
 # PYTHON is the interpreter that creates the venv (python3 by default; needs >= 3.10).
@@ -19,7 +21,7 @@ PYTEST_ARGS ?=
 # llama-cpp-python, which we do not use (comlrl reads the GGUF file with gguf).
 INSTALLED := $(VENV)/.setup-done
 
-.PHONY: setup example test lint bench clean-venv
+.PHONY: setup example test lint docs bench clean-venv
 
 $(INSTALLED): requirements-dev.txt pyproject.toml
 	test -x $(VPY) || $(PYTHON) -m venv $(VENV)
@@ -42,6 +44,9 @@ test: setup lint
 lint: $(INSTALLED)
 	$(VPY) -m ruff check .
 	$(VPY) -m ruff format --check .
+
+docs: $(INSTALLED)
+	NO_MKDOCS_2_WARNING=1 $(VPY) -m mkdocs build --strict
 
 bench: setup
 	$(VPY) benchmarks/bench_step.py $(ARGS)
