@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from comlrl.metrics import JsonlSink, MetricsLogger, TensorBoardSink, WandbSink
+from comlrl.trainers.loop import progress_postfix
 
 # Completions are raw model text: newlines, pipes and Markdown characters must survive every sink.
 SAMPLES = [
@@ -54,6 +55,19 @@ def test_jsonl_keeps_every_step_and_remote_sinks_get_each_windows_average(tmp_pa
     ]
     assert remote.logged == [(2, {"reward/mean": 2.0, "loss": 3.0}), (3, {"reward/mean": 5.0})]
     assert not (tmp_path / "run" / "samples.jsonl").exists()  # no samples, no samples file
+
+
+def test_progress_bar_says_when_the_reward_was_processed():
+    scaled = {"reward/mean": 68.25, "reward/raw_mean": 0.6825}
+    assert progress_postfix(scaled, ("reward", "reward/mean"), 2) == {
+        "epoch": "2",
+        "reward": "68.2 (processed)",
+        "raw reward": "0.682",
+    }
+    unprocessed = {"reward/mean": 0.5, "reward/raw_mean": 0.5}
+    assert progress_postfix(unprocessed, ("reward", "reward/mean"), 1) == {"epoch": "1", "reward": "0.5"}
+    dpo = {"dpo/loss": 0.69, "reward/raw_mean": 0.3}
+    assert progress_postfix(dpo, ("loss", "dpo/loss"), 1) == {"epoch": "1", "loss": "0.69"}
 
 
 def test_jsonl_samples_go_to_their_own_file(tmp_path):

@@ -103,6 +103,19 @@ class TrainResult:
     """SIGINT or SIGTERM stopped training early, after writing a checkpoint."""
 
 
+def progress_postfix(metrics: dict[str, float], progress_metric: tuple[str, str], epoch: int) -> dict[str, str]:
+    """The progress bar's fields after a step: the epoch and the trainer's progress metric;
+    for the reward, also what the reward function returned when a reward processor changed
+    it (the bar would otherwise show, say, the reward x100 while the summaries speak 0..1)."""
+    label, key = progress_metric
+    postfix = {"epoch": str(epoch), label: f"{metrics[key]:.3g}"}
+    raw = metrics.get("reward/raw_mean")
+    if key == "reward/mean" and raw is not None and raw != metrics[key]:
+        postfix[label] = f"{metrics[key]:.3g} (processed)"
+        postfix["raw reward"] = f"{raw:.3g}"
+    return postfix
+
+
 class TrainingLoop:
     """One call of ``trainer.train()``: the loop and what it keeps between steps."""
 
@@ -247,8 +260,7 @@ class TrainingLoop:
             progress.step_raw_rewards.append(result.metrics["reward/raw_mean"])
         self.logger.add(result.metrics, trainer.global_step)
         self.bar.update(1)
-        label, key = trainer.progress_metric
-        self.bar.set_postfix({"epoch": epoch + 1, label: f"{result.metrics[key]:.3g}"})
+        self.bar.set_postfix(progress_postfix(result.metrics, trainer.progress_metric, epoch + 1))
         if self.due(self.args.logging_steps):
             flushed = self.logger.flush(trainer.global_step)
             if self.main:
