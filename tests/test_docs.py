@@ -195,7 +195,11 @@ def docs_world(tiny_cache, monkeypatch, tmp_path):
             cut(self)
 
         monkeypatch.setattr(cls, "__init__", cut_init)
-    return tmp_path
+    yield tmp_path
+    # A block's W&B run (disabled mode) leaves wandb's process-wide settings behind; later
+    # tests that start a real offline run need them cleared.
+    if "wandb" in sys.modules:
+        sys.modules["wandb"].teardown()
 
 
 # ------------------------------------------------------------------------------ signatures

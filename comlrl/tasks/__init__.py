@@ -3,7 +3,7 @@
 A ``Task`` holds its data splits, one formatter per agent, a reward over joint actions and
 an evaluation of held-out samples; ``trainer_kwargs()`` hands them to any comlrl trainer::
 
-    task = CodeTask()                                   # comlrl.tasks.code, needs comlrl[tasks]
+    task = CodeTask()                                   # comlrl.tasks.code, needs the tasks extra
     trainer = MAGRPOTrainer(agents=agents, tokenizer=tok, args=config, **task.trainer_kwargs(tok))
 
 The code task lives in ``comlrl.tasks.code`` and is imported from there (it loads HumanEval

