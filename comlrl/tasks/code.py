@@ -35,6 +35,7 @@ test per assert), ``passes`` 0.2 (all of them pass).
 from __future__ import annotations
 
 import ast
+import copy
 import gzip
 import hashlib
 import json
@@ -173,14 +174,10 @@ def split_tests(test_source: str, name: str = "test") -> list[str]:
             if not (isinstance(statement, ast.Assert) and _always_true(statement)):
                 setup.append(statement)
             continue
-        function = ast.FunctionDef(
-            name="check",
-            args=check.args,
-            body=[*setup, statement],
-            decorator_list=[],
-            returns=None,
-            type_comment=None,
-        )
+        # A copy of the parsed node keeps every field this Python's ast has (3.12 added
+        # type_params), which a FunctionDef built from scratch may lack.
+        function = copy.copy(check)
+        function.body, function.decorator_list = [*setup, statement], []
         module = ast.Module(body=[*others, function], type_ignores=[])
         tests.append(ast.unparse(ast.fix_missing_locations(module)) + "\n")
     if not tests:
