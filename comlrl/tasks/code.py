@@ -223,6 +223,15 @@ def extract_code(completion: str) -> str:
     return completion if end < 0 else completion[:end]
 
 
+def parses(code: str) -> bool:
+    """Whether ``code`` is valid Python syntax."""
+    try:
+        ast.parse(code)
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        return False
+    return True
+
+
 def complete_prefix(code: str) -> str:
     """The longest prefix of whole lines of ``code`` that parses ("" when none does).
 
@@ -235,11 +244,8 @@ def complete_prefix(code: str) -> str:
     lines = code.splitlines(keepends=True)
     for end in range(len(lines), 0, -1):
         candidate = "".join(lines[:end])
-        try:
-            ast.parse(candidate)
-        except (SyntaxError, ValueError, MemoryError, RecursionError):
-            continue
-        return candidate
+        if parses(candidate):
+            return candidate
     return ""
 
 
@@ -261,9 +267,14 @@ def levels(result: SandboxResult, clean: bool = True) -> dict[str, float]:
     }
 
 
+def weighted(level_values: dict[str, float]) -> float:
+    """Sum of ``LEVEL_WEIGHTS`` times the values of ``levels``, in [0, 1]."""
+    return sum(LEVEL_WEIGHTS[name] * value for name, value in level_values.items())
+
+
 def levelled_reward(result: SandboxResult, clean: bool = True) -> float:
-    """Sum of ``LEVEL_WEIGHTS`` times ``levels(result, clean)``, in [0, 1]."""
-    return sum(LEVEL_WEIGHTS[name] * value for name, value in levels(result, clean).items())
+    """``weighted(levels(result, clean))``."""
+    return weighted(levels(result, clean))
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -452,7 +463,7 @@ class CodeTask(Task):
         raw = [problem.function + body_indent(problem.function) + extract_code(completions[-1])]
         if self.mode == "collab":
             raw.append(f"def {HELPER_NAME}(" + extract_code(completions[0]))
-        return all(complete_prefix(code) == code for code in raw)
+        return all(parses(code) for code in raw)
 
     def program(self, problem: Problem, completions: Sequence[str], with_helper: bool = True) -> str:
         """The program of one joint action: preamble, the helper's code (collab, unless
@@ -489,7 +500,7 @@ class CodeTask(Task):
         results = self.run([self.job(p, self.program(p, joint)) for p, joint in zip(problems, joints)])
         clean = [self.clean(p, joint) for p, joint in zip(problems, joints)]
         scored = [levels(r, c) for r, c in zip(results, clean)]
-        rewards = [levelled_reward(r, c) for r, c in zip(results, clean)]
+        rewards = [weighted(levels_of) for levels_of in scored]
         self.reward_log.append(
             {
                 "split": batch_items[0].get("split", "?") if batch_items else "?",
@@ -537,7 +548,7 @@ class CodeTask(Task):
                     metrics[key] = sum(pass_at_k(c["n"], c[part], k) for c in usable) / len(usable)
         clean = [self.clean(p, j) for p, j in zip(problems, joints)]
         scored = [levels(r, c) for r, c in zip(joint, clean)]
-        metrics["reward"] = sum(levelled_reward(r, c) for r, c in zip(joint, clean)) / len(joint)
+        metrics["reward"] = sum(weighted(levels_of) for levels_of in scored) / len(scored)
         for name in LEVEL_WEIGHTS:
             metrics[f"level/{name}"] = sum(s[name] for s in scored) / len(scored)
         if self.mode == "collab":
