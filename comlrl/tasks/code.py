@@ -46,6 +46,7 @@ from typing import Any
 
 from comlrl.tasks import Task
 from comlrl.tasks.sandbox import Job, SandboxLimits, SandboxPool, SandboxResult
+from comlrl.trainers.config import require_int
 
 __all__ = [
     "HELD_OUT_SIZE",
@@ -369,8 +370,7 @@ class CodeTask(Task):
     ):
         if mode not in ("collab", "single"):
             raise ValueError(f"CodeTask mode must be 'collab' or 'single', got {mode!r}")
-        if isinstance(eval_samples, bool) or not isinstance(eval_samples, int) or eval_samples < 1:
-            raise ValueError(f"CodeTask eval_samples must be an integer >= 1, got {eval_samples!r}")
+        require_int(eval_samples, "CodeTask eval_samples")
         bad = [k for k in pass_ks if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= eval_samples]
         if bad:
             raise ValueError(f"CodeTask pass_ks {bad} must be integers in [1, eval_samples={eval_samples}]")
@@ -380,8 +380,7 @@ class CodeTask(Task):
         self.eval_samples = eval_samples
         self.pass_ks = sorted({1, *pass_ks})
         for label, count in (("train_problems", train_problems), ("eval_problems", eval_problems)):
-            if count is not None and (isinstance(count, bool) or not isinstance(count, int) or count < 1):
-                raise ValueError(f"CodeTask {label} must be an integer >= 1 or None (all), got {count!r}")
+            require_int(count, f"CodeTask {label}", allow_none=True, note=" (all)")
         if order not in ("split", "shortest"):
             raise ValueError(f"CodeTask order must be 'split' or 'shortest', got {order!r}")
         train, held_out = split_problems(list(problems) if problems is not None else load_humaneval(), held_out)
