@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from comlrl.metrics.plot import read_metrics
 from comlrl.tasks.code import LEVEL_WEIGHTS, CodeTask
 from comlrl.trainers.reinforce import MAGRPOConfig, MAGRPOTrainer
 
@@ -100,10 +101,7 @@ def eval_line(metrics: dict, prefix: str = "") -> str:
 
 def step_seconds(log: Path) -> float | None:
     """Mean seconds of a training step (sampling, sandbox, update; no evaluation) in ``log``."""
-    with open(log, encoding="utf-8") as file:
-        times = [
-            record["time/step_s"] for record in map(json.loads, filter(str.strip, file)) if "time/step_s" in record
-        ]
+    times = [record["time/step_s"] for record in read_metrics(log) if "time/step_s" in record]
     return sum(times) / len(times) if times else None
 
 
