@@ -45,7 +45,7 @@ from comlrl.trainers.preference.comparators import (
     GENERATION_MODE_SPELLINGS,
     build_comparator,
 )
-from comlrl.trainers.preference.config import MADPOConfig
+from comlrl.trainers.preference.config import DECENTRALIZED_ONLY, MADPOConfig
 from comlrl.trainers.preference.madpo import MADPOTrainer
 from comlrl.trainers.preference.pairs import (
     COMPARISON_SELECTIONS,
@@ -198,6 +198,8 @@ class MADPOIterConfig(MADPOConfig):
     """1.4.3's HTTP comparator request extras: not supported."""
 
     pair_selections: ClassVar[dict[str, Any]] = COMPARISON_SELECTIONS
+    collaboration_modes: ClassVar[tuple[str, ...]] = DECENTRALIZED_ONLY
+    trainer_name: ClassVar[str] = "MADPOIter"
 
     def __post_init__(self):
         super().__post_init__()

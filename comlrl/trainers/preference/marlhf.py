@@ -40,7 +40,7 @@ from comlrl.trainers.config import (
     is_real,
 )
 from comlrl.trainers.loop import TrainResult
-from comlrl.trainers.preference.config import MADPOConfig
+from comlrl.trainers.preference.config import DECENTRALIZED_ONLY, MADPOConfig
 from comlrl.trainers.preference.madpo import check_candidate_budget, sample_preference_pairs
 from comlrl.trainers.preference.pairs import PreferencePair
 from comlrl.trainers.reinforce import (
@@ -149,6 +149,7 @@ class MARLHFConfig(MADPOConfig):
         "turn_weighting": "MARLHF is single-turn",
     }
     trainer_name: ClassVar[str] = "MARLHF"
+    collaboration_modes: ClassVar[tuple[str, ...]] = DECENTRALIZED_ONLY
 
     def __post_init__(self):
         if isinstance(self.rl_algorithm, str):  # comlrl 1.4.3 took any letter case and an alias
