@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import comlrl
-from comlrl.trainers.preference import MADPOIterConfig, MADPOIterTrainer, iterative
+from comlrl.trainers.preference import MADPOIterConfig, MADPOIterTrainer, iterative, rounds
 from comlrl.trainers.preference.comparators import history_kept, history_source
 from comlrl.trainers.preference.pairs import comparison_pairs
 from comlrl.trainers.preference.replay import (
@@ -213,10 +213,10 @@ def test_history_rounds_by_hand():
 
 
 # ------------------------------------------------------------------------------ the trainer's pairs
-def test_pairs_meet_the_comparator_candidate_by_candidate(tmp_path):
+def test_pairs_meet_the_comparator_candidate_by_candidate(tmp_path, monkeypatch):
     madpo = trainer(tmp_path)
-    turns, sample = [], madpo.candidates
-    madpo.candidates = lambda rows, count: turns.append(sample(rows, count)) or turns[-1]
+    turns, sample = [], rounds.candidates
+    monkeypatch.setattr(rounds, "candidates", lambda *args: turns.append(sample(*args)) or turns[-1])
     metrics = madpo.prepare(None)
     expected = []  # current j against comparator j, as the pure function orders them
     for mine, theirs in zip(turns[::2], turns[1::2]):  # each batch of rows: current, then comparator candidates
@@ -225,10 +225,16 @@ def test_pairs_meet_the_comparator_candidate_by_candidate(tmp_path):
             for j, current_won in kept.tolist():
                 ours, other = ([agent.texts[m * 4 + j] for agent in side.agents] for side in (mine, theirs))
                 expected.append((row, ours, other) if current_won else (row, other, ours))
-    assert sorted(expected) == sorted((p.row, p.chosen_texts, p.rejected_texts) for p in madpo.shards[0])
+    assert sorted(expected) == sorted((p.row, p.chosen_texts, p.rejected_texts) for p in madpo.rounds.shards[0])
     pairs, tok = madpo.pairs, madpo.agents.tokenizers[0]
-    assert madpo.round == 0 and pairs and sorted(map(id, pairs)) == sorted(map(id, madpo.shards[0]))  # all of them
-    assert metrics["iter/current_preference_pairs"] == len(madpo.shards[0]) == metrics["iter/train_preference_pairs"]
+    assert (
+        madpo.rounds.round == 0 and pairs and sorted(map(id, pairs)) == sorted(map(id, madpo.rounds.shards[0]))
+    )  # all of them
+    assert (
+        metrics["iter/current_preference_pairs"]
+        == len(madpo.rounds.shards[0])
+        == metrics["iter/train_preference_pairs"]
+    )
     assert metrics["iter/current_iteration"] == 1 and 0 <= metrics["iter/current_win_rate"] <= 1
     for pair in pairs:
         assert pair.chosen_reward > pair.rejected_reward
@@ -242,8 +248,8 @@ def test_pairs_meet_the_comparator_candidate_by_candidate(tmp_path):
                 assert tok.decode(ids, skip_special_tokens=True) == text
                 assert ids[-1] == tok.eos_token_id or len(ids) == 5  # as sampled: the EOS kept
     shard = json.loads((tmp_path / "run" / "preference_replay" / "iteration_0001.json").read_text())
-    assert shard["num_pairs"] == len(madpo.shards[0])
-    assert shard["pairs"][0]["chosen_ids"][0] == madpo.shards[0][0].chosen_ids[0].tolist()  # token ids kept
+    assert shard["num_pairs"] == len(madpo.rounds.shards[0])
+    assert shard["pairs"][0]["chosen_ids"][0] == madpo.rounds.shards[0][0].chosen_ids[0].tolist()  # token ids kept
 
 
 def test_the_current_comparator_samples_from_its_own_stream(tmp_path):
@@ -251,10 +257,10 @@ def test_the_current_comparator_samples_from_its_own_stream(tmp_path):
     madpo = trainer(tmp_path)
     torch.manual_seed(0)
     before = torch.get_rng_state()
-    with madpo.sampling_with(madpo.backend, iterative.round_generator(42, 0, iterative.Stream.COMPARATOR)):
-        theirs = madpo.candidates([0], 4)
+    with rounds.sampling_with(madpo, madpo.backend, rounds.round_generator(42, 0, rounds.Stream.COMPARATOR)):
+        theirs = rounds.candidates(madpo, [0], 4)
     assert torch.equal(torch.get_rng_state(), before)
-    mine = madpo.candidates([0], 4)
+    mine = rounds.candidates(madpo, [0], 4)
     assert mine.agents[0].texts != theirs.agents[0].texts
 
 
@@ -263,13 +269,13 @@ def test_current_copy_stays_frozen_while_the_policy_trains(tmp_path):
     madpo = trainer(tmp_path, args=config(tmp_path, comparator_policy="current_copy"))
     madpo.prepare(None)
     start = flat(madpo.agents)
-    copies = madpo.comparator.models
+    copies = madpo.rounds.comparator.models
     assert same(flat(copies), start) and all(c is not a for c, a in zip(copies, madpo.agents))
     madpo.step(list(range(2)))
     assert not same(flat(madpo.agents), start) and same(flat(copies), start)
     trained = flat(madpo.agents)
     madpo.start_epoch(1)  # round 2: a new copy of the policy as it is now
-    assert same(flat(madpo.comparator.models), trained)
+    assert same(flat(madpo.rounds.comparator.models), trained)
 
 
 def test_the_history_comparator_is_really_k_rounds_old(tmp_path):
@@ -277,15 +283,15 @@ def test_the_history_comparator_is_really_k_rounds_old(tmp_path):
     madpo = trainer(tmp_path, args=args)
     madpo.prepare(None)
     initial = flat(madpo.agents)
-    assert same(flat(madpo.comparator.models), initial)  # round 1 compares with the initial policy
+    assert same(flat(madpo.rounds.comparator.models), initial)  # round 1 compares with the initial policy
     madpo.step(list(range(2)))
     madpo.start_epoch(1)
     round2 = flat(madpo.agents)
-    assert same(flat(madpo.comparator.models), initial) and not same(round2, initial)  # not the current policy
+    assert same(flat(madpo.rounds.comparator.models), initial) and not same(round2, initial)  # not the current policy
     madpo.step(list(range(2)))
     madpo.start_epoch(2)
-    assert same(flat(madpo.comparator.models), round2) and not same(flat(madpo.agents), round2)
-    assert set(madpo.comparator.snapshots) == set()  # no later round needs any
+    assert same(flat(madpo.rounds.comparator.models), round2) and not same(flat(madpo.agents), round2)
+    assert set(madpo.rounds.comparator.snapshots) == set()  # no later round needs any
 
 
 def test_a_model_comparator_is_loaded_once_by_name(tmp_path):
@@ -295,7 +301,7 @@ def test_a_model_comparator_is_loaded_once_by_name(tmp_path):
     madpo = trainer(
         tmp_path, args=config(tmp_path, comparator_policy="model", comparator_model_name=str(tmp_path / "comparator"))
     )
-    models = madpo.comparator.models
+    models = madpo.rounds.comparator.models
     assert models[0] is models[1] and not models[0].training
     madpo.prepare(None)
     assert madpo.pairs
@@ -358,15 +364,15 @@ def test_resume_in_the_middle_of_a_round_continues_exactly(tmp_path):
     logs = {name: log_lines(tmp_path / "run", name) for name in ("metrics.jsonl", "samples.jsonl")}
     round_steps = [line["step"] for line in logs["metrics.jsonl"] if "iter/current_iteration" in line]
     mid_round = round_steps[1]  # the first step of round 2 (each round has 2 steps: 3 pairs, 2 per step)
-    kept = torch.load(tmp_path / "run" / f"checkpoint-{mid_round}" / iterative.ROUNDS_FILE, weights_only=True)
+    kept = torch.load(tmp_path / "run" / f"checkpoint-{mid_round}" / rounds.ROUNDS_FILE, weights_only=True)
     assert [r for r, _ in kept["comparator"]["snapshots"]] == [1]  # round 3 compares with round 2's start
     for checkpoint in (mid_round, mid_round - 1):  # then the last step of round 1
         resumed = trainer(tmp_path, args=run_config())  # fresh agents; the same folder
         resumed.train(resume_from_checkpoint=str(tmp_path / "run" / f"checkpoint-{checkpoint}"))
-        assert resumed.global_step == straight.global_step and resumed.round == 2
+        assert resumed.global_step == straight.global_step and resumed.rounds.round == 2
         for a, b in zip(weights(straight), weights(resumed)):
             torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
-        for straight_shard, resumed_shard in zip(straight.shards, resumed.shards, strict=True):
+        for straight_shard, resumed_shard in zip(straight.rounds.shards, resumed.rounds.shards, strict=True):
             assert [p.chosen_texts for p in straight_shard] == [p.chosen_texts for p in resumed_shard]
         for name, lines in logs.items():
             assert log_lines(tmp_path / "run", name) == lines

@@ -17,51 +17,23 @@ rules in :mod:`comlrl.trainers.preference.replay`, the pair order in
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-import enum
-import json
-import os
-import warnings
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-import numpy as np
-import torch
-from torch import Tensor
-from tqdm.auto import tqdm
-
-from comlrl.algorithms import joint_action_indices
-from comlrl.checkpoint import read_state, read_tensors
 from comlrl.optim import build_schedulers
-from comlrl.rollout.backends import GenerationBackend
-from comlrl.rollout.tree import Turn
 from comlrl.trainers.config import check_bool, check_choice, check_int, field_default, is_real
-from comlrl.trainers.loop import CheckpointPlan, TrainingLoop, TrainResult
 from comlrl.trainers.preference.comparators import (
     COMPARATOR_SPELLINGS,
     COMPARATORS,
     GENERATION_MODE_SPELLINGS,
-    build_comparator,
 )
 from comlrl.trainers.preference.config import DECENTRALIZED_ONLY, MADPOConfig
 from comlrl.trainers.preference.madpo import MADPOTrainer
-from comlrl.trainers.preference.pairs import (
-    COMPARISON_SELECTIONS,
-    PreferencePair,
-    comparison_pairs,
-    joint_action,
-    preference_pair,
-    shared_rewards,
-)
-from comlrl.trainers.preference.replay import REPLAY_MODE_SPELLINGS, REPLAY_MODES, replay_choice
-from comlrl.utils.run_control import seeded_cuda_devices
+from comlrl.trainers.preference.pairs import COMPARISON_SELECTIONS, PreferencePair
+from comlrl.trainers.preference.replay import REPLAY_MODE_SPELLINGS, REPLAY_MODES
+from comlrl.trainers.preference.rounds import InRounds, PreferenceRounds
 
 __all__ = ["MADPOIterConfig", "MADPOIterTrainer"]
-
-ROUNDS_FILE = "preference_rounds.pt"
-"""What a checkpoint holds of the rounds: the round in progress, every round's pairs, the comparator's state."""
 
 
 def unsupported(default: Any = None) -> Any:
@@ -318,45 +290,7 @@ class MADPOIterConfig(MADPOConfig):
             raise ValueError(f"preference_replay_dir must be None or a folder path, got {folder!r}")
 
 
-class Stream(enum.IntEnum):
-    """The random streams of a round, each seeded from the run's ``seed`` and the round alone,
-    so a resumed run draws them again exactly and none depends on another."""
-
-    PAIR_ORDER = 0
-    COMPARATOR = 1
-    REPLAY = 2
-
-
-def round_generator(seed: int, round_index: int, stream: Stream) -> torch.Generator:
-    """The generator of ``stream`` in round ``round_index``."""
-    entropy = [seed % 2**64, round_index, int(stream)]
-    return torch.Generator().manual_seed(int(np.random.SeedSequence(entropy).generate_state(1, np.uint64)[0]))
-
-
-def comparison_statistics(current: Tensor, comparator: Tensor, pairs: list[PreferencePair]) -> dict[str, float]:
-    """What a round's comparisons found, from ``(rows, N)`` current and ``(rows, M)``
-    comparator candidate rewards and the pairs kept."""
-    met = min(current.shape[1], comparator.shape[1])
-    margins = (current[:, :met] - comparator[:, :met]).double()
-    decided = (margins != 0).sum().item()
-    gaps = [pair.chosen_reward - pair.rejected_reward for pair in pairs]
-    return {
-        "iter/current_reward_mean": current.double().mean().item(),
-        "iter/comparator_reward_mean": comparator.double().mean().item(),
-        "iter/current_win_rate": (margins > 0).sum().item() / decided if decided else 0.0,
-        "iter/tie_rate": 1.0 - decided / margins.numel(),
-        "preference/reward_gap_mean": sum(gaps) / len(gaps) if gaps else 0.0,
-    }
-
-
-def pair_record(pair: PreferencePair) -> dict[str, Any]:
-    """A pair as JSON: its token ids as lists of integers."""
-    return {
-        name: [ids.tolist() for ids in value] if name.endswith("_ids") else value for name, value in vars(pair).items()
-    }
-
-
-class MADPOIterTrainer(MADPOTrainer):
+class MADPOIterTrainer(InRounds, MADPOTrainer):
     """Iterative MADPO: ``num_iterations`` rounds, each making new pairs of the current policy
     against a comparator policy and training on them (with earlier rounds' pairs, as
     ``preference_replay_mode`` says) with MADPO's joint DPO loss.
@@ -385,44 +319,15 @@ class MADPOIterTrainer(MADPOTrainer):
     args: MADPOIterConfig
 
     def __init__(self, *args: Any, **kwargs: Any):
-        self.round = -1
-        """The round whose training pairs ``pairs`` holds (-1: none yet)."""
-        self.shards: list[list[PreferencePair]] = []
-        """Each round's own pairs, the replay's shards, oldest first."""
         super().__init__(*args, **kwargs)
-        config = self.args
-        sampled = config.per_device_train_batch_size * self.num_agents * config.comparator_candidates
-        if sampled > config.max_generations_per_step:
-            raise ValueError(
-                f"the comparator samples {sampled} completions at a time (per_device_train_batch_size="
-                f"{config.per_device_train_batch_size} rows x {self.num_agents} agents x comparator_num_candidates="
-                f"{config.comparator_candidates}), above max_generations_per_step={config.max_generations_per_step}: "
-                "lower one of them, or raise max_generations_per_step"
-            )
-        self.comparator = build_comparator(
-            config.comparator_policy, self.agents, self.backend, config, self.model_kwargs
-        )
-
-    # ----------------------------------------------------------------------------------------
-    # the rounds
-    # ----------------------------------------------------------------------------------------
-    def train(
-        self,
-        resume_from_checkpoint: bool | str | None = None,
-        checkpoint_dir: str | None = None,
-        checkpoint_interval: int | None = None,
-        checkpoint_total_limit: int | None = None,
-    ) -> TrainResult:
-        """Train for ``num_iterations`` rounds; as :meth:`MultiAgentTrainer.train`, except that
-        ``checkpoint_interval`` counts rounds (comlrl 1.4.3's meaning for the iterative
-        trainers), and ``checkpoint_dir`` alone writes a checkpoint after every round."""
-        plan = CheckpointPlan.resolve(self.args, checkpoint_dir, checkpoint_interval, checkpoint_total_limit)
-        return RoundLoop(self, resume_from_checkpoint, plan).run()
+        self.rounds = PreferenceRounds(self, self.args)
+        """The rounds: every round's pairs, the round in progress, the comparator."""
 
     def prepare(self, checkpoint: str | None) -> dict[str, float]:
         """A new run starts round 1 (its metrics are returned); a resumed one reads its rounds back."""
         if checkpoint is None:
-            self.pairs, self.round, self.shards = None, -1, []
+            self.pairs = None
+            self.rounds.reset()
         return super().prepare(checkpoint)
 
     def build_pairs(self) -> tuple[list[PreferencePair], dict[str, float]]:
@@ -433,8 +338,8 @@ class MADPOIterTrainer(MADPOTrainer):
     def start_epoch(self, epoch: int) -> dict[str, float]:
         """Start the round epoch ``epoch`` belongs to, if it is a new one (its metrics are
         returned); its learning-rate schedules start over, spanning its steps."""
-        round_index = epoch // self.args.num_train_epochs
-        if round_index == self.round:
+        round_index = self.rounds.round_of(epoch)
+        if round_index == self.rounds.round:
             return {}
         metrics = self.start_round(round_index)
         args = self.args
@@ -444,172 +349,21 @@ class MADPOIterTrainer(MADPOTrainer):
         return metrics
 
     def start_round(self, round_index: int) -> dict[str, float]:
-        """Make round ``round_index``'s pairs against the comparator, keep them as its shard,
-        and choose the round's training pairs from the shards; returns the round's metrics."""
-        if round_index != len(self.shards):
-            raise RuntimeError(f"round {round_index + 1} cannot start after {len(self.shards)} rounds")
-        args = self.args
-        current, metrics = self.compare(round_index, self.comparator.start_round(round_index))
-        if args.dpo_reference == "initial" and current:
-            current = self.with_reference(current)
-        self.shards.append(current)
-        self.round = round_index
-        self.write_shard(round_index, current)
-        chosen = replay_choice(
-            args.preference_replay_mode,
-            [len(shard) for shard in self.shards],
-            args.preference_replay_sample_size,
-            round_generator(args.seed, round_index, Stream.REPLAY),
-            args.preference_replay_k,
-            args.preference_replay_lambda,
-        )
-        self.pairs = [self.shards[shard][index] for shard, index in chosen]
-        if not self.pairs:
-            warnings.warn(
-                f"MADPOIter round {round_index + 1}: no preference pairs to train on (every comparison tied, "
-                "and the replay found none): the round trains nothing",
-                stacklevel=2,
-            )
-        metrics.update(
-            {
-                "iter/current_iteration": float(round_index + 1),
-                "iter/current_preference_pairs": float(len(current)),
-                "iter/total_preference_pairs": float(sum(len(shard) for shard in self.shards)),
-                "iter/train_preference_pairs": float(len(self.pairs)),
-            }
-        )
+        """Round ``round_index``: its pairs (with DPO's reference margins when the loss has a
+        reference) become the round's training pairs; returns the round's metrics."""
+        annotate = self.with_reference if self.args.dpo_reference == "initial" else None
+        self.pairs, metrics = self.rounds.start(self, round_index, annotate=annotate)
         return metrics
-
-    def compare(self, round_index: int, comparator: GenerationBackend) -> tuple[list[PreferencePair], dict[str, float]]:
-        """Round ``round_index``'s pairs: for every training prompt, the current policy's N
-        candidates against the ``comparator``'s M, candidate j against candidate j."""
-        args = self.args
-        count, comparator_count = args.preference_num_candidates, args.comparator_candidates
-        order = round_generator(args.seed, round_index, Stream.PAIR_ORDER)  # pair_selection="random"
-        comparator_stream = round_generator(args.seed, round_index, Stream.COMPARATOR)
-        rows = list(range(len(self.train_prompts)))
-        chunk = args.per_device_train_batch_size
-        pairs: list[PreferencePair] = []
-        current_rewards, comparator_rewards = [], []
-        progress = tqdm(range(0, len(rows), chunk), desc=f"MADPOIter round {round_index + 1} pairs", unit="batch")
-        for first in progress:
-            batch = rows[first : first + chunk]
-            mine = self.candidates(batch, count)
-            with self.sampling_with(comparator, comparator_stream):
-                theirs = self.candidates(batch, comparator_count)
-            mine_rewards, their_rewards = (
-                shared_rewards(mine.rewards, mine.rows),
-                shared_rewards(theirs.rewards, theirs.rows),
-            )
-            for m, row in enumerate(mine.rows):
-                kept = comparison_pairs(
-                    mine_rewards[m], their_rewards[m], args.pair_selection, args.preference_pairs_per_sample, order
-                )
-                prompts = [agent_prompts[m] for agent_prompts in mine.prompts]
-                for j, current_won in kept.tolist():
-                    ours = joint_action(mine.agents, m * count + j, mine_rewards[m, j])
-                    other = joint_action(theirs.agents, m * comparator_count + j, their_rewards[m, j])
-                    pairs.append(preference_pair(row, prompts, *((ours, other) if current_won else (other, ours))))
-            current_rewards.append(mine_rewards)
-            comparator_rewards.append(their_rewards)
-        return pairs, comparison_statistics(torch.cat(current_rewards), torch.cat(comparator_rewards), pairs)
-
-    def candidates(self, rows: list[int], count: int) -> Turn:
-        """``count`` aligned joint actions per row, sampled and scored with the task reward."""
-        aligned = joint_action_indices(self.num_agents, count, "aligned")
-        return self.rollout(self.train_prompts, rows, num_generations=count, joint_indices=aligned).turns[0]
-
-    @contextlib.contextmanager
-    def sampling_with(self, backend: GenerationBackend, stream: torch.Generator) -> Iterator[None]:
-        """Rollouts inside sample with ``backend``, from a seed drawn from ``stream``; torch's
-        generators (the training's random stream) are left as they were."""
-        live = self.backend
-        with torch.random.fork_rng(devices=seeded_cuda_devices(), device_type="cuda"):
-            torch.manual_seed(int(torch.randint(0, 2**62, (1,), generator=stream)))
-            self.backend = backend
-            try:
-                yield
-            finally:
-                self.backend = live
-
-    def write_shard(self, round_index: int, pairs: list[PreferencePair]) -> None:
-        """Round ``round_index``'s pairs to ``iteration_XXXX.json`` (numbered from 1, as 1.4.3), for reading."""
-        folder = self.args.preference_replay_dir or os.path.join(self.args.output_dir, "preference_replay")
-        os.makedirs(folder, exist_ok=True)
-        path = os.path.join(folder, f"iteration_{round_index + 1:04d}.json")
-        record = {"iteration": round_index + 1, "num_pairs": len(pairs), "pairs": [pair_record(p) for p in pairs]}
-        with open(path + ".tmp", "w", encoding="utf-8") as f:
-            json.dump(record, f, ensure_ascii=False)
-        os.replace(path + ".tmp", path)
 
     # ----------------------------------------------------------------------------------------
     # checkpoints: the rounds go with MADPO's pairs
     # ----------------------------------------------------------------------------------------
     def write_models(self, folder: str) -> None:
-        """MADPO's (the agents, the round's training pairs) and ``preference_rounds.pt``: the
-        round in progress, every round's pairs and the comparator's state (tensors, strings
-        and numbers only)."""
+        """MADPO's (the agents, the round's training pairs) and the rounds (``preference_rounds.pt``)."""
         super().write_models(folder)
-        state = {
-            "round": self.round,
-            "shards": [[dataclasses.asdict(pair) for pair in shard] for shard in self.shards],
-            "comparator": self.comparator.state(),
-        }
-        torch.save(state, os.path.join(folder, ROUNDS_FILE))
+        self.rounds.write(folder)
 
     def read_pairs(self, checkpoint: str) -> list[PreferencePair]:
         """MADPO's pairs of ``checkpoint``, after putting back the rounds :meth:`write_models` wrote."""
-        path = os.path.join(checkpoint, ROUNDS_FILE)
-        if not os.path.isfile(path):
-            raise ValueError(f"checkpoint {checkpoint} holds no {ROUNDS_FILE}: it was not written by MADPOIterTrainer")
-        saved = read_state(checkpoint).config
-        for name in ("num_train_epochs", "comparator_policy", "comparator_history_k"):
-            if saved.get(name) != getattr(self.args, name):
-                raise ValueError(
-                    f"checkpoint {checkpoint} was trained with {name}={saved.get(name)!r}; this config has "
-                    f"{getattr(self.args, name)!r}, so its rounds cannot be continued: make them agree"
-                )
-
-        def parse(state: dict[str, Any]) -> tuple[int, list[list[PreferencePair]], dict[str, Any]]:
-            shards = [[PreferencePair(**record) for record in shard] for shard in state["shards"]]
-            return state["round"], shards, state["comparator"]
-
-        self.round, self.shards, comparator_state = read_tensors(checkpoint, ROUNDS_FILE, parse)
-        self.comparator.load_state(comparator_state)
+        self.rounds.read(checkpoint)
         return super().read_pairs(checkpoint)
-
-
-class RoundLoop(TrainingLoop):
-    """The training loop over every round's epochs: a round's pairs are made when its first
-    epoch starts (so their count sets that round's steps), and an epoch cadence of checkpoints
-    counts rounds."""
-
-    def __init__(
-        self, trainer: MADPOIterTrainer, resume_from_checkpoint: bool | str | None, checkpoints: CheckpointPlan
-    ):
-        super().__init__(trainer, resume_from_checkpoint, checkpoints)
-        self.save_every = checkpoints.every_steps  # checkpoint_interval counts rounds: see finished_with_save
-
-    @property
-    def num_epochs(self) -> int:
-        return self.args.num_iterations * self.args.num_train_epochs
-
-    def epoch_order(self) -> list[int]:
-        """The epoch's order of its round's pairs, made first when the epoch starts a round."""
-        metrics = self.trainer.start_epoch(self.progress.epoch)
-        if metrics:
-            # Logged with the round's first step: a run resumed from a checkpoint taken before
-            # the round (which drops later lines from the log) makes and logs them again.
-            self.log_once(metrics, self.trainer.global_step + 1)
-        # Later rounds' sizes are unknown: the bar counts on this round's.
-        self.bar.total = self.bar.n + (self.num_epochs - self.progress.epoch) * self.trainer.steps_per_epoch
-        return super().epoch_order()
-
-    def finished_with_save(self) -> bool:
-        """The step just taken ends a round the plan keeps: every ``checkpoint_interval``-th, and the last."""
-        every, epochs = self.checkpoints.every_epochs, self.args.num_train_epochs
-        epoch, progress = self.progress.epoch, self.progress
-        if not every or (epoch + 1) % epochs or progress.step_in_epoch != self.trainer.steps_per_epoch:
-            return False
-        rounds_done = (epoch + 1) // epochs
-        return rounds_done % every == 0 or rounds_done == self.args.num_iterations

@@ -1,0 +1,340 @@
+"""The rounds of the iterative preference trainers (MADPOIter, MARLHFIter): each round makes
+new pairs of the current policy against a comparator policy and picks the pairs the round
+learns from, with earlier rounds' pairs as the replay mode says.
+
+    round r (starts when its first epoch does, the rounds' epochs in one training loop):
+        rows ─current policy─▶ N candidates per prompt and agent ─▶ joint rewards
+        rows ─comparator (own random stream)─▶ M candidates ─▶ joint rewards
+        current j against comparator j, j < min(N, M): strictly better wins, ties dropped
+        ─pair_selection order, preference_pairs_per_sample─▶ the round's pairs (shard r)
+        ─preference_replay_mode over the shards of every round so far─▶ the round's training pairs
+
+What a trainer does with the training pairs is its own: MADPOIter takes DPO steps on them,
+MARLHFIter fits a fresh reward model to them and runs RL on its scores. The comparator
+policies are in :mod:`comlrl.trainers.preference.comparators`, the replay rules in
+:mod:`comlrl.trainers.preference.replay`, the pair order in :mod:`comlrl.trainers.preference.pairs`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import enum
+import json
+import os
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from comlrl.algorithms import joint_action_indices
+from comlrl.checkpoint import read_state, read_tensors
+from comlrl.rewards import JointReward
+from comlrl.rollout.backends import GenerationBackend
+from comlrl.rollout.tree import Turn
+from comlrl.trainers.loop import CheckpointPlan, TrainingLoop, TrainResult
+from comlrl.trainers.preference.comparators import build_comparator
+from comlrl.trainers.preference.pairs import (
+    PreferencePair,
+    comparison_pairs,
+    joint_action,
+    preference_pair,
+    shared_rewards,
+)
+from comlrl.trainers.preference.replay import replay_choice
+from comlrl.utils.run_control import seeded_cuda_devices
+
+ROUNDS_FILE = "preference_rounds.pt"
+"""What a checkpoint holds of the rounds: the round in progress, every round's pairs, the comparator's state."""
+
+ROUND_SETTINGS = ("num_train_epochs", "comparator_policy", "comparator_history_k")
+"""The settings a run's rounds cannot be continued without: a checkpoint's must equal the config's."""
+
+
+class Stream(enum.IntEnum):
+    """The random streams of a round, each seeded from the run's ``seed`` and the round alone,
+    so a resumed run draws them again exactly and none depends on another."""
+
+    PAIR_ORDER = 0
+    COMPARATOR = 1
+    REPLAY = 2
+    REWARD_MODEL_HELD_OUT = 3
+    REWARD_MODEL_ORDER = 4
+
+
+def round_generator(seed: int, round_index: int, stream: Stream) -> torch.Generator:
+    """The generator of ``stream`` in round ``round_index``."""
+    entropy = [seed % 2**64, round_index, int(stream)]
+    return torch.Generator().manual_seed(int(np.random.SeedSequence(entropy).generate_state(1, np.uint64)[0]))
+
+
+def comparison_statistics(current: Tensor, comparator: Tensor, pairs: list[PreferencePair]) -> dict[str, float]:
+    """What a round's comparisons found, from ``(rows, N)`` current and ``(rows, M)``
+    comparator candidate rewards and the pairs kept."""
+    met = min(current.shape[1], comparator.shape[1])
+    margins = (current[:, :met] - comparator[:, :met]).double()
+    decided = (margins != 0).sum().item()
+    gaps = [pair.chosen_reward - pair.rejected_reward for pair in pairs]
+    return {
+        "iter/current_reward_mean": current.double().mean().item(),
+        "iter/comparator_reward_mean": comparator.double().mean().item(),
+        "iter/current_win_rate": (margins > 0).sum().item() / decided if decided else 0.0,
+        "iter/tie_rate": 1.0 - decided / margins.numel(),
+        "preference/reward_gap_mean": sum(gaps) / len(gaps) if gaps else 0.0,
+    }
+
+
+def pair_record(pair: PreferencePair) -> dict[str, Any]:
+    """A pair as JSON: its token ids as lists of integers."""
+    return {
+        name: [ids.tolist() for ids in value] if name.endswith("_ids") else value for name, value in vars(pair).items()
+    }
+
+
+class PreferenceRounds:
+    """The rounds of one iterative run: every round's pairs (the replay's shards), the round in
+    progress, the comparator; and how a round's pairs are made and chosen.
+
+    Arguments:
+        trainer: the trainer whose agents, prompts, generation backend and task reward the
+            rounds sample with (it owns the agents; the comparator samples beside them).
+        args: the iterative config (MADPOIterConfig, MARLHFIterConfig): rounds, comparator,
+            pair selection and replay fields.
+    """
+
+    def __init__(self, trainer: Any, args: Any):
+        self.args = args
+        sampled = args.per_device_train_batch_size * trainer.num_agents * args.comparator_candidates
+        if sampled > args.max_generations_per_step:
+            raise ValueError(
+                f"the comparator samples {sampled} completions at a time (per_device_train_batch_size="
+                f"{args.per_device_train_batch_size} rows x {trainer.num_agents} agents x comparator_num_candidates="
+                f"{args.comparator_candidates}), above max_generations_per_step={args.max_generations_per_step}: "
+                "lower one of them, or raise max_generations_per_step"
+            )
+        self.comparator = build_comparator(
+            args.comparator_policy, trainer.agents, trainer.backend, args, trainer.model_kwargs
+        )
+        self.round = -1
+        """The round in progress (-1: none yet)."""
+        self.shards: list[list[PreferencePair]] = []
+        """Each round's own pairs, oldest first."""
+
+    @property
+    def num_rounds(self) -> int:
+        return self.args.num_iterations
+
+    def round_of(self, epoch: int) -> int:
+        """The round training epoch ``epoch`` belongs to."""
+        return epoch // self.args.num_train_epochs
+
+    def reset(self) -> None:
+        """Forget every round: a new run starts."""
+        self.round, self.shards = -1, []
+
+    def start(
+        self,
+        trainer: Any,
+        round_index: int,
+        reward: JointReward | None = None,
+        annotate: Callable[[list[PreferencePair]], list[PreferencePair]] | None = None,
+    ) -> tuple[list[PreferencePair], dict[str, float]]:
+        """Round ``round_index``: its pairs against the comparator (candidates scored by
+        ``reward``, default the task reward), passed through ``annotate`` (MADPOIter: DPO's
+        reference margins) and kept as its shard; returns the pairs the round learns from,
+        chosen from every shard by the replay mode, and the round's metrics."""
+        if round_index != len(self.shards):
+            raise RuntimeError(f"round {round_index + 1} cannot start after {len(self.shards)} rounds")
+        args = self.args
+        current, metrics = self.compare(trainer, round_index, self.comparator.start_round(round_index), reward)
+        if annotate is not None and current:
+            current = annotate(current)
+        self.shards.append(current)
+        self.round = round_index
+        self.write_shard(round_index, current)
+        chosen = replay_choice(
+            args.preference_replay_mode,
+            [len(shard) for shard in self.shards],
+            args.preference_replay_sample_size,
+            round_generator(args.seed, round_index, Stream.REPLAY),
+            args.preference_replay_k,
+            args.preference_replay_lambda,
+        )
+        pairs = [self.shards[shard][index] for shard, index in chosen]
+        if not pairs:
+            warnings.warn(
+                f"{args.trainer_name} round {round_index + 1}: no preference pairs (every comparison tied, and the "
+                "replay found none from earlier rounds)",
+                stacklevel=2,
+            )
+        metrics.update(
+            {
+                "iter/current_iteration": float(round_index + 1),
+                "iter/current_preference_pairs": float(len(current)),
+                "iter/total_preference_pairs": float(sum(len(shard) for shard in self.shards)),
+                "iter/train_preference_pairs": float(len(pairs)),
+            }
+        )
+        return pairs, metrics
+
+    def compare(
+        self, trainer: Any, round_index: int, comparator: GenerationBackend, reward: JointReward | None
+    ) -> tuple[list[PreferencePair], dict[str, float]]:
+        """Round ``round_index``'s pairs: for every training prompt, the current policy's N
+        candidates against the ``comparator``'s M, candidate j against candidate j."""
+        args = self.args
+        count, comparator_count = args.preference_num_candidates, args.comparator_candidates
+        order = round_generator(args.seed, round_index, Stream.PAIR_ORDER)  # pair_selection="random"
+        comparator_stream = round_generator(args.seed, round_index, Stream.COMPARATOR)
+        rows = list(range(len(trainer.train_prompts)))
+        chunk = args.per_device_train_batch_size
+        pairs: list[PreferencePair] = []
+        current_rewards, comparator_rewards = [], []
+        label = f"{args.trainer_name} round {round_index + 1} pairs"
+        for first in tqdm(range(0, len(rows), chunk), desc=label, unit="batch", dynamic_ncols=True):
+            batch = rows[first : first + chunk]
+            mine = candidates(trainer, batch, count, reward)
+            with sampling_with(trainer, comparator, comparator_stream):
+                theirs = candidates(trainer, batch, comparator_count, reward)
+            mine_rewards, their_rewards = (
+                shared_rewards(mine.rewards, mine.rows),
+                shared_rewards(theirs.rewards, theirs.rows),
+            )
+            for m, row in enumerate(mine.rows):
+                kept = comparison_pairs(
+                    mine_rewards[m], their_rewards[m], args.pair_selection, args.preference_pairs_per_sample, order
+                )
+                prompts = [agent_prompts[m] for agent_prompts in mine.prompts]
+                for j, current_won in kept.tolist():
+                    ours = joint_action(mine.agents, m * count + j, mine_rewards[m, j])
+                    other = joint_action(theirs.agents, m * comparator_count + j, their_rewards[m, j])
+                    pairs.append(preference_pair(row, prompts, *((ours, other) if current_won else (other, ours))))
+            current_rewards.append(mine_rewards)
+            comparator_rewards.append(their_rewards)
+        return pairs, comparison_statistics(torch.cat(current_rewards), torch.cat(comparator_rewards), pairs)
+
+    def write_shard(self, round_index: int, pairs: list[PreferencePair]) -> None:
+        """Round ``round_index``'s pairs to ``iteration_XXXX.json`` (numbered from 1, as 1.4.3), for reading."""
+        folder = self.args.preference_replay_dir or os.path.join(self.args.output_dir, "preference_replay")
+        os.makedirs(folder, exist_ok=True)
+        path = os.path.join(folder, f"iteration_{round_index + 1:04d}.json")
+        record = {"iteration": round_index + 1, "num_pairs": len(pairs), "pairs": [pair_record(p) for p in pairs]}
+        with open(path + ".tmp", "w", encoding="utf-8") as f:
+            json.dump(record, f, ensure_ascii=False)
+        os.replace(path + ".tmp", path)
+
+    # ----------------------------------------------------------------------------------------
+    # checkpoints
+    # ----------------------------------------------------------------------------------------
+    def write(self, folder: str) -> None:
+        """``preference_rounds.pt``: the round in progress, every round's pairs, the
+        comparator's state and the settings they depend on (tensors, strings and numbers only)."""
+        state = {
+            "round": self.round,
+            "shards": [[dataclasses.asdict(pair) for pair in shard] for shard in self.shards],
+            "comparator": self.comparator.state(),
+            "settings": {name: getattr(self.args, name) for name in ROUND_SETTINGS},
+        }
+        torch.save(state, os.path.join(folder, ROUNDS_FILE))
+
+    def read(self, checkpoint: str) -> None:
+        """Put back the rounds :meth:`write` put into ``checkpoint``, after checking that this
+        config can continue them."""
+        if not os.path.isfile(os.path.join(checkpoint, ROUNDS_FILE)):
+            raise ValueError(
+                f"checkpoint {checkpoint} holds no {ROUNDS_FILE}: it was not written by {self.args.trainer_name}Trainer"
+            )
+
+        def parse(state: dict[str, Any]) -> tuple[int, list[list[PreferencePair]], dict[str, Any], dict[str, Any]]:
+            shards = [[PreferencePair(**record) for record in shard] for shard in state["shards"]]
+            return state["round"], shards, state["comparator"], state.get("settings") or read_state(checkpoint).config
+
+        round_index, shards, comparator_state, saved = read_tensors(checkpoint, ROUNDS_FILE, parse)
+        for name in ROUND_SETTINGS:
+            if saved.get(name) != getattr(self.args, name):
+                raise ValueError(
+                    f"checkpoint {checkpoint} was trained with {name}={saved.get(name)!r}; this config has "
+                    f"{getattr(self.args, name)!r}, so its rounds cannot be continued: make them agree"
+                )
+        self.round, self.shards = round_index, shards
+        self.comparator.load_state(comparator_state)
+
+
+def candidates(trainer: Any, rows: list[int], count: int, reward: JointReward | None = None) -> Turn:
+    """``count`` aligned joint actions per row, sampled by ``trainer``'s backend and scored
+    by ``reward`` (default: its task reward)."""
+    aligned = joint_action_indices(trainer.num_agents, count, "aligned")
+    return trainer.rollout(
+        trainer.train_prompts, rows, num_generations=count, joint_indices=aligned, reward=reward
+    ).turns[0]
+
+
+@contextlib.contextmanager
+def sampling_with(trainer: Any, backend: GenerationBackend, stream: torch.Generator) -> Iterator[None]:
+    """``trainer``'s rollouts inside sample with ``backend``, from a seed drawn from
+    ``stream``; torch's generators (the training's random stream) are left as they were."""
+    live = trainer.backend
+    with torch.random.fork_rng(devices=seeded_cuda_devices(), device_type="cuda"):
+        torch.manual_seed(int(torch.randint(0, 2**62, (1,), generator=stream)))
+        trainer.backend = backend
+        try:
+            yield
+        finally:
+            trainer.backend = live
+
+
+class InRounds:
+    """A trainer whose ``train()`` goes through every round's epochs (``RoundLoop``); it
+    must have ``rounds`` (:class:`PreferenceRounds`) and ``start_epoch(epoch)``."""
+
+    def train(
+        self,
+        resume_from_checkpoint: bool | str | None = None,
+        checkpoint_dir: str | None = None,
+        checkpoint_interval: int | None = None,
+        checkpoint_total_limit: int | None = None,
+    ) -> TrainResult:
+        """Train for ``num_iterations`` rounds; as :meth:`MultiAgentTrainer.train
+        <comlrl.trainers.base.MultiAgentTrainer.train>`, except that ``checkpoint_interval``
+        counts rounds (comlrl 1.4.3's meaning for the iterative trainers), and
+        ``checkpoint_dir`` alone writes a checkpoint after every round."""
+        plan = CheckpointPlan.resolve(self.args, checkpoint_dir, checkpoint_interval, checkpoint_total_limit)
+        return RoundLoop(self, resume_from_checkpoint, plan).run()
+
+
+class RoundLoop(TrainingLoop):
+    """The training loop over every round's epochs: a round starts when its first epoch does
+    (MADPOIter: its pairs' count sets that round's steps), and an epoch cadence of
+    checkpoints counts rounds."""
+
+    def __init__(self, trainer: Any, resume_from_checkpoint: bool | str | None, checkpoints: CheckpointPlan):
+        super().__init__(trainer, resume_from_checkpoint, checkpoints)
+        self.save_every = checkpoints.every_steps  # checkpoint_interval counts rounds: see finished_with_save
+
+    @property
+    def num_epochs(self) -> int:
+        return self.trainer.rounds.num_rounds * self.args.num_train_epochs
+
+    def epoch_order(self) -> list[int]:
+        """The epoch's order of its items, its round started first when the epoch starts one."""
+        metrics = self.trainer.start_epoch(self.progress.epoch)
+        if metrics:
+            # Logged with the round's first step: a run resumed from a checkpoint taken before
+            # the round (which drops later lines from the log) makes and logs them again.
+            self.log_once(metrics, self.trainer.global_step + 1)
+        # Later rounds' sizes may differ (MADPOIter's pairs): the bar counts on this round's.
+        self.bar.total = self.bar.n + (self.num_epochs - self.progress.epoch) * self.trainer.steps_per_epoch
+        return super().epoch_order()
+
+    def finished_with_save(self) -> bool:
+        """The step just taken ends a round the plan keeps: every ``checkpoint_interval``-th, and the last."""
+        every, epochs = self.checkpoints.every_epochs, self.args.num_train_epochs
+        epoch, progress = self.progress.epoch, self.progress
+        if not every or (epoch + 1) % epochs or progress.step_in_epoch != self.trainer.steps_per_epoch:
+            return False
+        rounds_done = (epoch + 1) // epochs
+        return rounds_done % every == 0 or rounds_done == self.trainer.rounds.num_rounds
