@@ -1,5 +1,5 @@
 """Every trainer and its config: MAGRPO and its REINFORCE variants, centralized MAGRPO, IAC and
-MAAC, MADPO and MADPOIter, MARLHF."""
+MAAC, MADPO and MADPOIter, MARLHF and MARLHFIter."""
 
 from comlrl.trainers.actor_critic import (
     ActorCriticConfig,
@@ -19,6 +19,8 @@ from comlrl.trainers.preference import (
     MADPOIterTrainer,
     MADPOTrainer,
     MARLHFConfig,
+    MARLHFIterConfig,
+    MARLHFIterTrainer,
     MARLHFTrainer,
 )
 from comlrl.trainers.reinforce import (
@@ -51,6 +53,8 @@ __all__ = [
     "MAGRPOConfig",
     "MAGRPOTrainer",
     "MARLHFConfig",
+    "MARLHFIterConfig",
+    "MARLHFIterTrainer",
     "MARLHFTrainer",
     "MAREINFORCEConfig",
     "MAREINFORCETrainer",

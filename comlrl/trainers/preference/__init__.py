@@ -1,12 +1,13 @@
 """Preference-based multi-agent trainers: MADPO (DPO on pairs of the agents' own joint actions)
 and MADPOIter (MADPO in rounds, against a comparator policy); MARLHF (a joint reward model fitted
-to such pairs, then online RL on its scores)."""
+to such pairs, then online RL on its scores) and MARLHFIter (MARLHF in rounds)."""
 
 from comlrl.trainers.loop import TrainResult
 from comlrl.trainers.preference.config import MADPOConfig
 from comlrl.trainers.preference.iterative import MADPOIterConfig, MADPOIterTrainer
 from comlrl.trainers.preference.madpo import MADPOTrainer
 from comlrl.trainers.preference.marlhf import JointRewardModel, MARLHFConfig, MARLHFTrainer
+from comlrl.trainers.preference.marlhf_iter import MARLHFIterConfig, MARLHFIterTrainer
 from comlrl.trainers.preference.pairs import PreferencePair
 
 __all__ = [
@@ -16,6 +17,8 @@ __all__ = [
     "MADPOIterTrainer",
     "MADPOTrainer",
     "MARLHFConfig",
+    "MARLHFIterConfig",
+    "MARLHFIterTrainer",
     "MARLHFTrainer",
     "PreferencePair",
     "TrainResult",

@@ -17,6 +17,7 @@ rules in :mod:`comlrl.trainers.preference.replay`, the pair order in
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -48,8 +49,8 @@ API_INSTEAD = (
 )
 UNSUPPORTED_FIELDS = {
     "comparator_centralized_agent_index": "centralized comparator generation is not supported yet",
-    "policy_checkpoint_dir": "MADPOIter writes no per-round policy folders (the history comparator keeps its "
-    "snapshots in memory and in checkpoints); save the agents with save_model(), or set save_steps",
+    "policy_checkpoint_dir": "the iterative trainers write no per-round policy folders (the history comparator keeps "
+    "its snapshots in memory and in checkpoints); save the agents with save_model(), or set save_steps",
     **{
         name: API_INSTEAD
         for name in (
@@ -188,7 +189,7 @@ class MADPOIterConfig(MADPOConfig):
         for name, why in UNSUPPORTED_FIELDS.items():
             value, default = getattr(self, name), field_default(self, name)
             if value != default:
-                raise ValueError(f"{name}={value!r} is not supported by MADPOIter: {why}")
+                raise ValueError(f"{name}={value!r} is not supported by {self.trainer_name}: {why}")
 
     @property
     def comparator_candidates(self) -> int:
@@ -353,6 +354,12 @@ class MADPOIterTrainer(InRounds, MADPOTrainer):
         reference) become the round's training pairs; returns the round's metrics."""
         annotate = self.with_reference if self.args.dpo_reference == "initial" else None
         self.pairs, metrics = self.rounds.start(self, round_index, annotate=annotate)
+        if not self.pairs:
+            warnings.warn(
+                f"MADPOIter round {round_index + 1}: no preference pairs to train on (every comparison tied, "
+                "and the replay found none): the round trains nothing",
+                stacklevel=2,
+            )
         return metrics
 
     # ----------------------------------------------------------------------------------------

@@ -324,10 +324,25 @@ class RewardModelStage:
     def fit(self, trainer: Any, device: str | torch.device) -> dict[str, float]:
         """Phases 1-3: pairs from ``trainer``'s policy and task reward, a fresh reward model
         fitted to them (less the held-out prompts'), frozen and written to ``output_dir``."""
+        pairs, metrics = sample_preference_pairs(trainer, self.args, "MARLHF")
+        seed = self.args.seed
+        return {**metrics, **self.fit_pairs(pairs, device, seeded(seed), seeded(seed + 1))}
+
+    def fit_pairs(
+        self,
+        pairs: list[PreferencePair],
+        device: str | torch.device,
+        held_out_draw: torch.Generator,
+        batch_order: torch.Generator,
+    ) -> dict[str, float]:
+        """A fresh reward model fitted to ``pairs`` less those of the prompts held out (drawn
+        from ``held_out_draw``; batches in an order drawn from ``batch_order``), frozen, used
+        by ``function`` and written to ``output_dir``; returns the fit's metrics."""
         args = self.args
-        self.pairs, metrics = sample_preference_pairs(trainer, args, "MARLHF")
+        self.pairs = pairs
+        metrics: dict[str, float] = {}
         started = time.perf_counter()
-        held_out = held_out_rows([pair.row for pair in self.pairs], args.reward_eval_fraction, seeded(args.seed))
+        held_out = held_out_rows([pair.row for pair in self.pairs], args.reward_eval_fraction, held_out_draw)
         train_pairs = [pair for pair in self.pairs if pair.row not in held_out]
         eval_pairs = [pair for pair in self.pairs if pair.row in held_out]
         model = JointRewardModel.from_pretrained(
@@ -342,7 +357,7 @@ class RewardModelStage:
             args.reward_train_batch_size,
             args.reward_learning_rate,
             args.max_grad_norm,
-            seeded(args.seed + 1),
+            batch_order,
         )
         self.function.model = frozen_model(model)
         metrics.update(
@@ -474,8 +489,12 @@ class MARLHFTrainer:
     supported yet: centralized collaboration and torchrun.
     """
 
-    config_class = MARLHFConfig
+    config_class: type[MARLHFConfig] = MARLHFConfig
     algorithm_name = "MARLHF"
+    stage_class: type[RewardModelStage] = RewardModelStage
+    """Phases 1-3 (MARLHFIter: in rounds)."""
+    rl_algorithms: dict[str, RLAlgorithm] = RL_ALGORITHMS
+    """``rl_algorithm`` -> the RL trainer of phase 4 and its config."""
 
     def __init__(
         self,
@@ -505,17 +524,18 @@ class MARLHFTrainer:
         if centralized_comparator_adapter is not None:
             raise ValueError(
                 "centralized_comparator_adapter: centralized collaboration (one model writing every agent's part) is "
-                "not supported by MARLHFTrainer yet; train one model per agent (collaboration_mode='decentralized')"
+                f"not supported by {self.algorithm_name}Trainer yet; train one model per agent "
+                "(collaboration_mode='decentralized')"
             )
         if DataParallel.from_environment().enabled:
-            raise ValueError("MARLHFTrainer does not run under torchrun yet: start it as one process")
+            raise ValueError(f"{self.algorithm_name}Trainer does not run under torchrun yet: start it as one process")
         if args is None:
-            args = MARLHFConfig()
-        if not isinstance(args, MARLHFConfig):
-            raise TypeError(f"args must be a MARLHFConfig, got {type(args).__name__}")
+            args = self.config_class()
+        if not isinstance(args, self.config_class):
+            raise TypeError(f"args must be a {self.config_class.__name__}, got {type(args).__name__}")
         self.args = args
         source = model_name(args.reward_model_name, agent_model, agents, "reward_model_name")
-        self.stage = RewardModelStage(
+        self.stage = self.stage_class(
             args, check_model_source(source, "reward_model_name"), split_model_config(model_config).model_kwargs
         )
         kwargs: dict[str, Any] = {}
@@ -536,7 +556,7 @@ class MARLHFTrainer:
                 critics=critics,
                 critic_tokenizer=critic_tokenizer,
             )
-        self.rl_trainer = RL_ALGORITHMS[args.rl_algorithm].trainer_class(
+        self.rl_trainer = self.rl_algorithms[args.rl_algorithm].trainer_class(
             agent_model=agent_model,
             agents=agents,
             num_agents=num_agents,

@@ -22,7 +22,6 @@ import dataclasses
 import enum
 import json
 import os
-import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -146,7 +145,8 @@ class PreferenceRounds:
         """Round ``round_index``: its pairs against the comparator (candidates scored by
         ``reward``, default the task reward), passed through ``annotate`` (MADPOIter: DPO's
         reference margins) and kept as its shard; returns the pairs the round learns from,
-        chosen from every shard by the replay mode, and the round's metrics."""
+        chosen from every shard by the replay mode (none when every comparison tied and the
+        replay found none either: the trainer says what that means), and the round's metrics."""
         if round_index != len(self.shards):
             raise RuntimeError(f"round {round_index + 1} cannot start after {len(self.shards)} rounds")
         args = self.args
@@ -165,12 +165,6 @@ class PreferenceRounds:
             args.preference_replay_lambda,
         )
         pairs = [self.shards[shard][index] for shard, index in chosen]
-        if not pairs:
-            warnings.warn(
-                f"{args.trainer_name} round {round_index + 1}: no preference pairs (every comparison tied, and the "
-                "replay found none from earlier rounds)",
-                stacklevel=2,
-            )
         metrics.update(
             {
                 "iter/current_iteration": float(round_index + 1),
