@@ -87,8 +87,7 @@ def test_every_field_is_documented_and_the_defaults_are_1_4_3s():
         ("dpo_beta", 1e30, r"dpo_beta must be a finite number in \(0, 1000\], got 1e\+30"),
         ("dpo_reference", "model", r"dpo_reference='model'; expected one of \['initial', 'none'\]"),
         ("train_batch_size", 0, r"train_batch_size must be an integer >= 1 or None, got 0"),
-        ("collaboration_mode", "centralized", r"'centralized' .* is not supported by MADPO yet"),
-        ("collaboration_mode", "solo", r"collaboration_mode='solo'; expected one of \['decentralized'\]"),
+        ("collaboration_mode", "solo", r"mode='solo'; expected one of \['centralized', 'decentralized'\]"),
         ("num_turns", 2, r"MADPO is single-turn: num_turns must be 1, got 2"),
         ("joint_mode", "cross", r"joint_mode must be 'aligned', got 'cross'"),
         ("num_generations", 8, r"num_generations=8 has no effect in MADPO .*preference_num_candidates"),
@@ -281,8 +280,11 @@ def test_the_pairs_exist_only_once_training_starts(tmp_path):
         trainer(tmp_path).steps_per_epoch  # noqa: B018
 
 
-def test_centralized_adapters_and_big_candidate_sets_are_refused(tmp_path):
-    with pytest.raises(ValueError, match=r"centralized_comparator_adapter: .* not supported by MADPOTrainer yet"):
+def test_an_adapter_without_centralized_mode_and_big_candidate_sets_are_refused(tmp_path):
+    # centralized MADPO itself: tests/test_centralized_madpo.py
+    with pytest.raises(
+        ValueError, match=r"adapter is given but collaboration_mode='decentralized'.*set collaboration_mode"
+    ):
         trainer(tmp_path, centralized_comparator_adapter=object())
     with pytest.raises(ValueError, match=r"samples 4000 completions at a time .* above max_generations_per_step=3000"):
         trainer(tmp_path, args=config(tmp_path, preference_num_candidates=1000, max_generations_per_step=3000))

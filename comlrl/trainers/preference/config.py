@@ -77,7 +77,9 @@ class MADPOConfig(TrainerConfig):
     ``initial``: DPO's reference is the policy that sampled the pairs (its log-probs are taken
     once, when the pairs are built; no model copy is kept)."""
     collaboration_mode: str = "decentralized"
-    """``decentralized``: one model per agent (the only mode MADPO supports yet)."""
+    """``decentralized``: one model per agent; ``centralized``: ONE model writes every role in
+    one response (the trainer's ``centralized_comparator_adapter`` joins the prompts and splits
+    the response), and ``num_agents`` counts the roles (default 2)."""
 
     # --- comlrl 1.4.3's fields that have no effect here (accepted with a one-time warning) ---
     use_environment_step: bool | None = inert()
@@ -98,7 +100,7 @@ class MADPOConfig(TrainerConfig):
     """The trainer errors about those fields name."""
     pair_selections: ClassVar[dict[str, Any]] = PAIR_SELECTIONS
     """The ``pair_selection`` values this trainer's pairs can be ordered by."""
-    collaboration_modes: ClassVar[tuple[str, ...]] = DECENTRALIZED_ONLY
+    collaboration_modes: ClassVar[tuple[str, ...]] = ("decentralized", "centralized")
     """The ``collaboration_mode`` values this trainer supports."""
 
     def __post_init__(self):

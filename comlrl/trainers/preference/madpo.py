@@ -13,6 +13,10 @@ for the other trainers:
         per agent, no gradient: Δ_a = log π_a(chosen_a) - log π_a(rejected_a)  [- reference's]
         per agent, micro-batch by micro-batch: -log σ(β (Δ_a + sg(Σ_{b≠a} Δ_b))) ─▶ backward
         ─▶ one optimizer step per agent
+
+With ``collaboration_mode="centralized"`` there is one agent, whose prompt asks for every
+role and whose responses are split into roles for the reward (set up as centralized MAGRPO,
+by :class:`~comlrl.trainers.reinforce.centralized.CentralizedSetup`): the same steps, K = 1.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import torch
@@ -32,9 +36,11 @@ from comlrl.algorithms.dpo import agent_dpo_losses, joint_preference, others_del
 from comlrl.checkpoint import read_state, read_tensors
 from comlrl.distributed import DataParallel
 from comlrl.metrics import stats as metric_stats
+from comlrl.metrics.hooks import RolloutSample
 from comlrl.metrics.stats import Stat
 from comlrl.models.forward import completion_logprobs
 from comlrl.models.placement import map_agents
+from comlrl.rollout.prompts import Formatter
 from comlrl.rollout.tree import RolloutTree
 from comlrl.trainers.base import MultiAgentTrainer
 from comlrl.trainers.preference.config import MADPOConfig
@@ -46,6 +52,11 @@ from comlrl.trainers.preference.pairs import (
     pair_statistics,
     select_pairs,
     shared_rewards,
+)
+from comlrl.trainers.reinforce.centralized import (
+    CentralizedCollaboration,
+    CentralizedComparatorAdapter,
+    CentralizedSetup,
 )
 from comlrl.trainers.update import Estimate, learner_key, micro_batches
 
@@ -67,10 +78,22 @@ class MADPOTrainer(MultiAgentTrainer):
     actions ranked by the task reward, through the joint policy's DPO loss.
 
     Arguments: those of :class:`~comlrl.trainers.base.MultiAgentTrainer`, in comlrl 1.4.3's
-    order; ``args`` is a :class:`MADPOConfig`. ``centralized_comparator_adapter`` (1.4.3's
-    centralized mode) is not supported yet. ``metrics_callback`` runs in ``evaluate()`` (a
+    order; ``args`` is a :class:`MADPOConfig`. ``metrics_callback`` runs in ``evaluate()`` (a
     training step samples nothing). Under torchrun it refuses to run: pairs are not sharded
     over ranks yet.
+
+    Centralized collaboration (``collaboration_mode="centralized"``, comlrl 1.4.3's): ONE model
+    (``agents=[model]`` or ``agent_model``) writes every role in one response, as in
+    :class:`~comlrl.trainers.reinforce.CentralizedMAGRPOTrainer`: ``num_agents`` counts the
+    roles, ``formatters`` give each role's prompt, ``centralized_comparator_adapter`` (default
+    :class:`~comlrl.trainers.reinforce.centralized.TaggedCentralizedComparatorAdapter`) joins
+    them into the model's prompt and splits its responses, and ``reward_func`` scores the
+    roles' texts as with one model per role. The pairs are the one model's joint responses,
+    and the loss is single-agent DPO on them (every token of the joint response counts); a
+    response the adapter cannot split scores as empty roles, and the share of such candidates
+    is logged as ``centralized/parse_failure_frac`` with the pair metrics (and under ``eval/``).
+    ``eval_logger`` gets ``[role][row][turn]`` texts, ``metrics_callback`` one sample per role;
+    ``save_model(dir)`` writes the one model to ``dir/agent_0``.
 
     Differences from 1.4.3's MADPO: every completion token counts, the last (EOS) included;
     the pairs hold the tokens as sampled, never re-tokenized text; log-probs are taken at the
@@ -84,20 +107,97 @@ class MADPOTrainer(MultiAgentTrainer):
     algorithm_name = "MADPO"
     progress_metric = ("loss", "dpo/loss")
     args: MADPOConfig
+    collaboration: CentralizedCollaboration | None
+    """Centralized mode: joins the roles' prompts and splits the one model's responses; None
+    with one model per agent."""
 
-    def __init__(self, *args: Any, centralized_comparator_adapter: Any = None, **kwargs: Any):
-        if centralized_comparator_adapter is not None:
-            raise ValueError(
-                "centralized_comparator_adapter: centralized collaboration (one model writing every agent's part) is "
-                "not supported by MADPOTrainer yet; train one model per agent (collaboration_mode='decentralized')"
-            )
+    def __init__(
+        self,
+        agent_model: str | None = None,
+        agents: Sequence[torch.nn.Module | str] | None = None,
+        num_agents: int | None = None,
+        tokenizer: Any = None,
+        model_config: dict[str, Any] | None = None,
+        train_dataset: Any = None,
+        eval_dataset: Any = None,
+        reward_func: Any = None,
+        reward_processor: Callable[[float], float] | None = None,
+        formatters: Formatter | Sequence[Formatter] | None = None,
+        external_transition: Callable | None = None,
+        wandb_config: dict[str, Any] | None = None,
+        eval_logger: Callable[..., Any] | None = None,
+        eval_aggregator: Callable[..., dict[str, float]] | None = None,
+        args: MADPOConfig | None = None,
+        *,
+        centralized_comparator_adapter: CentralizedComparatorAdapter | None = None,
+        peft_config: Any = None,
+        metrics_callback: Callable[[list[RolloutSample]], dict[str, float]] | None = None,
+    ):
+        args = self.accept_config(args)
         if DataParallel.from_environment().enabled:
             raise ValueError("MADPOTrainer does not run under torchrun yet: start it as one process")
         self.pairs: list[PreferencePair] | None = None
         """The run's preference pairs, made when ``train()`` starts."""
         self.pending_learners: list[tuple[Sequence[str], Sequence[Sequence[torch.nn.Parameter]], Sequence[float]]] = []
-        super().__init__(*args, **kwargs)
+        role_arguments = {
+            "num_agents": num_agents,
+            "formatters": formatters,
+            "reward_func": reward_func,
+            "metrics_callback": metrics_callback,
+        }
+        setup = self.centralized_setup(args, agents, centralized_comparator_adapter, role_arguments)
+        self.collaboration = None
+        super().__init__(
+            agent_model=agent_model,
+            agents=agents,
+            tokenizer=tokenizer,
+            model_config=model_config,
+            train_dataset=train_dataset,
+            eval_dataset=eval_dataset,
+            reward_processor=reward_processor,
+            external_transition=external_transition,
+            wandb_config=wandb_config,
+            eval_logger=eval_logger,
+            eval_aggregator=eval_aggregator,
+            peft_config=peft_config,
+            **({**role_arguments, "args": args} if setup is None else setup.base_arguments),
+        )
+        if setup is not None:
+            setup.attach(self)
         check_candidate_budget(self.args, self.num_agents)
+
+    def centralized_setup(
+        self,
+        args: MADPOConfig,
+        agents: Any,
+        adapter: CentralizedComparatorAdapter | None,
+        role_arguments: dict[str, Any],
+    ) -> CentralizedSetup | None:
+        """The one-model set-up of ``collaboration_mode="centralized"`` from the arguments that
+        speak of roles there (None: one model per agent). An adapter with one model per agent
+        would split nothing: an error, never ignored."""
+        if args.collaboration_mode == "centralized":
+            return CentralizedSetup.build(
+                args,
+                agents=agents,
+                adapter=adapter,
+                trainer=f"{type(self).__name__} with collaboration_mode='centralized'",
+                one_model_per_role="set collaboration_mode='decentralized'",
+                **role_arguments,
+            )
+        if adapter is not None and "centralized" in args.collaboration_modes:
+            raise ValueError(
+                f"centralized_comparator_adapter is given but collaboration_mode={args.collaboration_mode!r} (one "
+                "model per agent), where there is no joint response to split: set collaboration_mode='centralized' "
+                "in the config for one model that writes every role, or drop the adapter"
+            )
+        if adapter is not None:
+            raise ValueError(
+                f"centralized_comparator_adapter is given, but {type(self).__name__} supports only "
+                "collaboration_mode='decentralized' (one model per agent), where there is no joint response to "
+                "split: drop the adapter"
+            )
+        return None
 
     # ----------------------------------------------------------------------------------------
     # what the loop goes through: the pairs
@@ -140,7 +240,7 @@ class MADPOTrainer(MultiAgentTrainer):
     def build_pairs(self) -> tuple[list[PreferencePair], dict[str, float]]:
         """The pairs of :func:`sample_preference_pairs`, with their reference margins when the
         DPO loss has a reference; and what building them found."""
-        pairs, metrics = sample_preference_pairs(self, self.args, self.algorithm_name)
+        pairs, metrics = sample_preference_pairs(self, self.args, self.algorithm_name, self.collaboration)
         if self.args.dpo_reference == "initial":
             pairs = self.with_reference(pairs)
         return pairs, metrics
@@ -329,12 +429,17 @@ def check_candidate_budget(config: MADPOConfig, num_agents: int) -> None:
 
 
 def sample_preference_pairs(
-    trainer: MultiAgentTrainer, args: MADPOConfig, name: str
+    trainer: MultiAgentTrainer,
+    args: MADPOConfig,
+    name: str,
+    collaboration: CentralizedCollaboration | None = None,
 ) -> tuple[list[PreferencePair], dict[str, float]]:
     """Sample ``preference_num_candidates`` joint actions per training prompt with
     ``trainer``'s current policy, score them with its task reward and keep the pairs
     ``pair_selection`` picks; returns them and what building them found. ``name`` (the
-    trainer's: MADPO, MARLHF) labels the progress bar and the error."""
+    trainer's: MADPO, MARLHF) labels the progress bar and the error. With a centralized
+    ``collaboration`` (one model writes every role), what was found includes the share of
+    candidates it could not split into roles."""
     count = args.preference_num_candidates
     aligned = joint_action_indices(trainer.num_agents, count, "aligned")
     order = torch.Generator().manual_seed(args.seed)  # pair_selection="random"'s draws
@@ -342,12 +447,15 @@ def sample_preference_pairs(
     chunk = args.per_device_train_batch_size
     pairs: list[PreferencePair] = []
     candidate_rewards = []
+    parse_failure_stats = []  # one metric per chunk of rows, centralized only
     for first in tqdm(range(0, len(rows), chunk), desc=f"{name} pairs", unit="batch", dynamic_ncols=True):
         turn = trainer.rollout(
             trainer.train_prompts, rows[first : first + chunk], num_generations=count, joint_indices=aligned
         ).turns[0]
         rewards = shared_rewards(turn.rewards, turn.rows)  # (M, N)
         candidate_rewards.append(rewards)
+        if collaboration is not None:
+            parse_failure_stats.append(collaboration.parse_failure_stats(turn, trainer.train_prompts))
         for m, row in enumerate(turn.rows):
             ranked = select_pairs(rewards[m], args.pair_selection, args.preference_pairs_per_sample, order)
             prompts = [agent_prompts[m] for agent_prompts in turn.prompts]
@@ -360,4 +468,7 @@ def sample_preference_pairs(
             "reward_func or reward_processor does this; otherwise sample more varied candidates (more "
             "preference_num_candidates, a higher temperature)"
         )
-    return pairs, pair_statistics(all_rewards, pairs)
+    return pairs, {
+        **pair_statistics(all_rewards, pairs),
+        **metric_stats.finish(metric_stats.combine(parse_failure_stats)),
+    }

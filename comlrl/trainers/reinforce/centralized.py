@@ -1,8 +1,10 @@
-"""Centralized MAGRPO: ONE model writes every role's output in one tagged response.
+"""Centralized collaboration: ONE model writes every role's output in one tagged response.
 
-It is MAGRPO with one agent. Only the ends of the rollout change: the agent's prompt asks
-for every role at once, and its response is split into roles before the user's reward
-function sees it, so that function is written exactly as for MAGRPO with one model per role:
+Centralized MAGRPO is MAGRPO with one agent, and MADPO's centralized mode is MADPO with one
+agent: both are set up by :class:`CentralizedSetup`. Only the ends of the rollout change: the
+agent's prompt asks for every role at once, and its response is split into roles before the
+user's reward function sees it, so that function is written exactly as for MAGRPO with one
+model per role:
 
     row ─one formatter per role─▶ role prompts ─adapter.build_prompt─▶ one joint prompt
     ─the one model─▶ G joint responses ─adapter.parse_completion─▶ one text per role
@@ -25,10 +27,12 @@ from typing import Any, Protocol
 from comlrl.metrics import stats as metric_stats
 from comlrl.metrics.evaluation import EvalHooks
 from comlrl.metrics.hooks import RolloutSample
+from comlrl.metrics.stats import Stat
 from comlrl.rewards import JointReward
 from comlrl.rewards.joint_reward import describe
-from comlrl.rollout.prompts import Formatter, prompt_column
-from comlrl.trainers.base import StepResult
+from comlrl.rollout.prompts import Formatter, PromptTable, prompt_column
+from comlrl.rollout.tree import Turn
+from comlrl.trainers.base import MultiAgentTrainer, StepResult
 from comlrl.trainers.reinforce.config import MAGRPOConfig
 from comlrl.trainers.reinforce.trainer import MAGRPOTrainer
 from comlrl.utils.per_agent import per_agent
@@ -40,6 +44,7 @@ __all__ = [
     "CentralizedComparatorParseError",
     "CentralizedMAGRPOConfig",
     "CentralizedMAGRPOTrainer",
+    "CentralizedSetup",
     "TaggedCentralizedComparatorAdapter",
 ]
 
@@ -176,6 +181,15 @@ class CentralizedCollaboration:
         """How many of the joint responses (each with its row) the adapter cannot split."""
         return sum(self.parse(text, row) is None for text, row in zip(completions, rows))
 
+    def parse_failure_stats(self, turn: Turn, table: PromptTable) -> dict[str, Stat]:
+        """``centralized/parse_failure_frac`` of a rollout turn of the one agent (its rows in
+        ``table``): every centralized trainer logs the share of its samples scored as empty
+        roles, so a model that ignores the adapter's format is seen early."""
+        texts = turn.agents[0].texts
+        per_node = len(texts) // turn.num_nodes
+        rows = [table.rows[row] for row in turn.rows for _ in range(per_node)]
+        return {PARSE_FAILURE_METRIC: metric_stats.mean(self.parse_failures(texts, rows), len(texts))}
+
     def split_turns(self, joint_turns: list[list[str]], rows: Sequence[dict[str, Any]]) -> list[list[list[str]]]:
         """``[row][turn]`` joint responses as ``[role][row][turn]`` role texts (``eval_logger``'s layout)."""
         split = [[self.split(text, row) for text in turns] for turns, row in zip(joint_turns, rows)]
@@ -253,8 +267,8 @@ class RoleReward:
             k = differs[0]
             raise ValueError(
                 f"reward_func {self.__name__} returned per-role rewards {raw[k].tolist()} for joint action {k}; "
-                "centralized MAGRPO trains one model on one reward per joint action: return one value shared "
-                "by the roles"
+                "centralized training gives its one model one reward per joint action: return one value "
+                "shared by the roles"
             )
         return raw[:, 0].tolist()
 
@@ -282,6 +296,65 @@ class RoleEvalHooks:
         metrics = self.hooks(self.collaboration.split_turns(joint, rows), rows, prompts, num_turns)
         metrics[f"eval/{PARSE_FAILURE_METRIC}"] = failures / max(len(texts), 1)
         return metrics
+
+
+# ------------------------------------------------------------------------------------------
+# the set-up every centralized trainer shares
+# ------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class CentralizedSetup:
+    """A multi-agent trainer in centralized mode: what its base class gets in place of the
+    user's arguments (one agent, whose prompt is the joint prompt and whose reward and metrics
+    callback see roles), and what :meth:`attach` puts on the trainer once the base is built.
+
+    CentralizedMAGRPO and MADPO's centralized mode are built through it, so the roles meet
+    the one model in one place.
+    """
+
+    collaboration: CentralizedCollaboration
+    config: Any
+    """The user's config, whose ``num_agents`` counts the roles."""
+    base_arguments: dict[str, Any]
+    """``num_agents``, ``reward_func``, ``formatters``, ``args`` and ``metrics_callback`` for
+    the base trainer: those of one agent that writes the joint response."""
+
+    @classmethod
+    def build(
+        cls,
+        config: Any,
+        *,
+        num_agents: int | None,
+        agents: Any,
+        formatters: Any,
+        reward_func: Any,
+        metrics_callback: Callable[[list[RolloutSample]], Any] | None,
+        adapter: CentralizedComparatorAdapter | None,
+        trainer: str,
+        one_model_per_role: str,
+    ) -> CentralizedSetup:
+        """The set-up from the user's arguments; ``trainer`` (how errors name it) and
+        ``one_model_per_role`` (what to use instead) word the error about several models."""
+        num_roles = role_count(num_agents, config.num_agents)
+        check_one_model(agents, num_roles, trainer, one_model_per_role)
+        adapter = TaggedCentralizedComparatorAdapter() if adapter is None else adapter
+        collaboration = CentralizedCollaboration(adapter, formatters, num_roles)
+        base_arguments = {
+            "num_agents": 1,
+            "reward_func": collaboration.role_rewards(reward_func, config.reward_call),
+            "formatters": collaboration.joint_prompt,
+            # The base reads the config's num_agents as the number of models; here it counts roles.
+            "args": dataclasses.replace(config, num_agents=1),
+            "metrics_callback": collaboration.role_samples(metrics_callback),
+        }
+        return cls(collaboration, config, base_arguments)
+
+    def attach(self, trainer: MultiAgentTrainer) -> None:
+        """Once the base trainer is built: the user's config back (checkpoints record it), the
+        collaboration and the role count on the trainer, and ``eval_logger`` given role texts."""
+        trainer.args = self.config
+        trainer.collaboration = self.collaboration
+        trainer.num_roles = self.collaboration.num_roles
+        trainer.eval_hooks = RoleEvalHooks(trainer.eval_hooks, self.collaboration)
 
 
 # ------------------------------------------------------------------------------------------
@@ -338,6 +411,10 @@ class CentralizedMAGRPOTrainer(MAGRPOTrainer):
     algorithm_name = "CentralizedMAGRPO"
 
     args: CentralizedMAGRPOConfig
+    collaboration: CentralizedCollaboration
+    """Joins the roles' prompts into the one model's and splits its responses into roles."""
+    num_roles: int
+    """How many roles the one model writes (``num_agents`` counts the models: 1)."""
 
     def __init__(
         self,
@@ -367,44 +444,38 @@ class CentralizedMAGRPOTrainer(MAGRPOTrainer):
                 "CentralizedMAGRPOTrainer does not support multi-turn episodes, so it takes no "
                 "external_transition: drop it"
             )
-        self.num_roles = role_count(num_agents, args.num_agents)
-        """How many roles the one model writes (``num_agents`` counts the models: 1)."""
-        check_one_model(agents, self.num_roles)
-        adapter = TaggedCentralizedComparatorAdapter() if centralized_adapter is None else centralized_adapter
-        self.collaboration = CentralizedCollaboration(adapter, formatters, self.num_roles)
-        super().__init__(
-            agent_model,
-            agents,
-            1,
-            tokenizer,
-            model_config,
-            train_dataset,
-            eval_dataset,
-            self.collaboration.role_rewards(reward_func, args.reward_call),
-            reward_processor,
-            self.collaboration.joint_prompt,
-            None,
-            wandb_config,
-            eval_logger,
-            eval_aggregator,
-            # The base reads the config's num_agents as the number of models; here it counts roles.
-            dataclasses.replace(args, num_agents=1),
-            peft_config=peft_config,
-            metrics_callback=self.collaboration.role_samples(metrics_callback),
+        setup = CentralizedSetup.build(
+            args,
+            num_agents=num_agents,
+            agents=agents,
+            formatters=formatters,
+            reward_func=reward_func,
+            metrics_callback=metrics_callback,
+            adapter=centralized_adapter,
+            trainer="CentralizedMAGRPOTrainer",
+            one_model_per_role="use MAGRPOTrainer",
         )
-        self.args = args
-        self.eval_hooks = RoleEvalHooks(self.eval_hooks, self.collaboration)
+        super().__init__(
+            agent_model=agent_model,
+            agents=agents,
+            tokenizer=tokenizer,
+            model_config=model_config,
+            train_dataset=train_dataset,
+            eval_dataset=eval_dataset,
+            reward_processor=reward_processor,
+            wandb_config=wandb_config,
+            eval_logger=eval_logger,
+            eval_aggregator=eval_aggregator,
+            peft_config=peft_config,
+            **setup.base_arguments,
+        )
+        setup.attach(self)
 
     def step(self, row_ids: list[int]) -> StepResult:
         """MAGRPO's step, plus the share of its joint responses the adapter could not split."""
         result = super().step(row_ids)
-        turn = result.tree.turns[0]
-        group = result.tree.num_generations
-        rows = [self.train_prompts.rows[turn.rows[m]] for m in range(turn.num_nodes) for _ in range(group)]
-        texts = turn.agents[0].texts
-        failures = self.collaboration.parse_failures(texts, rows)
-        stat = {PARSE_FAILURE_METRIC: metric_stats.mean(failures, len(texts))}
-        result.metrics.update(self.parallel.reduce_metrics(stat))
+        stats = self.collaboration.parse_failure_stats(result.tree.turns[0], self.train_prompts)
+        result.metrics.update(self.parallel.reduce_metrics(stats))
         return result
 
 
@@ -423,11 +494,12 @@ def role_count(num_agents: int | None, configured: int | None) -> int:
     return count
 
 
-def check_one_model(agents: Any, num_roles: int) -> None:
-    """``agents``, when given as a list, must hold exactly one model."""
+def check_one_model(agents: Any, num_roles: int, trainer: str, one_model_per_role: str) -> None:
+    """``agents``, when given as a list, must hold exactly one model; the error names
+    ``trainer`` and says what to do for one model per role (``one_model_per_role``)."""
     if isinstance(agents, Sequence) and not isinstance(agents, str | bytes) and len(agents) != 1:
         raise ValueError(
-            f"CentralizedMAGRPOTrainer trains ONE model that writes all {num_roles} roles, but agents holds "
+            f"{trainer} trains ONE model that writes all {num_roles} roles, but agents holds "
             f"{len(agents)} models: pass agents=[model] or agent_model=<folder or hub id> (num_agents counts "
-            "the roles); for one model per role, use MAGRPOTrainer"
+            f"the roles); for one model per role, {one_model_per_role}"
         )
