@@ -12,7 +12,16 @@ import comlrl
 from comlrl.models.reward_model import JointRewardModel
 from comlrl.trainers.preference import MARLHFIterConfig, MARLHFIterTrainer, marlhf, marlhf_iter, rounds
 
-from .helpers import DATA, assert_every_field_documented, char_tokenizer, content_score, log_lines, tiny_llama, weights
+from .helpers import (
+    DATA,
+    assert_every_field_documented,
+    char_tokenizer,
+    content_score,
+    load_example,
+    log_lines,
+    tiny_llama,
+    weights,
+)
 
 
 def config(tmp_path, **overrides):
@@ -214,3 +223,19 @@ def test_resume_in_a_round_and_at_its_end_continues_exactly(folder, monkeypatch)
             torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
         torch.testing.assert_close(resumed.reward_model.head.weight, straight.reward_model.head.weight)
         assert log_lines(folder / "run", "metrics.jsonl") == metrics
+
+
+# ------------------------------------------------------------------------------ the example
+def test_the_example_runs_on_a_tiny_model(tmp_path, capsys):
+    example = load_example("marlhf-iter-story-len-ratio.py")
+    tok = char_tokenizer("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ :\n0123456789")
+    tiny_llama(tok).save_pretrained(tmp_path / "tiny")
+    tok.save_pretrained(tmp_path / "tiny")
+    out = tmp_path / "out"
+    flags = ["--model", str(tmp_path / "tiny"), "--output-dir", str(out), "--rounds", "2", "--num-candidates", "2",
+             "--max-new-tokens", "4", "--samples-per-prompt", "1"]  # fmt: skip
+    example.main(flags)
+    summary = capsys.readouterr().out
+    assert "round 1:" in summary and "round 2:" in summary and "before" in summary and "after" in summary
+    assert (out / "models" / "reward_model" / "reward_head.safetensors").exists()
+    assert (out / "preference_replay" / "iteration_0002.json").exists()
