@@ -24,6 +24,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausa
 from comlrl.checkpoint import complete_checkpoints
 from comlrl.trainers.actor_critic import IACConfig, IACTrainer
 from comlrl.trainers.reinforce import MAGRPOConfig, MAGRPOTrainer, MAREINFORCEConfig, MAREINFORCETrainer
+from comlrl.trainers.reinforce.centralized import CentralizedComparatorParseError
 
 # ------------------------------------------------------------------------------ tiny tokenizers and models
 LOWER = "abcdefghijklmnopqrstuvwxyz .,:!?"
@@ -303,3 +304,22 @@ def run_killable(output_dir: str, weights_file: str) -> None:
     print("ready", flush=True)
     trainer.train(resume_from_checkpoint=True if complete_checkpoints(output_dir) else None)
     torch.save(weights(trainer), weights_file)
+
+
+@dataclasses.dataclass(frozen=True)
+class AfterTwo:
+    """A short joint prompt (keeps the tiny model fast); a response splits after its second
+    character, and one that is empty or starts with a letter from a to m cannot be split
+    (about half of a random tiny model's)."""
+
+    def build_prompt(self, row, agent_prompts):
+        return " : ".join(agent_prompts)
+
+    def parse_completion(self, completion, row, num_agents):
+        if unsplittable(completion):
+            raise CentralizedComparatorParseError("starts with a to m")
+        return [completion[:2], completion[2:]]
+
+
+def unsplittable(text):
+    return not text or text[0] in "abcdefghijklm"

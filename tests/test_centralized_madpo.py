@@ -3,7 +3,6 @@ split into roles for the reward (a response the adapter cannot split scores as e
 and is counted), the pairs hold its joint tokens, the loss is single-agent DPO on the joint
 response, eval_logger gets role texts, resuming continues exactly, and misuse is named."""
 
-from dataclasses import dataclass
 
 import pytest
 import torch
@@ -11,28 +10,8 @@ import torch
 from comlrl.trainers import MADPOConfig, MADPOTrainer
 from comlrl.trainers.preference.iterative import MADPOIterConfig, MADPOIterTrainer
 from comlrl.trainers.preference.pairs import PreferencePair
-from comlrl.trainers.reinforce.centralized import CentralizedComparatorParseError
 
-from .helpers import DATA, char_tokenizer, content_score, log_lines, tiny_llama, weights
-
-
-@dataclass(frozen=True)
-class AfterTwo:
-    """A short joint prompt (keeps the tiny model fast); a response splits after its second
-    character, and one that is empty or starts with a letter from a to m cannot be split
-    (about half of a random tiny model's)."""
-
-    def build_prompt(self, row, agent_prompts):
-        return " : ".join(agent_prompts)
-
-    def parse_completion(self, completion, row, num_agents):
-        if unsplittable(completion):
-            raise CentralizedComparatorParseError("starts with a to m")
-        return [completion[:2], completion[2:]]
-
-
-def unsplittable(text):
-    return not text or text[0] in "abcdefghijklm"
+from .helpers import DATA, AfterTwo, char_tokenizer, content_score, log_lines, tiny_llama, unsplittable, weights
 
 
 def config(tmp_path, **overrides):

@@ -283,7 +283,7 @@ def test_the_pairs_exist_only_once_training_starts(tmp_path):
 def test_an_adapter_without_centralized_mode_and_big_candidate_sets_are_refused(tmp_path):
     # centralized MADPO itself: tests/test_centralized_madpo.py
     with pytest.raises(
-        ValueError, match=r"adapter is given but collaboration_mode='decentralized'.*set collaboration_mode"
+        ValueError, match=r"adapter is given, but collaboration_mode='decentralized'.*set collaboration_mode"
     ):
         trainer(tmp_path, centralized_comparator_adapter=object())
     with pytest.raises(ValueError, match=r"samples 4000 completions at a time .* above max_generations_per_step=3000"):

@@ -19,6 +19,7 @@ from comlrl.trainers.reinforce import MAREINFORCEConfig, MARLOOConfig
 from .helpers import (
     DATA,
     MIXED,
+    AfterTwo,
     assert_every_field_documented,
     char_tokenizer,
     content_score,
@@ -26,6 +27,7 @@ from .helpers import (
     log_lines,
     tiny_gpt2,
     tiny_llama,
+    unsplittable,
     weights,
 )
 
@@ -217,8 +219,12 @@ def test_the_reward_model_needs_a_name_when_the_agents_are_objects(tmp_path):
 def test_critic_arguments_and_centralized_adapters_are_refused_where_they_mean_nothing(tmp_path, model_folder):
     with pytest.raises(ValueError, match=r"critic_model is given, but rl_algorithm='magrpo' has no critic"):
         trainer(tmp_path, model_folder, critic_model=model_folder)
-    with pytest.raises(ValueError, match=r"centralized_comparator_adapter: .* not supported by MARLHFTrainer"):
+    with pytest.raises(
+        ValueError, match=r"adapter is given, but collaboration_mode='decentralized'.*set collaboration_mode"
+    ):
         trainer(tmp_path, model_folder, centralized_comparator_adapter=object())
+    with pytest.raises(ValueError, match=r"collaboration_mode='centralized' trains one model with centralized MAGRPO"):
+        config(tmp_path, collaboration_mode="centralized", rl_algorithm="iac", num_generations=1)
 
 
 def recording(reward, trainer_box):
@@ -345,3 +351,36 @@ def test_the_example_runs_on_a_tiny_model(tmp_path, capsys):
     summary = capsys.readouterr().out
     assert "reward model" in summary and "before" in summary and "after" in summary
     assert (out / "models" / "reward_model" / "reward_head.safetensors").exists()
+
+
+# ------------------------------------------------------------------------------ centralized
+def test_centralized_one_model_writes_every_role_and_its_reward_model_reads_the_joint_text(tmp_path, model_folder):
+    roles_seen = []
+
+    def role_reward(first, second):  # one list of texts per role, as with one model per role
+        roles_seen.append((first, second))
+        return content_score(first, second)
+
+    args = config(tmp_path, reward_model_name=model_folder, collaboration_mode="centralized", rl_algorithm="marloo")
+    tok = char_tokenizer()
+    run = MARLHFTrainer(agents=[tiny_llama(tok)], tokenizer=tok, train_dataset=DATA, eval_dataset=DATA,
+                        reward_func=role_reward, args=args, centralized_comparator_adapter=AfterTwo())  # fmt: skip
+    assert isinstance(run.rl_trainer, marlhf.CentralizedMAGRPOOnRewardModel) and run.num_agents == 1
+    assert run.rl_trainer.args.advantage_mode == "rloo" and run.rl_trainer.num_roles == 2  # marloo's baseline
+    run.train()
+    pair = run.pairs[0]
+    joint_prompt = AfterTwo().build_prompt(DATA[pair.row], [DATA[pair.row]["prompt"]] * 2)
+    assert pair.prompts == [joint_prompt] and len(pair.chosen_texts) == 1  # the one model's joint response
+    text = marlhf.pair_texts([pair])[0]
+    assert f"Agent 1 prompt:\n{joint_prompt}" in text and "Agent 2" not in text  # one block, unsplit
+    # The task reward saw roles: the adapter's split (the first two characters, then the rest; empty when unsplittable).
+    responses = [text for pair in run.pairs for text in (pair.chosen_texts[0], pair.rejected_texts[0])]
+    splits = {(t[:2], t[2:]) if not unsplittable(t) else ("", "") for t in responses}
+    assert splits <= {pair for first, second in roles_seen for pair in zip(first, second)}
+    lines = log_lines(tmp_path / "run", "metrics.jsonl")
+    assert "centralized/parse_failure_frac" in lines[0] and "reward_model/accuracy" in lines[0]
+    steps = [line for line in lines if "reward/reward_model/mean" in line]
+    assert len(steps) == 2 and all("centralized/parse_failure_frac" in line for line in steps)
+    assert "eval/reward_mean" in lines[-1]  # the task reward over the roles
+    folders = run.save_model(str(tmp_path / "saved"))
+    assert [f.rsplit("/", 1)[-1] for f in folders] == ["agent_0", "reward_model"]

@@ -57,6 +57,7 @@ from comlrl.trainers.reinforce.centralized import (
     CentralizedCollaboration,
     CentralizedComparatorAdapter,
     CentralizedSetup,
+    refuse_unused_adapter,
 )
 from comlrl.trainers.update import Estimate, learner_key, micro_batches
 
@@ -185,18 +186,7 @@ class MADPOTrainer(MultiAgentTrainer):
                 one_model_per_role="set collaboration_mode='decentralized'",
                 **role_arguments,
             )
-        if adapter is not None and "centralized" in args.collaboration_modes:
-            raise ValueError(
-                f"centralized_comparator_adapter is given but collaboration_mode={args.collaboration_mode!r} (one "
-                "model per agent), where there is no joint response to split: set collaboration_mode='centralized' "
-                "in the config for one model that writes every role, or drop the adapter"
-            )
-        if adapter is not None:
-            raise ValueError(
-                f"centralized_comparator_adapter is given, but {type(self).__name__} supports only "
-                "collaboration_mode='decentralized' (one model per agent), where there is no joint response to "
-                "split: drop the adapter"
-            )
+        refuse_unused_adapter(adapter, args, type(self).__name__)
         return None
 
     # ----------------------------------------------------------------------------------------

@@ -40,16 +40,19 @@ from comlrl.trainers.config import (
     is_real,
 )
 from comlrl.trainers.loop import TrainResult
-from comlrl.trainers.preference.config import DECENTRALIZED_ONLY, MADPOConfig
+from comlrl.trainers.preference.config import MADPOConfig
 from comlrl.trainers.preference.madpo import check_candidate_budget, sample_preference_pairs
 from comlrl.trainers.preference.pairs import PreferencePair
 from comlrl.trainers.reinforce import (
+    CentralizedMAGRPOConfig,
+    CentralizedMAGRPOTrainer,
     MAGRPOConfig,
     MAGRPOTrainer,
     MAREINFORCEConfig,
     MAReMaxConfig,
     MARLOOConfig,
 )
+from comlrl.trainers.reinforce.centralized import refuse_unused_adapter
 
 __all__ = ["JointRewardModel", "MARLHFConfig", "MARLHFTrainer"]
 
@@ -149,7 +152,7 @@ class MARLHFConfig(MADPOConfig):
         "turn_weighting": "MARLHF is single-turn",
     }
     trainer_name: ClassVar[str] = "MARLHF"
-    collaboration_modes: ClassVar[tuple[str, ...]] = DECENTRALIZED_ONLY
+    collaboration_modes: ClassVar[tuple[str, ...]] = ("decentralized", "centralized")
 
     def __post_init__(self):
         if isinstance(self.rl_algorithm, str):  # comlrl 1.4.3 took any letter case and an alias
@@ -158,6 +161,12 @@ class MARLHFConfig(MADPOConfig):
         super().__post_init__()
         check_choice(self, "rl_algorithm", RL_ALGORITHMS)
         family = self.rl_algorithm in MAGRPO_BASELINES
+        if self.collaboration_mode == "centralized" and not family:
+            raise ValueError(
+                f"collaboration_mode='centralized' trains one model with centralized MAGRPO, whose baselines are "
+                f"{sorted(MAGRPO_BASELINES)}; rl_algorithm={self.rl_algorithm!r} has critics per agent: choose one "
+                "of those, or collaboration_mode='decentralized'"
+            )
         if family and self.num_generations < 2:
             raise ValueError(
                 f"num_generations must be >= 2 with rl_algorithm={self.rl_algorithm!r} (its baseline compares the "
@@ -215,14 +224,19 @@ class MARLHFConfig(MADPOConfig):
 
     def rl_config(self) -> TrainerConfig:
         """The config of the RL trainer of ``rl_algorithm``: every shared field as set here, the
-        critics' fields for iac / maac, and the advantage scaling when set."""
+        critics' fields for iac / maac, and the advantage scaling when set; centralized, a
+        :class:`CentralizedMAGRPOConfig` with that algorithm's baseline."""
         config_class = RL_ALGORITHMS[self.rl_algorithm].config_class
         values = {spec.name: getattr(self, spec.name) for spec in fields(TrainerConfig) if spec.init}
         if self.rl_algorithm not in MAGRPO_BASELINES:
             values.update({name: getattr(self, name) for name in ACTOR_CRITIC_FIELDS})
         if self.advantage_normalization is not None:
             values["advantage_normalization"] = self.advantage_normalization
-        return config_class(**values)
+        config = config_class(**values)
+        if self.collaboration_mode == "centralized":
+            magrpo = {spec.name: getattr(config, spec.name) for spec in fields(MAGRPOConfig) if spec.init}
+            return CentralizedMAGRPOConfig(**magrpo)
+        return config
 
 
 # ----------------------------------------------------------------------------------------------
@@ -324,7 +338,9 @@ class RewardModelStage:
     def fit(self, trainer: Any, device: str | torch.device) -> dict[str, float]:
         """Phases 1-3: pairs from ``trainer``'s policy and task reward, a fresh reward model
         fitted to them (less the held-out prompts'), frozen and written to ``output_dir``."""
-        pairs, metrics = sample_preference_pairs(trainer, self.args, "MARLHF")
+        # A centralized RL trainer's collaboration counts the candidates it cannot split into roles.
+        collaboration = getattr(trainer, "collaboration", None)
+        pairs, metrics = sample_preference_pairs(trainer, self.args, "MARLHF", collaboration)
         seed = self.args.seed
         return {**metrics, **self.fit_pairs(pairs, device, seeded(seed), seeded(seed + 1))}
 
@@ -415,6 +431,11 @@ class MAGRPOOnRewardModel(RewardModelTraining, MAGRPOTrainer):
     """MAGRPO, or one of its REINFORCE variants (by its config), on a reward model."""
 
 
+class CentralizedMAGRPOOnRewardModel(RewardModelTraining, CentralizedMAGRPOTrainer):
+    """Centralized MAGRPO (or a REINFORCE variant, by its config's baseline) on a reward model
+    that reads the joint prompt and the one model's joint response."""
+
+
 class IACOnRewardModel(RewardModelTraining, IACTrainer):
     """IAC on a reward model."""
 
@@ -486,7 +507,14 @@ class MARLHFTrainer:
     default (1.4.3: ``"cuda:0"``, which fails without a GPU); its fit is logged
     (``reward_model/loss``, ``accuracy``, and ``eval_*`` on held-out prompts); the RL phase is
     comlrl's own trainer with its fixes (see those trainers); the pairs are MADPO's. Not
-    supported yet: centralized collaboration and torchrun.
+    supported yet: torchrun.
+
+    Centralized collaboration (``collaboration_mode="centralized"``, comlrl 1.4.3's): one
+    model writes every role through ``centralized_comparator_adapter`` (as
+    :class:`~comlrl.trainers.reinforce.CentralizedMAGRPOTrainer`); its pairs are its joint
+    responses ranked by the task reward over the roles, the reward model reads the joint
+    prompt and the joint response as one block, and the RL phase is centralized MAGRPO (with
+    the baseline of a MAGRPO-family ``rl_algorithm``; ``iac`` / ``maac`` are refused).
     """
 
     config_class: type[MARLHFConfig] = MARLHFConfig
@@ -521,12 +549,6 @@ class MARLHFTrainer:
         critic_tokenizer: Any = None,
         centralized_comparator_adapter: Any = None,
     ):
-        if centralized_comparator_adapter is not None:
-            raise ValueError(
-                "centralized_comparator_adapter: centralized collaboration (one model writing every agent's part) is "
-                f"not supported by {self.algorithm_name}Trainer yet; train one model per agent "
-                "(collaboration_mode='decentralized')"
-            )
         if DataParallel.from_environment().enabled:
             raise ValueError(f"{self.algorithm_name}Trainer does not run under torchrun yet: start it as one process")
         if args is None:
@@ -556,7 +578,13 @@ class MARLHFTrainer:
                 critics=critics,
                 critic_tokenizer=critic_tokenizer,
             )
-        self.rl_trainer = self.rl_algorithms[args.rl_algorithm].trainer_class(
+        trainer_class = self.rl_algorithms[args.rl_algorithm].trainer_class
+        if args.collaboration_mode == "centralized":
+            trainer_class = CentralizedMAGRPOOnRewardModel
+            kwargs = {"centralized_adapter": centralized_comparator_adapter}
+        else:
+            refuse_unused_adapter(centralized_comparator_adapter, args, f"{self.algorithm_name}Trainer")
+        self.rl_trainer = trainer_class(
             agent_model=agent_model,
             agents=agents,
             num_agents=num_agents,

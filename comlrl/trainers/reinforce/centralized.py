@@ -401,6 +401,9 @@ class CentralizedMAGRPOTrainer(MAGRPOTrainer):
         metrics_callback: gets one sample per role (``agent_idx`` the role).
         centralized_adapter: builds the joint prompt and splits responses into roles
             (default :class:`TaggedCentralizedComparatorAdapter`).
+        train_reward_func: scores the training rollouts' joint responses in place of
+            ``reward_func`` (as :class:`~comlrl.trainers.base.MultiAgentTrainer`'s; MARLHF's
+            reward model reads the joint prompt and the joint response, unsplit).
 
     A joint response the adapter cannot split is scored as empty roles; the share of such
     responses is logged as ``centralized/parse_failure_frac`` (and under ``eval/``).
@@ -437,6 +440,7 @@ class CentralizedMAGRPOTrainer(MAGRPOTrainer):
         centralized_adapter: CentralizedComparatorAdapter | None = None,
         peft_config: Any = None,
         metrics_callback: Callable[[list[RolloutSample]], dict[str, float]] | None = None,
+        train_reward_func: Callable | None = None,
     ):
         args = self.accept_config(args)
         if external_transition is not None:
@@ -467,6 +471,7 @@ class CentralizedMAGRPOTrainer(MAGRPOTrainer):
             eval_logger=eval_logger,
             eval_aggregator=eval_aggregator,
             peft_config=peft_config,
+            train_reward_func=train_reward_func,
             **setup.base_arguments,
         )
         setup.attach(self)
@@ -492,6 +497,21 @@ def role_count(num_agents: int | None, configured: int | None) -> int:
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
         raise ValueError(f"num_agents (the number of roles) must be an integer >= 1, got {count!r}")
     return count
+
+
+def refuse_unused_adapter(adapter: Any, config: Any, trainer: str) -> None:
+    """An adapter given to ``trainer`` in ``config.collaboration_mode='decentralized'`` (one
+    model per agent) would split nothing: an error naming what to do, never ignored."""
+    if adapter is None:
+        return
+    if "centralized" in config.collaboration_modes:
+        instead = "set collaboration_mode='centralized' in the config for one model that writes every role"
+    else:
+        instead = f"{trainer} supports only collaboration_mode='decentralized'"
+    raise ValueError(
+        f"centralized_comparator_adapter is given, but collaboration_mode={config.collaboration_mode!r} (one model "
+        f"per agent), where there is no joint response to split: {instead}, or drop the adapter"
+    )
 
 
 def check_one_model(agents: Any, num_roles: int, trainer: str, one_model_per_role: str) -> None:
