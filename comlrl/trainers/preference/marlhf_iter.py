@@ -111,6 +111,7 @@ class RoundsRewardModelStage(RewardModelStage):
             trainer, round_index, reward=trainer.train_reward if by_reward_model else None
         )
         if pairs:
+            self.function.model = None  # the previous round's: fitting the next beside it would hold two
             device = args.reward_model_device or trainer.agents.device(0)
             held_out, order = (
                 round_generator(args.seed, round_index, stream)
