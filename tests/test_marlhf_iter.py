@@ -175,7 +175,7 @@ def test_a_round_without_pairs_keeps_the_previous_reward_model(folder):
 
     run.stage.start_round = tie_from_round_2
     with pytest.warns(
-        UserWarning, match=r"MARLHFIter round 2: no preference pairs .*, so its RL epochs train on round 1"
+        UserWarning, match=r"MARLHFIter round 2: no preference pairs .*, so its RL epochs train on the previous round's"
     ):
         run.train()
     assert run.global_step == 4 and run.rl_trainer.rounds.shards[1] == []

@@ -127,7 +127,7 @@ class RoundsRewardModelStage(RewardModelStage):
             )
         warnings.warn(
             f"MARLHFIter round {round_index + 1}: no preference pairs (every comparison tied, and the replay found "
-            f"none), so its RL epochs train on round {round_index}'s reward model",
+            "none), so its RL epochs train on the previous round's reward model",
             stacklevel=2,
         )
         return metrics
