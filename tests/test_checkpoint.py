@@ -8,11 +8,13 @@ import pytest
 import torch
 
 from comlrl.checkpoint import complete_checkpoints
+from comlrl.trainers.reinforce import MAREINFORCETrainer
 
 from .helpers import (
     DATA,
     char_tokenizer,
     interrupting_reward,
+    length_sum,
     log_lines,
     make_trainer,
     small_config,
@@ -131,6 +133,29 @@ def test_resuming_with_other_agents_names_what_differs(tmp_path):
     fewer_rows = make_trainer(tmp_path, train_dataset=DATA[:2], args=config(tmp_path))
     with pytest.raises(ValueError, match=r"taken with 3 training rows.*this trainer has 2,"):
         fewer_rows.train(resume_from_checkpoint=True)
+
+
+def test_resuming_with_another_trainer_is_refused_and_an_unnamed_checkpoint_resumes(tmp_path):
+    make_trainer(tmp_path, args=config(tmp_path, num_train_epochs=1, save_steps=2)).train()
+    state_file = tmp_path / "run" / "checkpoint-2" / "trainer_state.json"
+    assert json.loads(state_file.read_text())["trainer"] == "MAGRPO"
+    tok = char_tokenizer()
+    reinforce = MAREINFORCETrainer(
+        agents=[tiny_llama(tok, seed=i) for i in range(2)],
+        tokenizer=tok,
+        train_dataset=DATA,
+        reward_func=length_sum,
+        args=config(tmp_path, num_train_epochs=1),
+    )
+    with pytest.raises(ValueError, match=r"checkpoint-2 was written by a MAGRPO run; this trainer trains MAREINFORCE"):
+        reinforce.train(resume_from_checkpoint=True)
+    state = json.loads(state_file.read_text())
+    del state["trainer"]  # as a checkpoint written before the field existed
+    state_file.write_text(json.dumps(state))
+    manifest = tmp_path / "run" / "checkpoint-2" / "manifest.json"
+    manifest.unlink()  # its SHA-256 of trainer_state.json no longer holds; an unverifiable checkpoint still resumes
+    with pytest.warns(UserWarning, match=r"no manifest"):
+        assert make_trainer(tmp_path, args=config(tmp_path, num_train_epochs=1)).train(resume_from_checkpoint=True)
 
 
 def test_resume_without_a_checkpoint(tmp_path):

@@ -72,6 +72,8 @@ class TrainerState:
     rank r > 0's under ``rank{r}/``."""
     config: dict[str, Any] = field(default_factory=dict)
     """The run's config, for reading."""
+    trainer: str | None = None
+    """The algorithm that wrote it (a trainer's ``algorithm_name``; None: a checkpoint older than this field)."""
 
 
 def describe_agent(agent: torch.nn.Module) -> dict[str, Any]:
@@ -258,6 +260,12 @@ def read_state(path: str) -> TrainerState:
 def check_compatible(path: str, state: TrainerState, now: TrainerState) -> None:
     """Refuse to resume with other agents or another data layout than ``now`` (a fresh
     trainer's starting state), naming what differs."""
+    if state.trainer is not None and state.trainer != now.trainer:
+        # Its trainer-specific parts (pairs, rounds, critics, a reward model) would be missing or ignored.
+        raise ValueError(
+            f"checkpoint {path} was written by a {state.trainer} run; this trainer trains {now.trainer}: resume it "
+            f"with the trainer that wrote it ({state.trainer})"
+        )
     if len(state.agents) != len(now.agents):
         raise ValueError(f"checkpoint {path} holds {len(state.agents)} agents; this trainer has {len(now.agents)}")
     for i, (saved, agent) in enumerate(zip(state.agents, now.agents)):

@@ -38,6 +38,7 @@ class Checkpointable(Protocol):
     """What of a trainer a checkpoint holds."""
 
     args: Any
+    algorithm_name: str
     parallel: Any
     agents: Any
     learners: Any
@@ -120,4 +121,5 @@ def start_state(trainer: Checkpointable) -> TrainerState:
         num_rows=len(trainer.train_prompts),
         per_device_train_batch_size=trainer.args.per_device_train_batch_size,
         world_size=trainer.parallel.world_size,
+        trainer=trainer.algorithm_name,
     )

@@ -414,7 +414,7 @@ class RewardModelTraining:
 
     def __init__(self, *args: Any, stage: RewardModelStage, **kwargs: Any):
         self.stage = stage
-        self.algorithm_name = f"MARLHF-{stage.args.rl_algorithm.upper()}"
+        self.algorithm_name = f"{stage.args.trainer_name}-{stage.args.rl_algorithm.upper()}"
         super().__init__(*args, train_reward_func=stage.function, **kwargs)
 
     def prepare(self, checkpoint: str | None) -> dict[str, float]:
