@@ -3,7 +3,6 @@ split into roles for the reward (a response the adapter cannot split scores as e
 and is counted), the pairs hold its joint tokens, the loss is single-agent DPO on the joint
 response, eval_logger gets role texts, resuming continues exactly, and misuse is named."""
 
-
 import pytest
 import torch
 

@@ -96,8 +96,11 @@ def test_1_4_3s_spellings_are_accepted(field, value, canonical):
 @pytest.mark.parametrize(
     "values,match",
     [
-        ({"comparator_policy": "api"}, r"comparator_policy='api' is not supported: sample the comparator locally"),
-        ({"comparator_policy": "oracle"}, r"comparator_policy='oracle'; expected one of \['current', 'current_copy'"),
+        ({"comparator_policy": "api"}, r"comparator_policy='api' needs comparator_api_url"),
+        (
+            {"comparator_policy": "oracle"},
+            r"comparator_policy='oracle'; expected one of \['api', 'current', 'current_copy'",
+        ),
         (
             {"comparator_generation_mode": "centralized"},
             r"comparator_generation_mode='centralized' .* not supported yet",
@@ -122,7 +125,7 @@ def test_1_4_3s_spellings_are_accepted(field, value, canonical):
         ({"comparator_history_k": 2}, r"comparator_history_k=2 is only used with comparator_policy='history'"),
         ({"comparator_devices": "cpu"}, r"comparator_devices='cpu': the 'current' comparator samples with the agents"),
         ({"comparator_devices": 3}, r"comparator_devices must be None, 'auto', a device name or a list"),
-        ({"comparator_api_url": "http://x"}, r"comparator_api_url='http://x' is not supported by MADPOIter: .*'api'"),
+        ({"comparator_api_url": "http://x"}, r"comparator_api_url='http://x' is only used with comparator_policy='api"),
         ({"policy_checkpoint_dir": "p"}, r"policy_checkpoint_dir='p' is not supported by MADPOIter"),
         ({"log_reward_distribution": True}, r"log_reward_distribution=True .* is not supported yet"),
         ({"pair_selection": "all"}, r"pair_selection='all' keeps every pair.*preference_pairs_per_sample=None"),

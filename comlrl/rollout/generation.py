@@ -18,7 +18,7 @@ from comlrl.rollout.prompt_fit import check_length
 
 # Agents may share one tokenizer and generate in parallel threads; a fast tokenizer sets its
 # padding state on every call and is not safe to call from two threads at once.
-_TOKENIZER_LOCK = threading.Lock()
+TOKENIZER_LOCK = threading.Lock()
 
 
 @dataclass
@@ -59,7 +59,7 @@ def eos_token_ids(model: torch.nn.Module, tokenizer: Any) -> list[int]:
 
 def encode_prompts(tokenizer: Any, prompts: Sequence[str]) -> Any:
     """The prompts tokenized and left-padded to the longest, as tensors."""
-    with _TOKENIZER_LOCK:
+    with TOKENIZER_LOCK:
         return tokenizer(list(prompts), return_tensors="pt", padding=True, padding_side="left")
 
 
@@ -71,7 +71,7 @@ def rollout_from_ids(
     # Decode only the owned tokens: generation pads after EOS with pad_token_id, which need
     # not be a special token that skip_special_tokens would drop.
     owned = [ids[:n] for ids, n in zip(completion_ids.tolist(), mask.sum(dim=1).tolist())]
-    with _TOKENIZER_LOCK:
+    with TOKENIZER_LOCK:
         texts = tokenizer.batch_decode(owned, skip_special_tokens=True)
     truncated = ~torch.isin(completion_ids, torch.tensor(list(eos_ids), device=completion_ids.device)).any(dim=1)
     return AgentRollout(prompt_ids, prompt_mask, completion_ids, mask, texts, truncated)
@@ -124,3 +124,32 @@ def generate_group(
     if sampler_logprobs is not None:
         rollout.sampler_logprobs = sampler_logprobs.clone()
     return rollout
+
+
+def completion_eos_ids(sampling: dict[str, Any], model: torch.nn.Module, tokenizer: Any) -> list[int]:
+    """The ids that end a completion: the caller's ``eos_token_id`` if given, otherwise the
+    model's and tokenizer's (the same rule as the hf backend)."""
+    eos = sampling.get("eos_token_id")
+    if eos is None:
+        return eos_token_ids(model, tokenizer)
+    return [eos] if isinstance(eos, int) else list(eos)
+
+
+def build_rollout(
+    tokenizer: Any,
+    encoded: dict[str, torch.Tensor],
+    completions: Sequence[Sequence[int]],
+    num_generations: int,
+    eos_ids: Sequence[int],
+    pad_id: int,
+    device: torch.device,
+) -> AgentRollout:
+    """An :class:`AgentRollout` from the tokenized prompts (``encoded``, left-padded, one row
+    per prompt) and the generated ids of every completion, prompt-major (``b * G + k``):
+    completions right-padded with ``pad_id`` to the longest, as ``generate`` pads them."""
+    prompt_ids = encoded["input_ids"].repeat_interleave(num_generations, dim=0).to(device)
+    prompt_mask = encoded["attention_mask"].repeat_interleave(num_generations, dim=0).to(device)
+    completion_ids = torch.full((len(completions), max(map(len, completions))), pad_id, dtype=torch.long)
+    for row, ids in enumerate(completions):
+        completion_ids[row, : len(ids)] = torch.as_tensor(list(ids), dtype=torch.long)
+    return rollout_from_ids(tokenizer, prompt_ids, prompt_mask, completion_ids.to(device), eos_ids)

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from comlrl.rollout.generation import AgentRollout, encode_prompts, eos_token_ids, rollout_from_ids
+from comlrl.rollout.generation import AgentRollout, build_rollout, completion_eos_ids, encode_prompts
 
 SUPPORTED_SAMPLING = (
     "do_sample",
@@ -72,35 +72,6 @@ def vllm_sampling_kwargs(sampling: dict[str, Any], num_generations: int, eos_ids
         # Texts are decoded here with the agent's tokenizer, as the hf backend decodes them.
         "detokenize": False,
     }
-
-
-def completion_eos_ids(sampling: dict[str, Any], model: torch.nn.Module, tokenizer: Any) -> list[int]:
-    """The ids that end a completion: the caller's ``eos_token_id`` if given, otherwise the
-    model's and tokenizer's (the same rule as the hf backend)."""
-    eos = sampling.get("eos_token_id")
-    if eos is None:
-        return eos_token_ids(model, tokenizer)
-    return [eos] if isinstance(eos, int) else list(eos)
-
-
-def build_rollout(
-    tokenizer: Any,
-    encoded: dict[str, torch.Tensor],
-    completions: Sequence[Sequence[int]],
-    num_generations: int,
-    eos_ids: Sequence[int],
-    pad_id: int,
-    device: torch.device,
-) -> AgentRollout:
-    """An :class:`AgentRollout` from the tokenized prompts (``encoded``, left-padded, one row
-    per prompt) and the generated ids of every completion, prompt-major (``b * G + k``):
-    completions right-padded with ``pad_id`` to the longest, as ``generate`` pads them."""
-    prompt_ids = encoded["input_ids"].repeat_interleave(num_generations, dim=0).to(device)
-    prompt_mask = encoded["attention_mask"].repeat_interleave(num_generations, dim=0).to(device)
-    completion_ids = torch.full((len(completions), max(map(len, completions))), pad_id, dtype=torch.long)
-    for row, ids in enumerate(completions):
-        completion_ids[row, : len(ids)] = torch.as_tensor(list(ids), dtype=torch.long)
-    return rollout_from_ids(tokenizer, prompt_ids, prompt_mask, completion_ids.to(device), eos_ids)
 
 
 def prompt_token_ids(encoded: dict[str, torch.Tensor]) -> list[list[int]]:

@@ -8,10 +8,12 @@ samples the comparator's candidates, and what of it a checkpoint keeps.
     model               frozen models loaded once by name                  nothing (loaded again)
     history             a frozen copy of the policy k rounds earlier       the snapshots later
                         (snapshots kept in memory, on the CPU)              rounds will compare with
+    api                 an HTTP endpoint (comparator_api_url), its text    nothing (no key: it stays
+                        answers tokenized with the agents' tokenizers       in the environment)
 
 Every comparator answers :meth:`Comparator.start_round` with the generation backend of that
 round's comparator candidates; the trainer samples them with the agents' tokenizers, so the
-pairs hold the tokens exactly as sampled.
+pairs hold the tokens exactly as sampled (``api``: as its answers tokenize, EOS appended).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from comlrl.models.loading import check_model_source, load_agents
 from comlrl.models.lora import is_peft_model, merged_copy
 from comlrl.models.placement import resolve_agent_devices
 from comlrl.rollout.backends import GenerationBackend, HFBackend
+from comlrl.trainers.preference.api_comparator import ApiBackend, ApiClient
 
 COMPARATOR_SPELLINGS = {
     "current": "current",
@@ -240,11 +243,24 @@ class History:
         self.snapshots = {r: weights for r, weights in state["snapshots"]}
 
 
+class HttpEndpoint(Stateless):
+    """``api``: an HTTP endpoint asked for each prompt's candidates (the ``comparator_api_*``
+    fields; :mod:`comlrl.trainers.preference.api_comparator`). A checkpoint keeps nothing of
+    it, and above all not its key, which is read from the environment at each request."""
+
+    def __init__(self, agents: Any, backend: GenerationBackend, args: Any, model_kwargs: dict[str, Any]):
+        self.backend = ApiBackend(ApiClient.from_config(args), agents)
+
+    def start_round(self, round_index: int) -> GenerationBackend:
+        return self.backend
+
+
 COMPARATORS: dict[str, type] = {
     "current": LiveAgents,
     "current_copy": RoundCopy,
     "model": ExternalModels,
     "history": History,
+    "api": HttpEndpoint,
 }
 """``comparator_policy`` -> its class; each is built from ``(agents, the agents' generation
 backend, the config, from_pretrained keyword arguments)``."""

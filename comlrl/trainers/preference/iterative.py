@@ -17,12 +17,14 @@ rules in :mod:`comlrl.trainers.preference.replay`, the pair order in
 
 from __future__ import annotations
 
+import json
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
 from comlrl.optim import build_schedulers
 from comlrl.trainers.config import check_bool, check_choice, check_int, field_default, is_real
+from comlrl.trainers.preference.api_comparator import API_FORMAT_SPELLINGS, API_FORMATS, secret_problem
 from comlrl.trainers.preference.comparators import (
     COMPARATOR_SPELLINGS,
     COMPARATORS,
@@ -43,31 +45,10 @@ def unsupported(default: Any = None) -> Any:
     return field(default=default, repr=False, metadata={"unsupported": True})
 
 
-API_INSTEAD = (
-    "comlrl 1.4.3's HTTP comparator (comparator_policy='api') is not supported; sample the comparator "
-    "locally with comparator_policy='model' and comparator_model_name=<folder or hub id>"
-)
 UNSUPPORTED_FIELDS = {
     "comparator_centralized_agent_index": "centralized comparator generation is not supported yet",
     "policy_checkpoint_dir": "the iterative trainers write no per-round policy folders (the history comparator keeps "
     "its snapshots in memory and in checkpoints); save the agents with save_model(), or set save_steps",
-    **{
-        name: API_INSTEAD
-        for name in (
-            "comparator_api_url",
-            "comparator_api_format",
-            "comparator_api_model",
-            "comparator_api_max_n_per_request",
-            "comparator_api_timeout",
-            "comparator_api_headers",
-            "comparator_api_key",
-            "comparator_api_key_env",
-            "comparator_api_key_header",
-            "comparator_api_key_prefix",
-            "comparator_api_response_field",
-            "comparator_api_extra_body",
-        )
-    },
 }
 """The unsupported fields and why."""
 
@@ -77,6 +58,16 @@ def respell(config: Any, name: str, spellings: dict[str, str]) -> None:
     value = getattr(config, name)
     if isinstance(value, str):
         setattr(config, name, spellings.get(value.strip().lower(), value))
+
+
+def check_string(config: Any, name: str, allow_none: bool = False, allow_empty: bool = False) -> None:
+    """``config.<name>`` must be a string, non-empty unless ``allow_empty`` (or None when ``allow_none``)."""
+    value = getattr(config, name)
+    if value is None and allow_none:
+        return
+    if not (isinstance(value, str) and (value or allow_empty)):
+        kind = ("a string" if allow_empty else "a non-empty string") + (" or None" if allow_none else "")
+        raise ValueError(f"{name} must be {kind}, got {value!r}")
 
 
 @dataclass
@@ -106,8 +97,9 @@ class MADPOIterConfig(MADPOConfig):
     """What the current policy's candidates are compared with: ``current`` (the agents
     themselves, sampled from a random stream of their own), ``current_copy`` (a frozen copy
     made at each round's start, on ``comparator_devices``), ``model`` (frozen models loaded
-    by name), ``history`` (the policy ``comparator_history_k`` rounds earlier). comlrl 1.4.3's
-    spellings (``self``, ``copy``, ``reference``, ``previous``, ...) are accepted."""
+    by name), ``history`` (the policy ``comparator_history_k`` rounds earlier), ``api`` (an
+    HTTP endpoint, ``comparator_api_url``). comlrl 1.4.3's spellings (``self``, ``copy``,
+    ``reference``, ``previous``, ``http``, ...) are accepted."""
     comparator_num_candidates: int | None = None
     """Candidates M the comparator samples per prompt and agent (>= 1); ``None``: ``preference_num_candidates``."""
     comparator_model_name: str | None = None
@@ -121,6 +113,32 @@ class MADPOIterConfig(MADPOConfig):
     """``history`` comparator: how many rounds back it is (>= 1); ``None``: 1."""
     comparator_generation_mode: str = "decentralized"
     """``decentralized``: each comparator model writes its own agent's part (the only mode yet)."""
+
+    # --- the api comparator (comparator_policy="api"; each field an error with any other policy) --
+    comparator_api_url: str | None = None
+    """The http(s) address each agent's prompt is POSTed to (required with ``api``)."""
+    comparator_api_format: str = "generic"
+    """``generic``, ``openai_chat``, ``anthropic_messages`` or ``openai_responses`` (or 1.4.3's spellings)."""
+    comparator_api_model: str | None = None
+    """The ``model`` field of each request (``None``: not sent)."""
+    comparator_api_max_n_per_request: int | None = None
+    """Most candidates one ``generic``/``openai_chat`` request asks for (>= 1); ``None``: all at once."""
+    comparator_api_timeout: float = 120.0
+    """Seconds one request may take (> 0)."""
+    comparator_api_headers: dict[str, str] | None = None
+    """Extra request headers; credential headers (``Authorization``, names with key/token/secret) are refused."""
+    comparator_api_key: str | None = field(default=None, repr=False)
+    """Refused (it would be saved in checkpoints, W&B and logs): name its variable in ``comparator_api_key_env``."""
+    comparator_api_key_env: str | None = None
+    """The environment variable the key is read from at each request (``None``: no key is sent)."""
+    comparator_api_key_header: str = "Authorization"
+    """The header the key is sent in (``anthropic_messages``: ``Authorization`` means ``x-api-key``)."""
+    comparator_api_key_prefix: str = "Bearer"
+    """What precedes the key in its header (``anthropic_messages``: ``Bearer`` means none)."""
+    comparator_api_response_field: str = "completions"
+    """``generic``: the dotted path of the answers in a response (absent: 1.4.3's fallback fields)."""
+    comparator_api_extra_body: dict[str, Any] | None = None
+    """Fields merged over each request's JSON body (e.g. ``{"stop": ["\\n\\n"]}``)."""
 
     # --- replay across rounds ------------------------------------------------------------------
     preference_replay_mode: str = "current"
@@ -145,30 +163,6 @@ class MADPOIterConfig(MADPOConfig):
     """1.4.3's folder of per-round policy copies: not supported."""
     comparator_centralized_agent_index: int = unsupported(0)
     """1.4.3's centralized comparator's model: not supported."""
-    comparator_api_url: str | None = unsupported()
-    """1.4.3's HTTP comparator endpoint: not supported."""
-    comparator_api_format: str = unsupported("generic")
-    """1.4.3's HTTP comparator request format: not supported."""
-    comparator_api_model: str | None = unsupported()
-    """1.4.3's HTTP comparator model name: not supported."""
-    comparator_api_max_n_per_request: int | None = unsupported()
-    """1.4.3's HTTP comparator batch size: not supported."""
-    comparator_api_timeout: float = unsupported(120.0)
-    """1.4.3's HTTP comparator timeout: not supported."""
-    comparator_api_headers: dict[str, str] | None = unsupported()
-    """1.4.3's HTTP comparator headers: not supported."""
-    comparator_api_key: str | None = unsupported()
-    """1.4.3's HTTP comparator key: not supported."""
-    comparator_api_key_env: str | None = unsupported()
-    """1.4.3's HTTP comparator key variable: not supported."""
-    comparator_api_key_header: str = unsupported("Authorization")
-    """1.4.3's HTTP comparator key header: not supported."""
-    comparator_api_key_prefix: str = unsupported("Bearer")
-    """1.4.3's HTTP comparator key prefix: not supported."""
-    comparator_api_response_field: str = unsupported("completions")
-    """1.4.3's HTTP comparator response field: not supported."""
-    comparator_api_extra_body: dict[str, Any] | None = unsupported()
-    """1.4.3's HTTP comparator request extras: not supported."""
 
     pair_selections: ClassVar[dict[str, Any]] = COMPARISON_SELECTIONS
     collaboration_modes: ClassVar[tuple[str, ...]] = DECENTRALIZED_ONLY
@@ -206,9 +200,8 @@ class MADPOIterConfig(MADPOConfig):
     def _check_comparator(self) -> None:
         respell(self, "comparator_policy", COMPARATOR_SPELLINGS)
         policy = self.comparator_policy
-        if policy == "api":
-            raise ValueError(f"comparator_policy='api' is not supported: {API_INSTEAD.split('; ', 1)[1]}")
         check_choice(self, "comparator_policy", COMPARATORS)
+        self._check_api()
         respell(self, "comparator_generation_mode", GENERATION_MODE_SPELLINGS)
         if self.comparator_generation_mode == "centralized":
             raise ValueError(
@@ -250,12 +243,66 @@ class MADPOIterConfig(MADPOConfig):
                 f"comparator_devices={self.comparator_devices!r}: the 'current' comparator samples with the agents "
                 "where they are; use comparator_policy='current_copy' for a copy on other devices"
             )
+        if policy == "api" and devices is not None:
+            raise ValueError(
+                f"comparator_devices={self.comparator_devices!r}: the 'api' comparator samples on its endpoint, "
+                "not on a device here; leave comparator_devices=None"
+            )
         if policy != "history" and self.comparator_history_k is not None:
             raise ValueError(
                 f"comparator_history_k={self.comparator_history_k!r} is only used with comparator_policy='history', "
                 f"not {policy!r}"
             )
         check_int(self, "comparator_history_k", allow_none=True)
+
+    def _check_api(self) -> None:
+        """The ``comparator_api_*`` fields: no secret among them (checked first, so no error
+        quotes one), none set without ``comparator_policy='api'``, each valid with it."""
+        problem = secret_problem(self)
+        if problem is not None:
+            raise ValueError(problem)
+        respell(self, "comparator_api_format", API_FORMAT_SPELLINGS)
+        if self.comparator_policy != "api":
+            for spec in fields(self):
+                value = getattr(self, spec.name)
+                if spec.name.startswith("comparator_api_") and value != field_default(self, spec.name):
+                    raise ValueError(
+                        f"{spec.name}={value!r} is only used with comparator_policy='api', not "
+                        f"{self.comparator_policy!r}"
+                    )
+            return
+        if self.comparator_api_url is None:
+            raise ValueError(
+                "comparator_policy='api' needs comparator_api_url, the address each prompt is POSTed to "
+                "(e.g. 'https://api.openai.com/v1/chat/completions' with comparator_api_format='openai_chat')"
+            )
+        check_string(self, "comparator_api_url")
+        url = self.comparator_api_url
+        if not url.lower().startswith(("http://", "https://")):
+            raise ValueError(f"comparator_api_url must be an http:// or https:// address, got {url!r}")
+        check_choice(self, "comparator_api_format", API_FORMATS)
+        check_string(self, "comparator_api_model", allow_none=True)
+        check_int(self, "comparator_api_max_n_per_request", allow_none=True)
+        timeout = self.comparator_api_timeout
+        if not (is_real(timeout) and timeout > 0):
+            raise ValueError(f"comparator_api_timeout must be a number of seconds > 0, got {timeout!r}")
+        headers = self.comparator_api_headers
+        if headers is not None and not (
+            isinstance(headers, dict) and all(isinstance(text, str) for text in (*headers, *headers.values()))
+        ):
+            raise ValueError(f"comparator_api_headers must be None or a dict of names to strings, got {headers!r}")
+        check_string(self, "comparator_api_key_header")
+        check_string(self, "comparator_api_key_prefix", allow_empty=True)
+        check_string(self, "comparator_api_response_field")
+        body = self.comparator_api_extra_body
+        try:
+            if body is not None and not (isinstance(body, dict) and all(isinstance(name, str) for name in body)):
+                raise TypeError(f"it is {body!r}")
+            json.dumps(body)
+        except (TypeError, ValueError) as error:
+            raise ValueError(
+                f"comparator_api_extra_body must be None or a dict of JSON values (it is sent in each request): {error}"
+            ) from None
 
     def _check_replay(self) -> None:
         respell(self, "preference_replay_mode", REPLAY_MODE_SPELLINGS)
@@ -304,13 +351,15 @@ class MADPOIterTrainer(InRounds, MADPOTrainer):
     reloaded from disk for every prompt); ``nearest_k`` counts rounds, not rounds with pairs;
     ``checkpoint_interval`` counts rounds and a checkpoint taken in the middle of a round
     resumes exactly. A round's learning-rate schedule spans that round's steps (its pairs are
-    only known when it starts). The ``api`` comparator, centralized comparator generation and
-    the reward histograms are not supported.
+    only known when it starts). The ``api`` comparator's key is read only from the environment
+    variable ``comparator_api_key_env`` (1.4.3's literal ``comparator_api_key`` is refused),
+    and its text answers are tokenized with the agents' tokenizers, EOS appended. Centralized
+    comparator generation and the reward histograms are not supported.
 
     A checkpoint holds, beside MADPO's, every round's pairs, the round in progress and the
     comparator's state: nothing for ``current`` (its random stream is derived from ``seed``
     and the round), ``current_copy`` (a copy is made when a round starts, and checkpoints
-    come after) and ``model`` (loaded again by name); for ``history``, the starting weights
+    come after), ``model`` (loaded again by name) and ``api`` (asked again); for ``history``, the starting weights
     of the rounds later rounds will compare with (up to ``comparator_history_k`` copies of
     the agents' weights).
     """

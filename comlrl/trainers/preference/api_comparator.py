@@ -1,0 +1,503 @@
+"""The ``api`` comparator: each agent's prompt POSTed to an HTTP endpoint, which answers with
+the comparator's candidates as text (comlrl 1.4.3's ``comparator_policy="api"``, its fields,
+formats and key rule).
+
+    comparator_api_format   one request asks for          the answers are read from
+    generic                 num_return_sequences          comparator_api_response_field (a dotted
+                            (<= max_n_per_request)        path), else completions/responses/
+                                                          outputs/choices
+    openai_chat             n (<= max_n_per_request)      choices[].message.content (or .text)
+    anthropic_messages      one                           content[].text, one answer per response
+    openai_responses        one                           output[].content[].text, one per response
+
+Requests are sent again until every prompt has its candidates, so an endpoint that answers
+fewer than asked (DeepSeek ignores ``n``) still serves; a response with none is an error.
+
+The key never enters the config: it is read from the environment variable
+``comparator_api_key_env`` each time a request is sent, kept nowhere, and scrubbed from every
+error message. A literal key, or a credential header in ``comparator_api_headers``, would be
+written into checkpoints, the W&B config and logs, and is refused (see :func:`secret_problem`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from http.client import HTTPException
+from typing import Any
+from urllib import error as urlerror
+from urllib import parse as urlparse
+from urllib import request as urlrequest
+
+import torch
+
+from comlrl.rollout.generation import (
+    TOKENIZER_LOCK,
+    AgentRollout,
+    build_rollout,
+    completion_eos_ids,
+    encode_prompts,
+)
+
+API_FORMAT_SPELLINGS = {
+    "generic": "generic",
+    "openai_chat": "openai_chat",
+    "openai": "openai_chat",
+    "chat": "openai_chat",
+    "anthropic_messages": "anthropic_messages",
+    "anthropic": "anthropic_messages",
+    "messages": "anthropic_messages",
+    "openai_responses": "openai_responses",
+    "responses": "openai_responses",
+    "codex": "openai_responses",
+}
+"""Every ``comparator_api_format`` comlrl 1.4.3 accepted (any letter case), and what it is here."""
+
+CREDENTIAL_HEADER_WORDS = ("auth", "key", "token", "secret", "password", "cookie")
+"""A header (or URL query parameter) whose name holds one of these (any case) carries a credential."""
+
+CREDENTIAL_BODY_WORDS = ("api_key", "apikey", "api-key", "secret", "password", "authorization")
+"""A ``comparator_api_extra_body`` name holding one of these carries a credential (not ``token``
+or ``key`` alone: ``max_tokens`` and ``prompt_cache_key`` are ordinary request fields)."""
+
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+"""What an environment variable's name looks like (a key, with its dashes, does not)."""
+
+ANTHROPIC_VERSION = "2023-06-01"
+"""The ``anthropic-version`` header 1.4.3 sent (``comparator_api_headers`` may set another)."""
+
+EXCERPT = 300
+"""Characters of a response body an error message quotes."""
+
+
+class ComparatorApiError(RuntimeError):
+    """The comparator's endpoint failed or answered something unusable (the message names the
+    agent, the prompt and what came back, the key scrubbed out)."""
+
+
+# ------------------------------------------------------------------------------------------
+# the config's secrets
+# ------------------------------------------------------------------------------------------
+def credential_names(names: Any, words: Sequence[str]) -> list[str]:
+    """The names (headers, body fields, query parameters) that hold one of ``words``, any case."""
+    return [name for name in names if any(word in str(name).lower() for word in words)]
+
+
+def secret_problem(config: Any) -> str | None:
+    """Why ``config``'s ``comparator_api_*`` fields would put a secret where the config goes
+    (checkpoints, the W&B config, logs), or None. The message quotes no value, only names."""
+    instead = (
+        "put the key in an environment variable (export MY_API_KEY=...) and set comparator_api_key_env='MY_API_KEY' "
+        "(comparator_api_key_header and comparator_api_key_prefix say how it is sent)"
+    )
+    if config.comparator_api_key not in (None, ""):
+        return f"comparator_api_key would be saved with the config in checkpoints, the W&B config and logs: {instead}"
+    headers = config.comparator_api_headers
+    if isinstance(headers, Mapping) and credential_names(headers, CREDENTIAL_HEADER_WORDS):
+        named = credential_names(headers, CREDENTIAL_HEADER_WORDS)
+        return f"comparator_api_headers names credential headers {named} (their values are not shown): {instead}"
+    body = config.comparator_api_extra_body
+    if isinstance(body, Mapping) and credential_names(body, CREDENTIAL_BODY_WORDS):
+        named = credential_names(body, CREDENTIAL_BODY_WORDS)
+        return f"comparator_api_extra_body names credential fields {named} (their values are not shown): {instead}"
+    url = config.comparator_api_url
+    if isinstance(url, str):
+        parts = urlparse.urlsplit(url)
+        named = credential_names(dict(urlparse.parse_qsl(parts.query)), CREDENTIAL_HEADER_WORDS)
+        if parts.username or parts.password or named:
+            where = f"the query parameters {named}" if named else "a user name or password ('user:pass@')"
+            return f"comparator_api_url carries {where} (the address is not shown): {instead}"
+    key_env = config.comparator_api_key_env
+    if key_env is not None and not (isinstance(key_env, str) and ENV_NAME.fullmatch(key_env)):
+        return (
+            "comparator_api_key_env must be the NAME of an environment variable (letters, digits and _, such as "
+            "'OPENAI_API_KEY'), not the key itself (the value given is not shown, in case it is one)"
+        )
+    return None
+
+
+def read_key(key_env: str | None) -> str | None:
+    """The key in the environment variable ``key_env`` (None: the endpoint takes no key), read
+    at each request and never kept, so that nothing the trainer saves can hold it."""
+    if key_env is None:
+        return None
+    key = os.environ.get(key_env)
+    if not key:
+        raise ValueError(
+            f"comparator_api_key_env={key_env!r}: the environment variable {key_env} is not set (or is empty); "
+            f"export {key_env}=<your API key> before training, or set comparator_api_key_env=None for an endpoint "
+            "that takes no key"
+        )
+    return key
+
+
+def scrubbed(text: str, key: str | None) -> str:
+    """``text`` (an error body, a reason) with the key cut out: providers echo a bad key back."""
+    return text.replace(key, "<comparator_api_key_env's key>") if key else text
+
+
+def excerpt(text: str) -> str:
+    """The start of a response body, on one line, for an error message."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= EXCERPT else flat[:EXCERPT] + "..."
+
+
+# ------------------------------------------------------------------------------------------
+# the formats: what a request holds, where the answers are
+# ------------------------------------------------------------------------------------------
+def api_sampling(sampling: Mapping[str, Any]) -> dict[str, Any]:
+    """The trainer's sampling settings (Hugging Face ``generate`` keyword arguments) as the
+    payloads name them: ``top_k`` 0 (Hugging Face's "no top-k filter") becomes None, and
+    greedy decoding temperature 0. ``generation_kwargs`` extras are not sent (the endpoint
+    has its own names: put them in ``comparator_api_extra_body``)."""
+    sampled = sampling.get("do_sample", True)
+    return {
+        "max_new_tokens": sampling["max_new_tokens"],
+        "temperature": sampling.get("temperature") if sampled else 0.0,
+        "top_p": sampling.get("top_p") if sampled else None,
+        "top_k": (sampling.get("top_k") or None) if sampled else None,
+    }
+
+
+def without_none(payload: dict[str, Any]) -> dict[str, Any]:
+    """The fields that have a value: the hosted APIs refuse nulls where 1.4.3's generic format sent them."""
+    return {name: value for name, value in payload.items() if value is not None}
+
+
+def generic_payload(prompt: str, agent: int, count: int, settings: dict[str, Any], model: str | None) -> dict:
+    """1.4.3's generic request, without ``batch_item``: a generation backend is given the
+    prompts, not the dataset rows they came from."""
+    payload = {"prompt": prompt, "agent_idx": agent, "num_return_sequences": count, **settings}
+    return payload if model is None else {**payload, "model": model}
+
+
+def openai_chat_payload(prompt: str, agent: int, count: int, settings: dict[str, Any], model: str | None) -> dict:
+    """An OpenAI chat completion of ``count`` choices (1.4.3 sent no ``top_k``: the API has none)."""
+    return without_none(
+        {
+            "model": model,
+            "messages": [{"role": "user", "content": prompt}],
+            "n": count,
+            "max_tokens": settings["max_new_tokens"],
+            "temperature": settings["temperature"],
+            "top_p": settings["top_p"],
+        }
+    )
+
+
+def anthropic_payload(prompt: str, agent: int, count: int, settings: dict[str, Any], model: str | None) -> dict:
+    """An Anthropic message (one answer; 1.4.3 sent no ``top_p`` or ``top_k``)."""
+    return without_none(
+        {
+            "model": model,
+            "max_tokens": settings["max_new_tokens"],
+            "messages": [{"role": "user", "content": prompt}],
+            "temperature": settings["temperature"],
+        }
+    )
+
+
+def openai_responses_payload(prompt: str, agent: int, count: int, settings: dict[str, Any], model: str | None) -> dict:
+    """An OpenAI Responses request (one answer; 1.4.3 sent no sampling settings but the length)."""
+    return without_none({"model": model, "input": prompt, "max_output_tokens": settings["max_new_tokens"]})
+
+
+MISSING = object()
+"""A field a response does not have (None may be a value)."""
+
+
+def dotted(data: Any, path: str) -> Any:
+    """``data["a"]["b"]`` for the path ``"a.b"``, or ``MISSING``."""
+    for part in path.split("."):
+        if not (isinstance(data, dict) and part in data):
+            return MISSING
+        data = data[part]
+    return data
+
+
+def list_field(answer: Any, path: str) -> list[Any]:
+    """``answer``'s list at ``path``; its absence is an error naming the path and quoting the response."""
+    value = dotted(answer, path)
+    if not isinstance(value, list):
+        problem = "no field" if value is MISSING else "a non-list field"
+        raise ComparatorApiError(f"the response has {problem} {path!r}: {excerpt(json.dumps(answer))}")
+    return value
+
+
+def item_text(item: Any) -> str | None:
+    """One answer of a generic response: a string, or a dict's text/content/completion/response
+    or message.content (1.4.3's rule)."""
+    if isinstance(item, dict):
+        for name in ("text", "content", "completion", "response"):
+            if item.get(name):
+                return str(item[name])
+        message = item.get("message")
+        return str(message["content"]) if isinstance(message, dict) and message.get("content") is not None else None
+    return None if item is None else str(item)
+
+
+GENERIC_FALLBACKS = ("completions", "responses", "outputs", "choices")
+"""Where 1.4.3 looked for a generic response's answers when ``comparator_api_response_field`` was absent."""
+
+
+def generic_texts(answer: Any, response_field: str) -> list[str]:
+    """The answers at ``response_field``, else at 1.4.3's fallbacks; none of them present is an
+    error naming the path."""
+    value = dotted(answer, response_field)
+    if value is MISSING and isinstance(answer, dict):
+        value = next((answer[name] for name in GENERIC_FALLBACKS if answer.get(name)), MISSING)
+    if value is MISSING:
+        raise ComparatorApiError(
+            f"the response has no field {response_field!r} (nor {list(GENERIC_FALLBACKS)}): set "
+            f"comparator_api_response_field to the dotted path of its completions; the response: "
+            f"{excerpt(json.dumps(answer))}"
+        )
+    items = value if isinstance(value, list) else [value]
+    return [text for text in map(item_text, items) if text is not None]
+
+
+def openai_chat_texts(answer: Any, response_field: str) -> list[str]:
+    """One answer per choice: its ``message.content`` (or a completion's ``text``); choices
+    without text (a refusal, a tool call) are skipped, as 1.4.3 skipped them."""
+    texts = []
+    for choice in list_field(answer, "choices"):
+        message = choice.get("message") if isinstance(choice, dict) else None
+        if isinstance(message, dict) and message.get("content") is not None:
+            texts.append(str(message["content"]))
+        elif isinstance(choice, dict) and choice.get("text") is not None:
+            texts.append(str(choice["text"]))
+    return texts
+
+
+def joined_text(blocks: Any, kinds: Sequence[str]) -> list[str]:
+    """One answer: the text of the ``blocks`` of the given kinds, joined (1.4.3 kept the first
+    block, losing the rest of an answer split in several); none when no block has text."""
+    texts = [
+        str(b["text"]) for b in blocks if isinstance(b, dict) and b.get("type") in kinds and b.get("text") is not None
+    ]
+    return ["".join(texts)] if texts else []
+
+
+def anthropic_texts(answer: Any, response_field: str) -> list[str]:
+    """The message's text blocks (``content[].text``), as one answer."""
+    return joined_text(list_field(answer, "content"), ("text",))
+
+
+def openai_responses_texts(answer: Any, response_field: str) -> list[str]:
+    """The output items' text blocks (``output[].content[].text``), as one answer."""
+    blocks = [b for item in list_field(answer, "output") if isinstance(item, dict) for b in item.get("content") or []]
+    return joined_text(blocks, ("output_text", "text"))
+
+
+@dataclass(frozen=True)
+class ApiFormat:
+    """How one ``comparator_api_format`` asks and answers."""
+
+    payload: Callable[[str, int, int, dict[str, Any], str | None], dict[str, Any]]
+    """``(prompt, agent, count, sampling settings, model) -> the request's JSON body`` (before ``extra_body``)."""
+    texts: Callable[[Any, str], list[str]]
+    """``(the parsed response, comparator_api_response_field) -> its answers``."""
+    one_per_request: bool
+    """The API returns one answer per request (no ``n``)."""
+    headers: dict[str, str]
+    """Headers the format needs (``comparator_api_headers`` may set them otherwise)."""
+    bare_key_header: str | None = None
+    """Where the key goes, without a ``Bearer`` prefix, when ``comparator_api_key_header`` is
+    ``Authorization`` (1.4.3's rule for Anthropic's ``x-api-key``)."""
+
+
+API_FORMATS = {
+    "generic": ApiFormat(generic_payload, generic_texts, False, {}),
+    "openai_chat": ApiFormat(openai_chat_payload, openai_chat_texts, False, {}),
+    "anthropic_messages": ApiFormat(
+        anthropic_payload, anthropic_texts, True, {"anthropic-version": ANTHROPIC_VERSION}, bare_key_header="x-api-key"
+    ),
+    "openai_responses": ApiFormat(openai_responses_payload, openai_responses_texts, True, {}),
+}
+"""``comparator_api_format`` -> how it asks and answers."""
+
+
+# ------------------------------------------------------------------------------------------
+# the client: requests until every candidate is there
+# ------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ApiClient:
+    """The endpoint as the config describes it (no key: the key stays in the environment)."""
+
+    url: str
+    api_format: str
+    model: str | None
+    max_n_per_request: int | None
+    timeout: float
+    headers: dict[str, str]
+    key_env: str | None
+    key_header: str
+    key_prefix: str
+    response_field: str
+    extra_body: dict[str, Any]
+
+    @classmethod
+    def from_config(cls, args: Any) -> ApiClient:
+        """The endpoint of a checked MADPOIter / MARLHFIter config with ``comparator_policy='api'``."""
+        return cls(
+            url=args.comparator_api_url,
+            api_format=args.comparator_api_format,
+            model=args.comparator_api_model,
+            max_n_per_request=args.comparator_api_max_n_per_request,
+            timeout=float(args.comparator_api_timeout),
+            headers=dict(args.comparator_api_headers or {}),
+            key_env=args.comparator_api_key_env,
+            key_header=args.comparator_api_key_header,
+            key_prefix=args.comparator_api_key_prefix,
+            response_field=args.comparator_api_response_field,
+            extra_body=dict(args.comparator_api_extra_body or {}),
+        )
+
+    @property
+    def format(self) -> ApiFormat:
+        return API_FORMATS[self.api_format]
+
+    def request_headers(self, key: str | None) -> dict[str, str]:
+        """JSON content, the format's headers, the user's, then the key (1.4.3's rule: the
+        Anthropic format sends it in ``x-api-key``, without a ``Bearer`` prefix)."""
+        headers = {"Content-Type": "application/json", **self.format.headers, **self.headers}
+        if key is None:
+            return headers
+        header, prefix = self.key_header, self.key_prefix.strip()
+        if self.format.bare_key_header is not None:
+            header = self.format.bare_key_header if header.lower() == "authorization" else header
+            prefix = "" if prefix.lower() == "bearer" else prefix
+        return {**headers, header: f"{prefix} {key}" if prefix else key}
+
+    def post(self, payload: dict[str, Any]) -> Any:
+        """The parsed JSON answer to one request. A failure is raised with the key cut out of
+        its message and without the urllib error it replaces (whose request holds the key)."""
+        key = read_key(self.key_env)
+        data = json.dumps(payload).encode("utf-8")
+        request = urlrequest.Request(self.url, data=data, headers=self.request_headers(key), method="POST")
+        try:
+            with urlrequest.urlopen(request, timeout=self.timeout) as response:
+                body = response.read().decode("utf-8", errors="replace")
+        except (OSError, HTTPException) as error:  # URLError, HTTPError, timeouts, dropped connections
+            raise ComparatorApiError(scrubbed(self.failure(error), key)) from None
+        try:
+            return json.loads(body)
+        except json.JSONDecodeError:
+            message = f"{self.url} answered with a body that is not JSON: {excerpt(body)}"
+            raise ComparatorApiError(scrubbed(message, key)) from None
+
+    def failure(self, error: Exception) -> str:
+        """What a failed request says: the HTTP status and the body's start (1.4.3's message
+        for 402, an empty balance), the timeout, or why the endpoint could not be reached."""
+        if isinstance(error, urlerror.HTTPError):
+            detail = excerpt(error.read().decode("utf-8", errors="replace"))
+            if error.code == 402:
+                return f"{self.url} answered HTTP 402: insufficient balance; top up the account. The answer: {detail}"
+            return f"{self.url} answered HTTP {error.code}: {detail}"
+        reason = getattr(error, "reason", error)
+        if isinstance(reason, TimeoutError):
+            return f"{self.url} did not answer within comparator_api_timeout={self.timeout}s"
+        return f"{self.url} could not be reached: {reason}"
+
+    def ask(self, prompt: str, agent: int, count: int, settings: dict[str, Any]) -> list[str]:
+        """The answers of one request for ``count`` candidates (``extra_body`` merged over the format's fields)."""
+        payload = {**self.format.payload(prompt, agent, count, settings, self.model), **self.extra_body}
+        return self.format.texts(self.post(payload), self.response_field)
+
+    def per_request(self, remaining: int) -> int:
+        """How many candidates the next request asks for."""
+        if self.format.one_per_request:
+            return 1
+        return min(remaining, self.max_n_per_request or remaining)
+
+    def completions(self, prompt: str, agent: int, index: int, count: int, sampling: Mapping[str, Any]) -> list[str]:
+        """``count`` answers to agent ``agent``'s prompt ``index`` (of the batch being sampled):
+        requests are sent until there are as many (an endpoint may answer fewer than asked);
+        one that answers none, or fails, is an error naming the agent and the prompt."""
+        settings = api_sampling(sampling)
+        where = f"the comparator API, asked for agent {agent}'s prompt {index} ({excerpt(prompt)[:60]!r})"
+        texts: list[str] = []
+        while len(texts) < count:
+            asked = self.per_request(count - len(texts))
+            try:
+                answers = self.ask(prompt, agent, asked, settings)
+            except ComparatorApiError as error:
+                raise ComparatorApiError(f"{where}: {error}") from None
+            if not answers:
+                raise ComparatorApiError(
+                    f"{where}, answered no completion to a request for {asked} ({len(texts)} of the {count} "
+                    f"candidates came before it); check comparator_api_format={self.api_format!r}"
+                    + (" and comparator_api_response_field" if self.api_format == "generic" else "")
+                )
+            texts.extend(answers[:asked])
+        return texts
+
+
+# ------------------------------------------------------------------------------------------
+# the generation backend
+# ------------------------------------------------------------------------------------------
+def answer_ids(tokenizer: Any, texts: list[str], end: int | None, max_new_tokens: int) -> list[list[int]]:
+    """Each answer's token ids as the agent's tokenizer writes them (no special tokens added),
+    ``end`` appended, cut to ``max_new_tokens``: an answer that ends within the budget ends with
+    an EOS, as a sampled one does, and a longer one is truncated, as a sampled one would be."""
+    with TOKENIZER_LOCK:
+        encoded = tokenizer(texts, add_special_tokens=False)["input_ids"]
+    ending = [] if end is None else [end]
+    return [(list(ids) + ending)[:max_new_tokens] for ids in encoded]
+
+
+def answer_end(tokenizer: Any, eos_ids: Sequence[int]) -> int | None:
+    """The id an answer ends with: the tokenizer's EOS when it ends completions, else the first
+    id that does; None when nothing ends them."""
+    if tokenizer.eos_token_id in eos_ids:
+        return tokenizer.eos_token_id
+    return eos_ids[0] if eos_ids else None
+
+
+class ApiBackend:
+    """A generation backend whose completions come from the comparator's endpoint.
+
+    The endpoint answers text; each answer is tokenized with the agent's tokenizer (no special
+    tokens added) and the agent's EOS is appended, so the comparator's candidates end as the
+    agents' sampled ones do and a pair's two sides are scored, masked and trained on alike
+    (the DPO step, the reward model). Answers are cut to ``max_new_tokens`` tokens (the cut
+    ones end without EOS, marked truncated), and their texts are decoded from those tokens,
+    so the reward scores exactly what the pair holds.
+
+    It draws nothing from torch's generators: the endpoint's randomness is its own, so a
+    round's comparator candidates are not reproducible (a checkpoint keeps the round's pairs).
+    """
+
+    def __init__(self, client: ApiClient, agents: Any):
+        self.client, self.agents = client, agents
+        read_key(client.key_env)  # an unset variable fails now, not after round 1's own sampling
+
+    def generate(
+        self,
+        agent: int,
+        prompts: list[str],
+        num_generations: int,
+        sampling: dict[str, Any],
+        generator: torch.Generator | None = None,
+    ) -> AgentRollout:
+        tokenizer = self.agents.tokenizers[agent]
+        texts = [
+            text
+            for index, prompt in enumerate(prompts)
+            for text in self.client.completions(prompt, agent, index, num_generations, sampling)
+        ]
+        eos_ids = completion_eos_ids(sampling, self.agents[agent], tokenizer)
+        ids = answer_ids(tokenizer, texts, answer_end(tokenizer, eos_ids), sampling["max_new_tokens"])
+        pad_id = sampling.get("pad_token_id", tokenizer.pad_token_id)
+        pad_id = pad_id if pad_id is not None else (eos_ids[0] if eos_ids else 0)
+        encoded = encode_prompts(tokenizer, prompts)
+        return build_rollout(tokenizer, encoded, ids, num_generations, eos_ids, pad_id, self.agents.device(agent))
+
+    def uses_generators(self, sampling: dict[str, Any]) -> bool:
+        return True  # no torch randomness: agents may ask in parallel threads
+
+    def sync_weights(self, agent: int) -> None:
+        pass  # the endpoint's model does not train
