@@ -13,12 +13,14 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 
 from comlrl.metrics.stats import Stat, combine, finish
+
+Item = TypeVar("Item")
 
 
 @dataclass(frozen=True)
@@ -50,8 +52,9 @@ class DataParallel:
         """Rank 0: the one that logs, saves and writes checkpoints."""
         return self.rank == 0
 
-    def shard(self, rows: list[int]) -> list[int]:
-        """This rank's contiguous share of a step's rows (shares differ by at most one row)."""
+    def shard(self, rows: list[Item]) -> list[Item]:
+        """This rank's contiguous share of a step's rows, or of any list (shares differ by at
+        most one item; with fewer items than ranks, the last ranks' shares are empty)."""
         if not self.enabled:
             return rows
         share, extra = divmod(len(rows), self.world_size)
@@ -112,6 +115,14 @@ class DataParallel:
         gathered: list[Any] = [None] * self.world_size
         dist.all_gather_object(gathered, value)
         return gathered
+
+    def gather_lists(self, items: list[Item]) -> list[Item]:
+        """Every rank's ``items`` joined in rank order, the same list on every rank; ``items``
+        itself with one rank. Made share by share of :meth:`shard`, a list comes back whole and
+        in its order (MADPO's preference pairs, built from each rank's share of the rows)."""
+        if not self.enabled:
+            return items
+        return [item for share in self.gather(items) for item in share]
 
     def reduce_metrics(self, stats: dict[str, Stat]) -> dict[str, float]:
         """The step's metrics over every rank's share, each combined the way it was formed

@@ -23,6 +23,10 @@ from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausa
 
 from comlrl.checkpoint import complete_checkpoints
 from comlrl.trainers.actor_critic import IACConfig, IACTrainer
+from comlrl.trainers.preference import MADPOConfig, MADPOTrainer
+from comlrl.trainers.preference.madpo import PAIRS_FILE
+from comlrl.trainers.preference.pairs import PreferencePair
+from comlrl.trainers.preference.rounds import pair_record
 from comlrl.trainers.reinforce import MAGRPOConfig, MAGRPOTrainer, MAREINFORCEConfig, MAREINFORCETrainer
 from comlrl.trainers.reinforce.centralized import CentralizedComparatorParseError
 
@@ -239,42 +243,75 @@ def score(prompts, a, b):
     return [float(len(p) + x.count("a") - y.count("e")) for p, x, y in zip(prompts, a, b)]
 
 
+def distinct_score(prompts, a, b):
+    """Different joint texts score differently (a hash of both), so MADPO's candidates never tie."""
+    return [float(sum(ord(ch) * 31**k for k, ch in enumerate(f"{x}|{y}")) % 100003) for x, y in zip(a, b)]
+
+
+MADPO_ROWS = ROWS[:7]
+"""3 candidates per row that never tie give each row its 3 pairs: 21, so with 2 ranks x 2
+pairs per step the last step of an epoch holds 1 pair and leaves rank 1 without one."""
+
+
 def build_trainer(algorithm: str, output_dir: Path, per_device_rows: int):
     """top_k=1 samples deterministically, so any split of the rows over ranks samples the
-    same completions as one process would."""
+    same completions as one process would. MADPO's candidates are sampled at random (a pair
+    needs two that differ), so each rank's differ from one process's: its single process
+    trains on the pairs the ranks built (``run_ddp_worker``'s ``pairs_from``). Each rank
+    starts from its own random weights (seeded by ``RANK``): the trainer must broadcast rank 0's."""
     tok = char_tokenizer()
-    common = dict(
+    rank = int(os.environ.get("RANK", "0"))
+    agents = [tiny_llama(tok, seed=i + 10 * rank) for i in range(2)]
+    shared = dict(
         num_train_epochs=2,
         per_device_train_batch_size=per_device_rows,
-        num_generations=2,
         max_new_tokens=6,
-        top_k=1,
         logging_steps=1,
         save_steps=2,
         agent_learning_rate=1e-3,
         micro_batch_size=3,
         output_dir=str(output_dir),
     )
+    if algorithm == "madpo":
+        args = MADPOConfig(
+            preference_num_candidates=3, preference_pairs_per_sample=3, dpo_reference="initial", **shared
+        )
+        return MADPOTrainer(
+            agents=agents, tokenizer=tok, train_dataset=MADPO_ROWS, reward_func=distinct_score, args=args
+        )
+    common = dict(num_generations=2, top_k=1, **shared)
     if algorithm == "iac":
         trainer_class, args = IACTrainer, IACConfig(critic_learning_rate=1e-3, **common)
     else:
         trainer_class, args = MAREINFORCETrainer, MAREINFORCEConfig(**common)
-    agents = [tiny_llama(tok, seed=i) for i in range(2)]
     return trainer_class(agents=agents, tokenizer=tok, train_dataset=ROWS, reward_func=score, args=args)
 
 
-def run_ddp_worker(algorithm: str, out: str, per_device_rows: int) -> None:
+def checkpoint_pairs(checkpoint: Path) -> list[PreferencePair]:
+    """The preference pairs a MADPO checkpoint holds."""
+    return [PreferencePair(**record) for record in torch.load(checkpoint / PAIRS_FILE)]
+
+
+def run_ddp_worker(algorithm: str, out: str, per_device_rows: int, pairs_from: str | None = None) -> None:
     """One rank's run for tests/test_distributed.py: trains the tiny agents on its share of
-    each step's rows, resumes from the mid-run checkpoint, and saves what it holds (weights
-    to ``rank{rank}.pt``, world size, saved folders and steps to ``rank{rank}.json``)."""
+    each step's rows (MADPO: pairs), resumes from the mid-run checkpoint, and saves what it
+    holds (weights, and MADPO's pairs as records, to ``rank{rank}.pt``; world size, saved
+    folders and steps to ``rank{rank}.json``). MADPO trains on the pairs of the checkpoint
+    ``pairs_from`` when given, else on those it builds."""
     out_dir = Path(out)
     straight = build_trainer(algorithm, out_dir / "run", per_device_rows)
+    if pairs_from is not None:
+        straight.pairs = checkpoint_pairs(Path(pairs_from))
     straight.train()
     rank = straight.parallel.rank
     saved = straight.save_model(str(out_dir / "saved"))
     resumed = build_trainer(algorithm, out_dir / "run", per_device_rows)
     resumed.train(resume_from_checkpoint=str(out_dir / "run" / "checkpoint-2"))
-    torch.save({"straight": weights(straight), "resumed": weights(resumed)}, out_dir / f"rank{rank}.pt")
+    held = {"straight": weights(straight), "resumed": weights(resumed)}
+    if algorithm == "madpo":
+        held["pairs"] = [pair_record(pair) for pair in straight.pairs]
+        held["resumed_pairs"] = [pair_record(pair) for pair in resumed.pairs]
+    torch.save(held, out_dir / f"rank{rank}.pt")
     (out_dir / f"rank{rank}.json").write_text(
         json.dumps({"world_size": straight.parallel.world_size, "saved": saved, "steps": straight.global_step})
     )

@@ -34,7 +34,6 @@ from tqdm.auto import tqdm
 from comlrl.algorithms import joint_action_indices
 from comlrl.algorithms.dpo import agent_dpo_losses, joint_preference, others_deltas, preference_deltas
 from comlrl.checkpoint import read_state, read_tensors
-from comlrl.distributed import DataParallel
 from comlrl.metrics import stats as metric_stats
 from comlrl.metrics.hooks import RolloutSample
 from comlrl.metrics.stats import Stat
@@ -80,8 +79,15 @@ class MADPOTrainer(MultiAgentTrainer):
 
     Arguments: those of :class:`~comlrl.trainers.base.MultiAgentTrainer`, in comlrl 1.4.3's
     order; ``args`` is a :class:`MADPOConfig`. ``metrics_callback`` runs in ``evaluate()`` (a
-    training step samples nothing). Under torchrun it refuses to run: pairs are not sharded
-    over ranks yet.
+    training step samples nothing).
+
+    Under torchrun each rank samples the candidates of its share of the rows, from its own
+    random stream, and every rank then holds the same pairs, in row order (one process's
+    order; the candidates equal one process's only where sampling is deterministic). Each
+    step takes ``per_device_train_batch_size`` pairs per rank (another ``train_batch_size``
+    is refused there), each rank training on its own; the loss is the mean over the step's
+    pairs of every rank, so K ranks compute the gradient one process would on those pairs.
+    MADPOIter is not supported under torchrun yet.
 
     Centralized collaboration (``collaboration_mode="centralized"``, comlrl 1.4.3's): ONE model
     (``agents=[model]`` or ``agent_model``) writes every role in one response, as in
@@ -135,8 +141,6 @@ class MADPOTrainer(MultiAgentTrainer):
         metrics_callback: Callable[[list[RolloutSample]], dict[str, float]] | None = None,
     ):
         args = self.accept_config(args)
-        if DataParallel.from_environment().enabled:
-            raise ValueError("MADPOTrainer does not run under torchrun yet: start it as one process")
         self.pairs: list[PreferencePair] | None = None
         """The run's preference pairs, made when ``train()`` starts."""
         self.pending_learners: list[tuple[Sequence[str], Sequence[Sequence[torch.nn.Parameter]], Sequence[float]]] = []
@@ -201,7 +205,8 @@ class MADPOTrainer(MultiAgentTrainer):
 
     @property
     def items_per_step(self) -> int:
-        return self.args.pairs_per_step
+        """``train_batch_size`` pairs on each data-parallel rank."""
+        return self.args.pairs_per_step * self.parallel.world_size
 
     @property
     def total_optimizer_steps(self) -> int:
@@ -210,8 +215,11 @@ class MADPOTrainer(MultiAgentTrainer):
     def add_learners(
         self, names: Sequence[str], parameters: Sequence[Sequence[torch.nn.Parameter]], learning_rates: Sequence[float]
     ) -> None:
-        """Deferred to ``prepare``: the learning-rate schedules span the run's optimizer steps,
-        which the number of pairs decides."""
+        """Every rank takes rank 0's weights now, so that all ranks sample the pairs with one
+        policy; the optimizers wait for ``prepare``: the learning-rate schedules span the run's
+        optimizer steps, which the number of pairs decides (making them broadcasts the weights
+        again, already equal)."""
+        self.parallel.broadcast_parameters(p for group in parameters for p in group)
         self.pending_learners.append((names, parameters, learning_rates))
 
     def prepare(self, checkpoint: str | None) -> dict[str, float]:
@@ -229,14 +237,18 @@ class MADPOTrainer(MultiAgentTrainer):
 
     def build_pairs(self) -> tuple[list[PreferencePair], dict[str, float]]:
         """The pairs of :func:`sample_preference_pairs`, with their reference margins when the
-        DPO loss has a reference; and what building them found."""
+        DPO loss has a reference (each rank computes its share's, and every rank gets them
+        all); and what building them found."""
         pairs, metrics = sample_preference_pairs(self, self.args, self.algorithm_name, self.collaboration)
         if self.args.dpo_reference == "initial":
-            pairs = self.with_reference(pairs)
+            pairs = self.parallel.gather_lists(self.with_reference(self.parallel.shard(pairs)))
         return pairs, metrics
 
     def with_reference(self, pairs: list[PreferencePair]) -> list[PreferencePair]:
-        """``pairs`` with each agent's margin under the current policy, DPO's reference."""
+        """``pairs`` with each agent's margin under the current policy, DPO's reference (a
+        rank's share of fewer pairs than ranks may be empty)."""
+        if not pairs:
+            return pairs
         logps = map_agents(self.agents, lambda i: self.frozen_logps(i, self.batch(pairs, i)))
         per_pair = torch.stack([preference_deltas(chosen, rejected) for chosen, rejected in logps]).T.tolist()
         return [dataclasses.replace(pair, reference_deltas=deltas) for pair, deltas in zip(pairs, per_pair)]
@@ -245,10 +257,29 @@ class MADPOTrainer(MultiAgentTrainer):
     # one step
     # ----------------------------------------------------------------------------------------
     def step(self, pair_ids: list[int]) -> PreferenceStep:
-        """One optimizer step per agent on the pairs ``pair_ids``, with the joint DPO loss."""
+        """One optimizer step per agent on the pairs ``pair_ids`` (this rank's share of the
+        step's), with the joint DPO loss averaged over the step's pairs on every rank."""
         started = time.perf_counter()
-        args = self.args
         pairs = [self.pairs[k] for k in pair_ids]
+        step_pairs = int(self.parallel.sum_values([len(pairs)])[0])
+        self.learners.zero_grad()
+        # The last step of an epoch may hold fewer pairs than there are ranks: a rank without
+        # one adds no gradient.
+        metrics = self.backpropagate(pairs, step_pairs) if pairs else {}
+        norms = self.learners.step(self.args.max_grad_norm, self.parallel.sum_gradients, self.global_step + 1)
+        for i in range(self.num_agents):
+            self.backend.sync_weights(i)
+        metrics["time/step_s"] = metric_stats.maximum(time.perf_counter() - started)
+        for name, norm, rate in zip(self.learners.names, norms, self.learners.learning_rates()):
+            metrics[f"{learner_key(name)}/grad_norm"] = metric_stats.same(norm)
+            metrics[f"{learner_key(name)}/learning_rate"] = metric_stats.same(rate)
+        return PreferenceStep(self.parallel.reduce_metrics(metrics), pairs)
+
+    def backpropagate(self, pairs: list[PreferencePair], step_pairs: int) -> dict[str, Stat]:
+        """Every agent's gradient of the joint DPO loss of ``pairs``, summed over them and
+        divided by ``step_pairs`` (the step's pairs on every rank, so the ranks' gradients add
+        up to the step's mean); returns the pairs' metrics."""
+        args = self.args
         batches = [self.batch(pairs, i) for i in range(self.num_agents)]
         reference = self.reference_deltas(pairs)  # (K, P) or None
         logps = map_agents(self.agents, lambda i: self.frozen_logps(i, batches[i]))
@@ -261,13 +292,11 @@ class MADPOTrainer(MultiAgentTrainer):
         others = others_deltas(deltas)
 
         def backward(i: int) -> dict[str, Stat]:
-            return self.agent_backward(i, batches[i], others[i], None if reference is None else reference[i])
+            return self.agent_backward(
+                i, batches[i], others[i], None if reference is None else reference[i], step_pairs
+            )
 
-        self.learners.zero_grad()
         metrics = {key: value for agent in map_agents(self.agents, backward) for key, value in agent.items()}
-        norms = self.learners.step(args.max_grad_norm, self.parallel.sum_gradients, self.global_step + 1)
-        for i in range(self.num_agents):
-            self.backend.sync_weights(i)
         joint = joint_preference(deltas, args.dpo_beta)
         metrics.update(
             {
@@ -276,15 +305,11 @@ class MADPOTrainer(MultiAgentTrainer):
                 "dpo/margin": metric_stats.mean_of(joint.margin),
                 "dpo/chosen_logp": metric_stats.mean_of(sum(chosen for chosen, _ in logps)),
                 "dpo/rejected_logp": metric_stats.mean_of(sum(rejected for _, rejected in logps)),
-                "time/step_s": metric_stats.maximum(time.perf_counter() - started),
             }
         )
         for i in range(self.num_agents):
             metrics[f"agent{i}/delta_mean"] = metric_stats.mean_of(deltas[i])
-        for name, norm, rate in zip(self.learners.names, norms, self.learners.learning_rates()):
-            metrics[f"{learner_key(name)}/grad_norm"] = metric_stats.same(norm)
-            metrics[f"{learner_key(name)}/learning_rate"] = metric_stats.same(rate)
-        return PreferenceStep(self.parallel.reduce_metrics(metrics), pairs)
+        return metrics
 
     def batch(self, pairs: Sequence[PreferencePair], agent: int) -> SequenceBatch:
         """Agent ``agent``'s chosen and rejected completions of ``pairs``, padded."""
@@ -327,15 +352,21 @@ class MADPOTrainer(MultiAgentTrainer):
         return torch.cat([c for c, _ in parts]).cpu(), torch.cat([r for _, r in parts]).cpu()
 
     def agent_backward(
-        self, agent: int, batch: SequenceBatch, other_deltas: Tensor, reference_deltas: Tensor | None
+        self,
+        agent: int,
+        batch: SequenceBatch,
+        other_deltas: Tensor,
+        reference_deltas: Tensor | None,
+        step_pairs: int | None = None,
     ) -> dict[str, Stat]:
         """Agent ``agent``'s DPO loss on ``batch`` (the other agents' margins ``other_deltas``
         held fixed), backpropagated micro-batch by micro-batch; the micro-batches' losses add
-        up to the mean over the batch's pairs."""
+        up to the batch's summed loss divided by ``step_pairs``, the step's pairs on every
+        rank (None: the batch's, its mean)."""
         model = self.agents.trainable(agent)
-        num_pairs = len(other_deltas)
+        num_pairs = len(other_deltas) if step_pairs is None else step_pairs
         total = 0.0
-        for piece in self.micro_batches(num_pairs):
+        for piece in self.micro_batches(len(other_deltas)):
             chosen, rejected = self.sequence_logps(model, batch, piece)
             reference = None if reference_deltas is None else reference_deltas[piece].to(chosen)
             own = preference_deltas(chosen, rejected, reference)
@@ -391,10 +422,10 @@ class MADPOTrainer(MultiAgentTrainer):
             raise ValueError(f"checkpoint {checkpoint}: its preference pairs are not of {self.num_agents} agents")
         saved = read_state(checkpoint).config
         saved_per_step = saved.get("train_batch_size") or saved.get("per_device_train_batch_size")
-        if saved_per_step != self.items_per_step:
+        if saved_per_step != self.args.pairs_per_step:
             raise ValueError(
                 f"checkpoint {checkpoint} trained on {saved_per_step} pairs per step; this config has "
-                f"{self.items_per_step} (train_batch_size), so the pair order cannot be continued: make them agree"
+                f"{self.args.pairs_per_step} (train_batch_size), so the pair order cannot be continued: make them agree"
             )
         if (saved.get("dpo_reference") or "none") != self.args.dpo_reference:
             raise ValueError(
@@ -429,16 +460,24 @@ def sample_preference_pairs(
     ``pair_selection`` picks; returns them and what building them found. ``name`` (the
     trainer's: MADPO, MARLHF) labels the progress bar and the error. With a centralized
     ``collaboration`` (one model writes every role), what was found includes the share of
-    candidates it could not split into roles."""
+    candidates it could not split into roles.
+
+    Under data parallelism each rank samples its share of the rows (and draws
+    ``pair_selection="random"``'s order from its own stream, as it samples from its own);
+    every rank returns all the pairs, in row order, and what was found over all of them."""
+    parallel = trainer.parallel
     count = args.preference_num_candidates
     aligned = joint_action_indices(trainer.num_agents, count, "aligned")
-    order = torch.Generator().manual_seed(args.seed)  # pair_selection="random"'s draws
-    rows = list(range(len(trainer.train_prompts)))
+    order = torch.Generator().manual_seed(args.seed + parallel.rank)  # pair_selection="random"'s draws
+    rows = parallel.shard(list(range(len(trainer.train_prompts))))
     chunk = args.per_device_train_batch_size
     pairs: list[PreferencePair] = []
     candidate_rewards = []
     parse_failure_stats = []  # one metric per chunk of rows, centralized only
-    for first in tqdm(range(0, len(rows), chunk), desc=f"{name} pairs", unit="batch", dynamic_ncols=True):
+    chunks = tqdm(
+        range(0, len(rows), chunk), desc=f"{name} pairs", unit="batch", dynamic_ncols=True, disable=not parallel.is_main
+    )
+    for first in chunks:
         turn = trainer.rollout(
             trainer.train_prompts, rows[first : first + chunk], num_generations=count, joint_indices=aligned
         ).turns[0]
@@ -450,10 +489,12 @@ def sample_preference_pairs(
             ranked = select_pairs(rewards[m], args.pair_selection, args.preference_pairs_per_sample, order)
             prompts = [agent_prompts[m] for agent_prompts in turn.prompts]
             pairs.extend(node_pairs(row, prompts, turn.agents, m * count, ranked, rewards[m]))
-    all_rewards = torch.cat(candidate_rewards)
+    pairs = parallel.gather_lists(pairs)
+    all_rewards = torch.cat(parallel.gather_lists(candidate_rewards))
+    parse_failure_stats = parallel.gather_lists(parse_failure_stats)
     if not pairs:
         raise ValueError(
-            f"{name} found no preference pairs: the {count} candidates of each of the {len(rows)} training rows "
+            f"{name} found no preference pairs: the {count} candidates of each of the {len(all_rewards)} training rows "
             f"all got the same reward (e.g. {all_rewards[0, 0].item():g}), so none is preferred. A constant "
             "reward_func or reward_processor does this; otherwise sample more varied candidates (more "
             "preference_num_candidates, a higher temperature)"

@@ -106,6 +106,8 @@ class PreferenceRounds:
     """
 
     def __init__(self, trainer: Any, args: Any):
+        if trainer.parallel.enabled:  # the rounds' pairs and comparators are made on one process only
+            raise ValueError(f"{args.trainer_name}Trainer does not run under torchrun yet: start it as one process")
         self.args = args
         sampled = args.per_device_train_batch_size * trainer.num_agents * args.comparator_candidates
         if sampled > args.max_generations_per_step:
