@@ -8,6 +8,7 @@ import math
 
 import pytest
 import torch
+from transformers import AutoModelForCausalLM
 
 import comlrl
 from comlrl.trainers.preference import MADPOIterConfig, MADPOIterTrainer, iterative, rounds
@@ -126,7 +127,7 @@ def test_1_4_3s_spellings_are_accepted(field, value, canonical):
         ({"comparator_devices": "cpu"}, r"comparator_devices='cpu': the 'current' comparator samples with the agents"),
         ({"comparator_devices": 3}, r"comparator_devices must be None, 'auto', a device name or a list"),
         ({"comparator_api_url": "http://x"}, r"comparator_api_url='http://x' is only used with comparator_policy='api"),
-        ({"policy_checkpoint_dir": "p"}, r"policy_checkpoint_dir='p' is not supported by MADPOIter"),
+        ({"policy_checkpoint_dir": ""}, r"policy_checkpoint_dir must be None or a folder path, got ''"),
         ({"log_reward_distribution": True}, r"log_reward_distribution=True .* is not supported yet"),
         ({"pair_selection": "all"}, r"pair_selection='all' keeps every pair.*preference_pairs_per_sample=None"),
     ],
@@ -346,6 +347,24 @@ def test_rounds_train_in_one_run_and_log_each_round(tmp_path):
     found = sorted(p.name for p in (tmp_path / "run").glob("checkpoint-*"))
     assert found == sorted(f"checkpoint-{step}" for step in (per_round[0], sum(per_round)))
     assert (tmp_path / "run" / "preference_replay" / "iteration_0002.json").is_file()
+
+
+def test_each_rounds_policy_is_written_where_policy_checkpoint_dir_says(tmp_path):
+    folder = tmp_path / "policies"
+    madpo = trainer(tmp_path, args=config(tmp_path, policy_checkpoint_dir=str(folder)))
+    initial = flat(madpo.agents)
+    round_1_end = []
+    start_round = madpo.start_round
+    madpo.start_round = lambda r: (round_1_end.append(flat(madpo.agents)) if r == 1 else None) or start_round(r)
+    madpo.train()
+    assert sorted(p.name for p in folder.iterdir()) == ["initial", "iteration_0000", "iteration_0001"]  # 1.4.3's names
+
+    def saved(label):
+        return flat([AutoModelForCausalLM.from_pretrained(folder / label / f"agent_{i}") for i in range(2)])
+
+    assert same(saved("initial"), initial)
+    assert same(saved("iteration_0000"), round_1_end[0]) and not same(round_1_end[0], initial)
+    assert same(saved("iteration_0001"), flat(madpo.agents))
 
 
 def test_resume_in_the_middle_of_a_round_continues_exactly(tmp_path):

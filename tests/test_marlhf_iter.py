@@ -87,7 +87,10 @@ def test_1_4_3s_spellings_of_the_scoring_reward(spelling, canonical):
     [
         ({"preference_scoring_reward": "both"}, r"preference_scoring_reward='both'; expected one of"),
         ({"comparator_policy": "api"}, r"comparator_policy='api' needs comparator_api_url"),
-        ({"policy_checkpoint_dir": "p"}, r"policy_checkpoint_dir='p' is not supported by MARLHFIter"),
+        (
+            {"comparator_centralized_agent_index": 1},
+            r"comparator_centralized_agent_index=1 is not supported by MARLHFIter",
+        ),
         ({"collaboration_mode": "centralized"}, r"not supported by MARLHFIter yet"),
         ({"dpo_beta": 0.5}, r"dpo_beta=0.5 has no effect in MARLHF"),
         ({"rl_algorithm": "magrpo", "num_generations": 1}, r"num_generations must be >= 2"),

@@ -47,8 +47,6 @@ def unsupported(default: Any = None) -> Any:
 
 UNSUPPORTED_FIELDS = {
     "comparator_centralized_agent_index": "centralized comparator generation is not supported yet",
-    "policy_checkpoint_dir": "the iterative trainers write no per-round policy folders (the history comparator keeps "
-    "its snapshots in memory and in checkpoints); save the agents with save_model(), or set save_steps",
 }
 """The unsupported fields and why."""
 
@@ -157,10 +155,12 @@ class MADPOIterConfig(MADPOConfig):
     included); ``None``: ``output_dir/preference_replay``."""
     log_reward_distribution: bool = False
     """comlrl 1.4.3's per-round reward histograms: not supported yet (must stay False)."""
+    policy_checkpoint_dir: str | None = None
+    """Where the policy of every round is written, as ``save_model`` writes it: ``initial/``
+    when a run starts, ``iteration_XXXX/`` when round XXXX ends (numbered from 0, as comlrl
+    1.4.3); ``None``: not written (the ``history`` comparator keeps its copies in memory)."""
 
     # --- comlrl 1.4.3's fields of features MADPOIter does not have ------------------------------
-    policy_checkpoint_dir: str | None = unsupported()
-    """1.4.3's folder of per-round policy copies: not supported."""
     comparator_centralized_agent_index: int = unsupported(0)
     """1.4.3's centralized comparator's model: not supported."""
 
@@ -333,9 +333,10 @@ class MADPOIterConfig(MADPOConfig):
                 "to draw a sample"
             )
         check_int(self, "preference_replay_sample_size", allow_none=True)
-        folder = self.preference_replay_dir
-        if folder is not None and not (isinstance(folder, str) and folder):
-            raise ValueError(f"preference_replay_dir must be None or a folder path, got {folder!r}")
+        for name in ("preference_replay_dir", "policy_checkpoint_dir"):
+            folder = getattr(self, name)
+            if folder is not None and not (isinstance(folder, str) and folder):
+                raise ValueError(f"{name} must be None or a folder path, got {folder!r}")
 
 
 class MADPOIterTrainer(InRounds, MADPOTrainer):

@@ -152,6 +152,8 @@ class PreferenceRounds:
         if round_index != len(self.shards):
             raise RuntimeError(f"round {round_index + 1} cannot start after {len(self.shards)} rounds")
         args = self.args
+        if round_index == 0:
+            self.save_policy(trainer, "initial")
         current, metrics = self.compare(trainer, round_index, self.comparator.start_round(round_index), reward)
         if annotate is not None and current:
             current = annotate(current)
@@ -176,6 +178,15 @@ class PreferenceRounds:
             }
         )
         return pairs, metrics
+
+    def end(self, trainer: Any, round_index: int) -> None:
+        """Round ``round_index`` has taken its last step."""
+        self.save_policy(trainer, f"iteration_{round_index:04d}")
+
+    def save_policy(self, trainer: Any, label: str) -> None:
+        """The agents (as ``save_model`` writes them) to ``policy_checkpoint_dir/label``, if set."""
+        if self.args.policy_checkpoint_dir is not None:
+            trainer.save_model(os.path.join(self.args.policy_checkpoint_dir, label))
 
     def compare(
         self, trainer: Any, round_index: int, comparator: GenerationBackend, reward: JointReward | None
@@ -325,6 +336,12 @@ class RoundLoop(TrainingLoop):
         # Later rounds' sizes may differ (MADPOIter's pairs): the bar counts on this round's.
         self.bar.total = self.bar.n + (self.num_epochs - self.progress.epoch) * self.trainer.steps_per_epoch
         return super().epoch_order()
+
+    def end_epoch(self) -> None:
+        super().end_epoch()
+        epoch, rounds = self.progress.epoch, self.trainer.rounds
+        if (epoch + 1) % self.args.num_train_epochs == 0:
+            rounds.end(self.trainer, rounds.round_of(epoch))
 
     def finished_with_save(self) -> bool:
         """The step just taken ends a round the plan keeps: every ``checkpoint_interval``-th, and the last."""
