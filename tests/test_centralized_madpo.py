@@ -204,7 +204,7 @@ def test_an_adapter_without_centralized_mode_is_an_error_naming_collaboration_mo
     with pytest.raises(ValueError, match=r"collaboration_mode='decentralized'.*set collaboration_mode='centralized'"):
         centralized(tmp_path, args=config(tmp_path, collaboration_mode="decentralized"))
     iterative = MADPOIterConfig(output_dir=str(tmp_path / "iter"))
-    with pytest.raises(ValueError, match=r"MADPOIterTrainer supports only collaboration_mode='decentralized'"):
+    with pytest.raises(ValueError, match=r"collaboration_mode='decentralized'.*set collaboration_mode='centralized'"):
         MADPOIterTrainer(
             agents=[tiny_llama(char_tokenizer())],
             tokenizer=char_tokenizer(),
@@ -213,6 +213,51 @@ def test_an_adapter_without_centralized_mode_is_an_error_naming_collaboration_mo
             args=iterative,
             centralized_comparator_adapter=AfterTwo(),
         )
+
+
+# ------------------------------------------------------------------------------ in rounds
+def test_madpoiter_one_model_against_its_own_history_in_rounds(tmp_path):
+    args = MADPOIterConfig(
+        collaboration_mode="centralized",
+        comparator_policy="history",
+        num_iterations=2,
+        preference_num_candidates=4,
+        preference_pairs_per_sample=2,
+        train_batch_size=2,
+        max_new_tokens=5,
+        logging_steps=1,
+        eval_interval=0,
+        agent_learning_rate=1e-3,
+        output_dir=str(tmp_path / "run"),
+    )
+    assert args.comparator_generation_mode == "centralized"  # 1.4.3 forced it with centralized collaboration
+    tok = char_tokenizer()
+    seen = []
+
+    def role_reward(first, second):
+        seen.append((first, second))
+        return content_score(first, second)
+
+    madpo = MADPOIterTrainer(agents=[tiny_llama(tok)], tokenizer=tok, train_dataset=DATA, reward_func=role_reward,
+                             args=args, centralized_comparator_adapter=AfterTwo())  # fmt: skip
+    madpo.train()
+    assert madpo.num_agents == 1 and madpo.rounds.round == 1
+    for shard in madpo.rounds.shards:
+        for pair in shard:
+            assert pair.prompts == [" : ".join([DATA[pair.row]["prompt"]] * 2)] and len(pair.chosen_texts) == 1
+    assert all(len(text) <= 2 for first, _ in seen for text in first)  # the reward saw roles: split answers
+    starts = [line for line in log_lines(tmp_path / "run", "metrics.jsonl") if "iter/current_iteration" in line]
+    assert len(starts) == 2
+    # Each round calls the reward per batch of rows (2 rows, then 1): current candidates, then the comparator's.
+    # An unsplittable answer reaches it as empty roles.
+    for round_index, line in enumerate(starts):
+        calls = [first for first, _ in seen[4 * round_index : 4 * round_index + 4]]
+        for key, side in (
+            ("centralized/parse_failure_frac", calls[0::2]),
+            ("iter/comparator_parse_failure_frac", calls[1::2]),
+        ):
+            unsplit = sum(text == "" for batch in side for text in batch) / sum(len(batch) for batch in side)
+            assert line[key] == pytest.approx(unsplit)
 
 
 def test_two_models_in_centralized_mode_is_an_error_naming_what_to_pass(tmp_path):

@@ -104,7 +104,7 @@ def test_1_4_3s_spellings_are_accepted(field, value, canonical):
         ),
         (
             {"comparator_generation_mode": "centralized"},
-            r"comparator_generation_mode='centralized' .* not supported yet",
+            r"comparator_generation_mode='centralized' .* with one model per agent is not supported yet",
         ),
         ({"preference_replay_mode": "best"}, r"preference_replay_mode='best'; expected one of \['all_history'"),
         ({"preference_replay_mode": "nearest_k"}, r"'nearest_k' needs preference_replay_k"),

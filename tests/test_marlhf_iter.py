@@ -14,6 +14,7 @@ from comlrl.trainers.preference import MARLHFIterConfig, MARLHFIterTrainer, marl
 
 from .helpers import (
     DATA,
+    AfterTwo,
     assert_every_field_documented,
     char_tokenizer,
     content_score,
@@ -91,7 +92,10 @@ def test_1_4_3s_spellings_of_the_scoring_reward(spelling, canonical):
             {"comparator_centralized_agent_index": 1},
             r"comparator_centralized_agent_index=1 is not supported by MARLHFIter",
         ),
-        ({"collaboration_mode": "centralized"}, r"not supported by MARLHFIter yet"),
+        (
+            {"collaboration_mode": "centralized", "rl_algorithm": "iac"},
+            r"'centralized' trains one model with centralized",
+        ),
         ({"dpo_beta": 0.5}, r"dpo_beta=0.5 has no effect in MARLHF"),
         ({"rl_algorithm": "magrpo", "num_generations": 1}, r"num_generations must be >= 2"),
         ({"preference_replay_mode": "nearest_k"}, r"needs preference_replay_k"),
@@ -242,3 +246,21 @@ def test_the_example_runs_on_a_tiny_model(tmp_path, capsys):
     assert "round 1:" in summary and "round 2:" in summary and "before" in summary and "after" in summary
     assert (out / "models" / "reward_model" / "reward_head.safetensors").exists()
     assert (out / "preference_replay" / "iteration_0002.json").exists()
+
+
+# ------------------------------------------------------------------------------ centralized
+def test_centralized_rounds_train_one_model_on_each_rounds_reward_model(folder):
+    tok = char_tokenizer()
+    args = config(folder, collaboration_mode="centralized", rl_algorithm="maremax")
+    run = MARLHFIterTrainer(agents=[tiny_llama(tok)], tokenizer=tok, train_dataset=DATA, reward_func=content_score,
+                            args=args, centralized_comparator_adapter=AfterTwo())  # fmt: skip
+    assert isinstance(run.rl_trainer, marlhf_iter.CentralizedMAGRPOOnRewardModelRounds)
+    assert run.rl_trainer.args.advantage_mode == "max" and run.rl_trainer.num_roles == 2
+    run.train()
+    assert run.global_step == 4 and run.rl_trainer.rounds.round == 1
+    assert all(len(pair.prompts) == 1 for shard in run.rl_trainer.rounds.shards for pair in shard)  # joint answers
+    lines = log_lines(folder / "run", "metrics.jsonl")
+    starts = [line for line in lines if "iter/current_iteration" in line]
+    assert len(starts) == 2 and all("iter/comparator_parse_failure_frac" in line for line in starts)
+    assert all("reward_model/accuracy" in line for line in starts)
+    assert sum("reward/reward_model/mean" in line for line in lines) == 4

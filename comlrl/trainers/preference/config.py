@@ -21,9 +21,8 @@ DPO_REFERENCES = ("none", "initial")
 """The DPO loss's reference policy: none (reference-free, comlrl 1.4.3's loss), or the policy
 that sampled the pairs."""
 
-DECENTRALIZED_ONLY = ("decentralized",)
-"""How the agents act: one model per agent (a trainer whose ``collaboration_modes`` is this
-refuses comlrl 1.4.3's ``centralized``, one model writing every agent's part)."""
+COLLABORATION_MODES = ("decentralized", "centralized")
+"""How the agents act: one model per agent, or one model writing every agent's part (comlrl 1.4.3's modes)."""
 
 UNUSED_SHARED_FIELDS = {
     "num_generations": "MADPO samples preference_num_candidates candidates per prompt and agent: set that",
@@ -100,8 +99,6 @@ class MADPOConfig(TrainerConfig):
     """The trainer errors about those fields name."""
     pair_selections: ClassVar[dict[str, Any]] = PAIR_SELECTIONS
     """The ``pair_selection`` values this trainer's pairs can be ordered by."""
-    collaboration_modes: ClassVar[tuple[str, ...]] = ("decentralized", "centralized")
-    """The ``collaboration_mode`` values this trainer supports."""
 
     def __post_init__(self):
         super().__post_init__()
@@ -116,12 +113,7 @@ class MADPOConfig(TrainerConfig):
             )
         check_scalar(self.dpo_beta, "dpo_beta", 0, MAX_COEFFICIENT, low_open=True)
         check_choice(self, "dpo_reference", DPO_REFERENCES)
-        if self.collaboration_mode == "centralized" and "centralized" not in self.collaboration_modes:
-            raise ValueError(
-                "collaboration_mode='centralized' (one model writing every agent's part) is not supported by "
-                f"{self.trainer_name} yet: use collaboration_mode='decentralized', one model per agent"
-            )
-        check_choice(self, "collaboration_mode", self.collaboration_modes)
+        check_choice(self, "collaboration_mode", COLLABORATION_MODES)
         if self.num_turns != 1:
             raise ValueError(f"MADPO is single-turn: num_turns must be 1, got {self.num_turns}")
         if self.joint_mode != "aligned":

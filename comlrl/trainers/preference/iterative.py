@@ -30,7 +30,7 @@ from comlrl.trainers.preference.comparators import (
     COMPARATORS,
     GENERATION_MODE_SPELLINGS,
 )
-from comlrl.trainers.preference.config import DECENTRALIZED_ONLY, MADPOConfig
+from comlrl.trainers.preference.config import MADPOConfig
 from comlrl.trainers.preference.madpo import MADPOTrainer
 from comlrl.trainers.preference.pairs import COMPARISON_SELECTIONS, PreferencePair
 from comlrl.trainers.preference.replay import REPLAY_MODE_SPELLINGS, REPLAY_MODES
@@ -46,7 +46,8 @@ def unsupported(default: Any = None) -> Any:
 
 
 UNSUPPORTED_FIELDS = {
-    "comparator_centralized_agent_index": "centralized comparator generation is not supported yet",
+    "comparator_centralized_agent_index": "centralized comparator generation with one model per agent is not "
+    "supported yet (with collaboration_mode='centralized' the comparator is the one model's)",
 }
 """The unsupported fields and why."""
 
@@ -110,7 +111,10 @@ class MADPOIterConfig(MADPOConfig):
     comparator_history_k: int | None = None
     """``history`` comparator: how many rounds back it is (>= 1); ``None``: 1."""
     comparator_generation_mode: str = "decentralized"
-    """``decentralized``: each comparator model writes its own agent's part (the only mode yet)."""
+    """``decentralized``: each comparator model writes its own agent's part; ``centralized``
+    (what ``collaboration_mode="centralized"`` sets, as comlrl 1.4.3 did): one comparator
+    model writes every role, as the agent does. Centralized with one model per agent is not
+    supported yet."""
 
     # --- the api comparator (comparator_policy="api"; each field an error with any other policy) --
     comparator_api_url: str | None = None
@@ -154,7 +158,10 @@ class MADPOIterConfig(MADPOConfig):
     """Where each round's pairs are written for reading (``iteration_XXXX.json``, token ids
     included); ``None``: ``output_dir/preference_replay``."""
     log_reward_distribution: bool = False
-    """comlrl 1.4.3's per-round reward histograms: not supported yet (must stay False)."""
+    """comlrl 1.4.3's per-round reward histograms: 16 bins over ``reward_func.reward_range``
+    of the raw rewards (before ``reward_processor``) of the round's candidates and training
+    pairs, each side, in ``output_dir/reward_distributions/iteration_XXXX.json`` and as
+    ``iter/reward_distribution/*`` metrics. Needs ``reward_func.reward_range = (min, max)``."""
     policy_checkpoint_dir: str | None = None
     """Where the policy of every round is written, as ``save_model`` writes it: ``initial/``
     when a run starts, ``iteration_XXXX/`` when round XXXX ends (numbered from 0, as comlrl
@@ -165,7 +172,6 @@ class MADPOIterConfig(MADPOConfig):
     """1.4.3's centralized comparator's model: not supported."""
 
     pair_selections: ClassVar[dict[str, Any]] = COMPARISON_SELECTIONS
-    collaboration_modes: ClassVar[tuple[str, ...]] = DECENTRALIZED_ONLY
     trainer_name: ClassVar[str] = "MADPOIter"
 
     def __post_init__(self):
@@ -174,12 +180,6 @@ class MADPOIterConfig(MADPOConfig):
         self._check_comparator()
         self._check_replay()
         check_bool(self, "log_reward_distribution")
-        if self.log_reward_distribution:
-            raise ValueError(
-                "log_reward_distribution=True (comlrl 1.4.3's per-round reward histograms) is not supported yet: "
-                "leave it False; each round's rewards are logged as iter/current_reward_mean and "
-                "iter/comparator_reward_mean, and its pairs are in preference_replay/iteration_XXXX.json"
-            )
         for name, why in UNSUPPORTED_FIELDS.items():
             value, default = getattr(self, name), field_default(self, name)
             if value != default:
@@ -203,12 +203,17 @@ class MADPOIterConfig(MADPOConfig):
         check_choice(self, "comparator_policy", COMPARATORS)
         self._check_api()
         respell(self, "comparator_generation_mode", GENERATION_MODE_SPELLINGS)
-        if self.comparator_generation_mode == "centralized":
+        if self.collaboration_mode == "centralized":
+            # The one model writes every role, and so does its comparator (1.4.3 forced this too).
+            check_choice(self, "comparator_generation_mode", tuple(GENERATION_MODE_SPELLINGS.values()))
+            self.comparator_generation_mode = "centralized"
+        elif self.comparator_generation_mode == "centralized":
             raise ValueError(
-                "comparator_generation_mode='centralized' (one comparator model writing every agent's part) is not "
-                "supported yet: use comparator_generation_mode='decentralized'"
+                "comparator_generation_mode='centralized' (one comparator model writing every agent's part) with one "
+                "model per agent is not supported yet: use comparator_generation_mode='decentralized', or "
+                "collaboration_mode='centralized' (one model writing every role, and so its comparator)"
             )
-        check_choice(self, "comparator_generation_mode", ("decentralized",))
+        check_choice(self, "comparator_generation_mode", ("decentralized", "centralized"))
         check_int(self, "comparator_num_candidates", allow_none=True)
         named = self.comparator_model_name is not None or self.comparator_agents is not None
         if policy == "model" and not named:
@@ -355,7 +360,12 @@ class MADPOIterTrainer(InRounds, MADPOTrainer):
     only known when it starts). The ``api`` comparator's key is read only from the environment
     variable ``comparator_api_key_env`` (1.4.3's literal ``comparator_api_key`` is refused),
     and its text answers are tokenized with the agents' tokenizers, EOS appended. Centralized
-    comparator generation and the reward histograms are not supported.
+    comparator generation with one model per agent is not supported.
+
+    ``collaboration_mode="centralized"`` (with ``centralized_comparator_adapter``, as MADPO's):
+    one model writes every role, and so does its comparator (1.4.3 forced
+    ``comparator_generation_mode="centralized"`` there too); a round logs the share of either
+    side's candidates the adapter could not split.
 
     A checkpoint holds, beside MADPO's, every round's pairs, the round in progress and the
     comparator's state: nothing for ``current`` (its random stream is derived from ``seed``

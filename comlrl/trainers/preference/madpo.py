@@ -190,7 +190,7 @@ class MADPOTrainer(MultiAgentTrainer):
                 one_model_per_role="set collaboration_mode='decentralized'",
                 **role_arguments,
             )
-        refuse_unused_adapter(adapter, args, type(self).__name__)
+        refuse_unused_adapter(adapter, args)
         return None
 
     # ----------------------------------------------------------------------------------------

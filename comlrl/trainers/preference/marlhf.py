@@ -152,7 +152,6 @@ class MARLHFConfig(MADPOConfig):
         "turn_weighting": "MARLHF is single-turn",
     }
     trainer_name: ClassVar[str] = "MARLHF"
-    collaboration_modes: ClassVar[tuple[str, ...]] = ("decentralized", "centralized")
 
     def __post_init__(self):
         if isinstance(self.rl_algorithm, str):  # comlrl 1.4.3 took any letter case and an alias
@@ -523,6 +522,8 @@ class MARLHFTrainer:
     """Phases 1-3 (MARLHFIter: in rounds)."""
     rl_algorithms: dict[str, RLAlgorithm] = RL_ALGORITHMS
     """``rl_algorithm`` -> the RL trainer of phase 4 and its config."""
+    centralized_rl_trainer: type = CentralizedMAGRPOOnRewardModel
+    """The RL trainer of phase 4 with ``collaboration_mode="centralized"`` (its config has the baseline)."""
 
     def __init__(
         self,
@@ -580,10 +581,10 @@ class MARLHFTrainer:
             )
         trainer_class = self.rl_algorithms[args.rl_algorithm].trainer_class
         if args.collaboration_mode == "centralized":
-            trainer_class = CentralizedMAGRPOOnRewardModel
+            trainer_class = self.centralized_rl_trainer
             kwargs = {"centralized_adapter": centralized_comparator_adapter}
         else:
-            refuse_unused_adapter(centralized_comparator_adapter, args, f"{self.algorithm_name}Trainer")
+            refuse_unused_adapter(centralized_comparator_adapter, args)
         self.rl_trainer = trainer_class(
             agent_model=agent_model,
             agents=agents,

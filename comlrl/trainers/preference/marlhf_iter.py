@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from comlrl.trainers.config import check_choice
-from comlrl.trainers.preference.config import DECENTRALIZED_ONLY
 from comlrl.trainers.preference.iterative import MADPOIterConfig, respell
 from comlrl.trainers.preference.marlhf import (
     RL_ALGORITHMS,
+    CentralizedMAGRPOOnRewardModel,
     IACOnRewardModel,
     MAACOnRewardModel,
     MAGRPOOnRewardModel,
@@ -71,7 +71,6 @@ class MARLHFIterConfig(MARLHFConfig, MADPOIterConfig):
     task reward). comlrl 1.4.3's spellings (``oracle``, ``learned``, ...) are accepted."""
 
     trainer_name: ClassVar[str] = "MARLHFIter"
-    collaboration_modes: ClassVar[tuple[str, ...]] = DECENTRALIZED_ONLY
 
     def __post_init__(self):
         respell(self, "preference_scoring_reward", SCORING_REWARD_SPELLINGS)
@@ -162,6 +161,10 @@ class MAGRPOOnRewardModelRounds(RewardModelRounds, MAGRPOOnRewardModel):
     """MAGRPO, or one of its REINFORCE variants, in MARLHFIter's rounds."""
 
 
+class CentralizedMAGRPOOnRewardModelRounds(RewardModelRounds, CentralizedMAGRPOOnRewardModel):
+    """Centralized MAGRPO (or a REINFORCE variant) in MARLHFIter's rounds."""
+
+
 class IACOnRewardModelRounds(RewardModelRounds, IACOnRewardModel):
     """IAC in MARLHFIter's rounds."""
 
@@ -195,13 +198,16 @@ class MARLHFIterTrainer(MARLHFTrainer):
     Differences from comlrl 1.4.3's MARLHFIter: those of MARLHF and of MADPOIter; one optimizer
     and learning-rate schedule per agent across the rounds (the RL phase does not start over);
     a round whose comparisons all tie keeps the previous round's reward model and trains (1.4.3
-    skipped its RL), with a warning. Not supported: the ``api`` comparator, centralized
-    collaboration and comparator generation, the reward histograms, per-round policy folders.
+    skipped its RL), with a warning.
+
+    ``collaboration_mode="centralized"``: one model writes every role (as centralized MARLHF),
+    its comparator too; the RL phase is centralized MAGRPO on each round's reward model.
     """
 
     config_class = MARLHFIterConfig
     algorithm_name = "MARLHFIter"
     stage_class = RoundsRewardModelStage
+    centralized_rl_trainer = CentralizedMAGRPOOnRewardModelRounds
     rl_algorithms: ClassVar[dict[str, RLAlgorithm]] = {
         name: RLAlgorithm(ROUNDS_TRAINERS[algorithm.trainer_class], algorithm.config_class)
         for name, algorithm in RL_ALGORITHMS.items()

@@ -32,6 +32,7 @@ from tqdm.auto import tqdm
 
 from comlrl.algorithms import joint_action_indices
 from comlrl.checkpoint import read_state, read_tensors
+from comlrl.metrics.stats import combine, finish
 from comlrl.rewards import JointReward
 from comlrl.rollout.backends import GenerationBackend
 from comlrl.rollout.tree import Turn
@@ -45,6 +46,8 @@ from comlrl.trainers.preference.pairs import (
     shared_rewards,
 )
 from comlrl.trainers.preference.replay import replay_choice
+from comlrl.trainers.preference.reward_histograms import log_reward_distribution, raw_reward_range
+from comlrl.trainers.reinforce.centralized import PARSE_FAILURE_METRIC
 from comlrl.utils.run_control import seeded_cuda_devices
 
 ROUNDS_FILE = "preference_rounds.pt"
@@ -109,6 +112,8 @@ class PreferenceRounds:
         if trainer.parallel.enabled:  # the rounds' pairs and comparators are made on one process only
             raise ValueError(f"{args.trainer_name}Trainer does not run under torchrun yet: start it as one process")
         self.args = args
+        self.reward_range = raw_reward_range(trainer.reward) if args.log_reward_distribution else None
+        """The task reward's raw range, which the reward histograms' bins span (None: not logged)."""
         sampled = args.per_device_train_batch_size * trainer.num_agents * args.comparator_candidates
         if sampled > args.max_generations_per_step:
             raise ValueError(
@@ -154,7 +159,9 @@ class PreferenceRounds:
         args = self.args
         if round_index == 0:
             self.save_policy(trainer, "initial")
-        current, metrics = self.compare(trainer, round_index, self.comparator.start_round(round_index), reward)
+        current, metrics, candidates_raw = self.compare(
+            trainer, round_index, self.comparator.start_round(round_index), reward
+        )
         if annotate is not None and current:
             current = annotate(current)
         self.shards.append(current)
@@ -177,6 +184,10 @@ class PreferenceRounds:
                 "iter/train_preference_pairs": float(len(pairs)),
             }
         )
+        if self.reward_range is not None:
+            metrics.update(
+                log_reward_distribution(args.output_dir, round_index, self.reward_range, candidates_raw, pairs)
+            )
         return pairs, metrics
 
     def end(self, trainer: Any, round_index: int) -> None:
@@ -190,9 +201,11 @@ class PreferenceRounds:
 
     def compare(
         self, trainer: Any, round_index: int, comparator: GenerationBackend, reward: JointReward | None
-    ) -> tuple[list[PreferencePair], dict[str, float]]:
+    ) -> tuple[list[PreferencePair], dict[str, float], tuple[Tensor, Tensor]]:
         """Round ``round_index``'s pairs: for every training prompt, the current policy's N
-        candidates against the ``comparator``'s M, candidate j against candidate j."""
+        candidates against the ``comparator``'s M, candidate j against candidate j; with the
+        round's metrics and every candidate's raw reward (before ``reward_processor``), ``(rows, N)``
+        current and ``(rows, M)`` comparator, for the reward histograms."""
         args = self.args
         count, comparator_count = args.preference_num_candidates, args.comparator_candidates
         order = round_generator(args.seed, round_index, Stream.PAIR_ORDER)  # pair_selection="random"
@@ -201,6 +214,9 @@ class PreferenceRounds:
         chunk = args.per_device_train_batch_size
         pairs: list[PreferencePair] = []
         current_rewards, comparator_rewards = [], []
+        current_raw, comparator_raw = [], []
+        collaboration = getattr(trainer, "collaboration", None)  # centralized: one model's answers, split into roles
+        unsplit: tuple[list, list] = ([], [])  # per batch of rows, current and comparator candidates
         label = f"{args.trainer_name} round {round_index + 1} pairs"
         for first in tqdm(range(0, len(rows), chunk), desc=label, unit="batch", dynamic_ncols=True):
             batch = rows[first : first + chunk]
@@ -211,6 +227,7 @@ class PreferenceRounds:
                 shared_rewards(mine.rewards, mine.rows),
                 shared_rewards(theirs.rewards, theirs.rows),
             )
+            mine_raw, their_raw = mine.raw_rewards[..., 0], theirs.raw_rewards[..., 0]  # shared, as the rewards
             for m, row in enumerate(mine.rows):
                 kept = comparison_pairs(
                     mine_rewards[m], their_rewards[m], args.pair_selection, args.preference_pairs_per_sample, order
@@ -219,10 +236,21 @@ class PreferenceRounds:
                 for j, current_won in kept.tolist():
                     ours = joint_action(mine.agents, m * count + j, mine_rewards[m, j])
                     other = joint_action(theirs.agents, m * comparator_count + j, their_rewards[m, j])
-                    pairs.append(preference_pair(row, prompts, *((ours, other) if current_won else (other, ours))))
+                    pair = preference_pair(row, prompts, *((ours, other) if current_won else (other, ours)))
+                    raw = dict(target_raw_reward=mine_raw[m, j].item(), comparator_raw_reward=their_raw[m, j].item())
+                    pairs.append(dataclasses.replace(pair, **raw))
             current_rewards.append(mine_rewards)
             comparator_rewards.append(their_rewards)
-        return pairs, comparison_statistics(torch.cat(current_rewards), torch.cat(comparator_rewards), pairs)
+            current_raw.append(mine_raw)
+            comparator_raw.append(their_raw)
+            if collaboration is not None:
+                for side, turn in zip(unsplit, (mine, theirs)):
+                    side.append(collaboration.parse_failure_stats(turn, trainer.train_prompts))
+        metrics = comparison_statistics(torch.cat(current_rewards), torch.cat(comparator_rewards), pairs)
+        if collaboration is not None:
+            current, comparator = (finish(combine(side))[PARSE_FAILURE_METRIC] for side in unsplit)
+            metrics.update({PARSE_FAILURE_METRIC: current, "iter/comparator_parse_failure_frac": comparator})
+        return pairs, metrics, (torch.cat(current_raw), torch.cat(comparator_raw))
 
     def write_shard(self, round_index: int, pairs: list[PreferencePair]) -> None:
         """Round ``round_index``'s pairs to ``iteration_XXXX.json`` (numbered from 1, as 1.4.3), for reading."""

@@ -499,19 +499,15 @@ def role_count(num_agents: int | None, configured: int | None) -> int:
     return count
 
 
-def refuse_unused_adapter(adapter: Any, config: Any, trainer: str) -> None:
-    """An adapter given to ``trainer`` in ``config.collaboration_mode='decentralized'`` (one
-    model per agent) would split nothing: an error naming what to do, never ignored."""
-    if adapter is None:
-        return
-    if "centralized" in config.collaboration_modes:
-        instead = "set collaboration_mode='centralized' in the config for one model that writes every role"
-    else:
-        instead = f"{trainer} supports only collaboration_mode='decentralized'"
-    raise ValueError(
-        f"centralized_comparator_adapter is given, but collaboration_mode={config.collaboration_mode!r} (one model "
-        f"per agent), where there is no joint response to split: {instead}, or drop the adapter"
-    )
+def refuse_unused_adapter(adapter: Any, config: Any) -> None:
+    """An adapter given with ``config.collaboration_mode='decentralized'`` (one model per
+    agent) would split nothing: an error naming what to do, never ignored."""
+    if adapter is not None:
+        raise ValueError(
+            f"centralized_comparator_adapter is given, but collaboration_mode={config.collaboration_mode!r} (one "
+            "model per agent), where there is no joint response to split: set collaboration_mode='centralized' in "
+            "the config for one model that writes every role, or drop the adapter"
+        )
 
 
 def check_one_model(agents: Any, num_roles: int, trainer: str, one_model_per_role: str) -> None:
