@@ -153,3 +153,42 @@ def build_rollout(
     for row, ids in enumerate(completions):
         completion_ids[row, : len(ids)] = torch.as_tensor(list(ids), dtype=torch.long)
     return rollout_from_ids(tokenizer, prompt_ids, prompt_mask, completion_ids.to(device), eos_ids)
+
+
+def answer_ids(tokenizer: Any, texts: list[str], end: int | None, max_new_tokens: int) -> list[list[int]]:
+    """Each answer's token ids as the agent's tokenizer writes them (no special tokens added),
+    ``end`` appended, cut to ``max_new_tokens``: an answer that ends within the budget ends with
+    an EOS, as a sampled one does, and a longer one is truncated, as a sampled one would be."""
+    with TOKENIZER_LOCK:
+        encoded = tokenizer(texts, add_special_tokens=False)["input_ids"]
+    ending = [] if end is None else [end]
+    return [(list(ids) + ending)[:max_new_tokens] for ids in encoded]
+
+
+def answer_end(tokenizer: Any, eos_ids: Sequence[int]) -> int | None:
+    """The id an answer ends with: the tokenizer's EOS when it ends completions, else the first
+    id that does; None when nothing ends them."""
+    if tokenizer.eos_token_id in eos_ids:
+        return tokenizer.eos_token_id
+    return eos_ids[0] if eos_ids else None
+
+
+def rollout_from_texts(
+    agents: Any,
+    agent: int,
+    prompts: Sequence[str],
+    texts: Sequence[str],
+    num_generations: int,
+    sampling: dict[str, Any],
+) -> AgentRollout:
+    """Agent ``agent``'s :class:`AgentRollout` of answers written elsewhere (an HTTP endpoint,
+    another model writing every agent's part): ``num_generations`` ``texts`` per prompt,
+    prompt-major, tokenized as :func:`answer_ids` says, so they are scored, masked and trained
+    on as the agent's own sampled answers are."""
+    tokenizer = agents.tokenizers[agent]
+    eos_ids = completion_eos_ids(sampling, agents[agent], tokenizer)
+    ids = answer_ids(tokenizer, list(texts), answer_end(tokenizer, eos_ids), sampling["max_new_tokens"])
+    pad_id = sampling.get("pad_token_id", tokenizer.pad_token_id)
+    pad_id = pad_id if pad_id is not None else (eos_ids[0] if eos_ids else 0)
+    encoded = encode_prompts(tokenizer, prompts)
+    return build_rollout(tokenizer, encoded, ids, num_generations, eos_ids, pad_id, agents.device(agent))

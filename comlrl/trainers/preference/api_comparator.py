@@ -34,13 +34,7 @@ from urllib import request as urlrequest
 
 import torch
 
-from comlrl.rollout.generation import (
-    TOKENIZER_LOCK,
-    AgentRollout,
-    build_rollout,
-    completion_eos_ids,
-    encode_prompts,
-)
+from comlrl.rollout.generation import AgentRollout, rollout_from_texts
 
 API_FORMAT_SPELLINGS = {
     "generic": "generic",
@@ -439,24 +433,6 @@ class ApiClient:
 # ------------------------------------------------------------------------------------------
 # the generation backend
 # ------------------------------------------------------------------------------------------
-def answer_ids(tokenizer: Any, texts: list[str], end: int | None, max_new_tokens: int) -> list[list[int]]:
-    """Each answer's token ids as the agent's tokenizer writes them (no special tokens added),
-    ``end`` appended, cut to ``max_new_tokens``: an answer that ends within the budget ends with
-    an EOS, as a sampled one does, and a longer one is truncated, as a sampled one would be."""
-    with TOKENIZER_LOCK:
-        encoded = tokenizer(texts, add_special_tokens=False)["input_ids"]
-    ending = [] if end is None else [end]
-    return [(list(ids) + ending)[:max_new_tokens] for ids in encoded]
-
-
-def answer_end(tokenizer: Any, eos_ids: Sequence[int]) -> int | None:
-    """The id an answer ends with: the tokenizer's EOS when it ends completions, else the first
-    id that does; None when nothing ends them."""
-    if tokenizer.eos_token_id in eos_ids:
-        return tokenizer.eos_token_id
-    return eos_ids[0] if eos_ids else None
-
-
 class ApiBackend:
     """A generation backend whose completions come from the comparator's endpoint.
 
@@ -483,18 +459,12 @@ class ApiBackend:
         sampling: dict[str, Any],
         generator: torch.Generator | None = None,
     ) -> AgentRollout:
-        tokenizer = self.agents.tokenizers[agent]
         texts = [
             text
             for index, prompt in enumerate(prompts)
             for text in self.client.completions(prompt, agent, index, num_generations, sampling)
         ]
-        eos_ids = completion_eos_ids(sampling, self.agents[agent], tokenizer)
-        ids = answer_ids(tokenizer, texts, answer_end(tokenizer, eos_ids), sampling["max_new_tokens"])
-        pad_id = sampling.get("pad_token_id", tokenizer.pad_token_id)
-        pad_id = pad_id if pad_id is not None else (eos_ids[0] if eos_ids else 0)
-        encoded = encode_prompts(tokenizer, prompts)
-        return build_rollout(tokenizer, encoded, ids, num_generations, eos_ids, pad_id, self.agents.device(agent))
+        return rollout_from_texts(self.agents, agent, prompts, texts, num_generations, sampling)
 
     def uses_generators(self, sampling: dict[str, Any]) -> bool:
         return True  # no torch randomness: agents may ask in parallel threads
