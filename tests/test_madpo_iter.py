@@ -128,7 +128,7 @@ def test_1_4_3s_spellings_are_accepted(field, value, canonical):
         ({"comparator_devices": 3}, r"comparator_devices must be None, 'auto', a device name or a list"),
         ({"comparator_api_url": "http://x"}, r"comparator_api_url='http://x' is only used with comparator_policy='api"),
         ({"policy_checkpoint_dir": ""}, r"policy_checkpoint_dir must be None or a folder path, got ''"),
-        ({"log_reward_distribution": True}, r"log_reward_distribution=True .* is not supported yet"),
+        ({"log_reward_distribution": 1}, r"log_reward_distribution must be True or False, got 1"),
         ({"pair_selection": "all"}, r"pair_selection='all' keeps every pair.*preference_pairs_per_sample=None"),
     ],
 )

@@ -34,9 +34,9 @@ except ImportError:  # pragma: no cover - Windows
 LOCK_FILE = ".comlrl-run.lock"
 RUN_LOGS = ("metrics.jsonl", "samples.jsonl")
 """The logs a run appends to; with the checkpoints they are what marks a folder as a run's."""
-RUN_OUTPUTS = (*RUN_LOGS, "metrics.png", "tensorboard", "reward_model", "preference_replay")
+RUN_OUTPUTS = (*RUN_LOGS, "metrics.png", "tensorboard", "reward_model", "preference_replay", "reward_distributions")
 """What ``overwrite_output_dir=True`` removes beside the checkpoints (MARLHF's fitted reward
-model, the iterative trainers' replay shards; nothing else is touched)."""
+model, the iterative trainers' replay shards and reward histograms; nothing else is touched)."""
 
 
 def earlier_run(folder: str) -> list[str]:

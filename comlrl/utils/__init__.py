@@ -1,5 +1,8 @@
-"""Helpers users import: ``RewardProcessors`` (also at ``comlrl.utils.reward_processor``, as in comlrl 1.4.3)."""
+"""Helpers users import: ``RewardProcessors`` (also at ``comlrl.utils.reward_processor``, as in
+comlrl 1.4.3), and ``set_reward_range`` / ``resolve_reward_range`` (comlrl 1.4.3's: a reward
+function's declared range, which ``log_reward_distribution=True`` histograms over)."""
 
 from comlrl.utils.reward_processor import RewardProcessors
+from comlrl.utils.reward_range import resolve_reward_range, set_reward_range
 
-__all__ = ["RewardProcessors"]
+__all__ = ["RewardProcessors", "resolve_reward_range", "set_reward_range"]

@@ -157,6 +157,12 @@ class PreferencePair:
     reference_deltas: list[float] | None = None
     """Each agent's margin (chosen minus rejected log-prob) under the policy that sampled the
     pair, when the DPO loss has that reference; None: reference-free."""
+    target_raw_reward: float | None = None
+    """Against a comparator (MADPOIter, MARLHFIter): the current policy's joint action's
+    reward before ``reward_processor``, winner or loser (comlrl 1.4.3's field, which its
+    reward histograms count); None in pairs within one policy's candidates."""
+    comparator_raw_reward: float | None = None
+    """The comparator's joint action's reward before ``reward_processor``, likewise."""
 
 
 def unpadded(ids: Tensor, mask: Tensor) -> Tensor:
