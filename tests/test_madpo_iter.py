@@ -24,12 +24,14 @@ from comlrl.trainers.preference.replay import (
 
 from .helpers import (
     DATA,
+    AfterTwo,
     assert_every_field_documented,
     char_tokenizer,
     content_score,
     load_example,
     log_lines,
     tiny_llama,
+    unsplittable,
     weights,
 )
 
@@ -103,9 +105,10 @@ def test_1_4_3s_spellings_are_accepted(field, value, canonical):
             r"comparator_policy='oracle'; expected one of \['api', 'current', 'current_copy'",
         ),
         (
-            {"comparator_generation_mode": "centralized"},
-            r"comparator_generation_mode='centralized' .* with one model per agent is not supported yet",
+            {"comparator_centralized_agent_index": 1},
+            r"comparator_centralized_agent_index=1 is only used with comparator_generation_mode='centralized'",
         ),
+        ({"comparator_generation_mode": "solo"}, r"comparator_generation_mode='solo'; expected one of"),
         ({"preference_replay_mode": "best"}, r"preference_replay_mode='best'; expected one of \['all_history'"),
         ({"preference_replay_mode": "nearest_k"}, r"'nearest_k' needs preference_replay_k"),
         ({"preference_replay_k": 2}, r"preference_replay_k=2 is only used with preference_replay_mode='nearest_k'"),
@@ -347,6 +350,46 @@ def test_rounds_train_in_one_run_and_log_each_round(tmp_path):
     found = sorted(p.name for p in (tmp_path / "run").glob("checkpoint-*"))
     assert found == sorted(f"checkpoint-{step}" for step in (per_round[0], sum(per_round)))
     assert (tmp_path / "run" / "preference_replay" / "iteration_0002.json").is_file()
+
+
+def test_one_comparator_model_writes_every_agents_part(tmp_path, monkeypatch):
+    args = config(tmp_path, comparator_generation_mode="centralized", comparator_centralized_agent_index=1)
+    madpo = trainer(tmp_path, args=args, centralized_comparator_adapter=AfterTwo())
+    joint = []  # (agent, prompts, answers) of every joint prompt
+    generate = madpo.backend.generate
+
+    def recording(agent, prompts, *rest):
+        rollout = generate(agent, prompts, *rest)
+        if " : " in prompts[0]:
+            joint.append((agent, prompts, rollout.texts))
+        return rollout
+
+    monkeypatch.setattr(madpo.backend, "generate", recording)
+    metrics = madpo.prepare(None)
+    assert joint and {agent for agent, _, _ in joint} == {1}  # agent 1's model answers for both agents
+    assert joint[0][1][0] == " : ".join([DATA[0]["prompt"]] * 2)  # the adapter's prompt from both agents' prompts
+    answers = [answer for _, _, texts in joint for answer in texts]
+    assert metrics["iter/comparator_parse_failure_frac"] == pytest.approx(
+        sum(unsplittable(answer) for answer in answers) / len(answers)
+    )
+    eos = madpo.agents.tokenizers[0].eos_token_id
+    for pair in madpo.rounds.shards[0]:
+        comparator_won = pair.chosen_reward == pair.comparator_raw_reward  # rewards unprocessed here; ties dropped
+        texts, ids = (
+            (pair.chosen_texts, pair.chosen_ids) if comparator_won else (pair.rejected_texts, pair.rejected_ids)
+        )
+        assert "".join(texts) in answers or texts == ["", ""]  # an answer's two parts, or an unsplittable one's
+        assert all(agent_ids[-1] == eos or len(agent_ids) == args.max_new_tokens for agent_ids in ids)
+
+
+def test_an_adapter_without_a_joint_answer_to_split_is_refused(tmp_path):
+    with pytest.raises(
+        ValueError, match=r"centralized_comparator_adapter is given, but collaboration_mode='decentralized'"
+    ):
+        trainer(tmp_path, centralized_comparator_adapter=AfterTwo())
+    args = config(tmp_path, comparator_generation_mode="centralized", comparator_centralized_agent_index=2)
+    with pytest.raises(ValueError, match=r"comparator_centralized_agent_index=2, but there are 2 agents"):
+        trainer(tmp_path, args=args)
 
 
 def test_each_rounds_policy_is_written_where_policy_checkpoint_dir_says(tmp_path):

@@ -90,7 +90,7 @@ def test_1_4_3s_spellings_of_the_scoring_reward(spelling, canonical):
         ({"comparator_policy": "api"}, r"comparator_policy='api' needs comparator_api_url"),
         (
             {"comparator_centralized_agent_index": 1},
-            r"comparator_centralized_agent_index=1 is not supported by MARLHFIter",
+            r"comparator_centralized_agent_index=1 is only used with comparator_generation_mode='centralized'",
         ),
         (
             {"collaboration_mode": "centralized", "rl_algorithm": "iac"},

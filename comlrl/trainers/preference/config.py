@@ -130,6 +130,11 @@ class MADPOConfig(TrainerConfig):
         self._warn_inert_fields()
 
     @property
+    def uses_adapter(self) -> bool:
+        """Whether a ``centralized_comparator_adapter`` has a joint answer to split."""
+        return self.collaboration_mode == "centralized"
+
+    @property
     def pairs_per_step(self) -> int:
         """Preference pairs per optimizer step: ``train_batch_size``, else ``per_device_train_batch_size``."""
         return self.per_device_train_batch_size if self.train_batch_size is None else self.train_batch_size

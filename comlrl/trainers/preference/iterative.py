@@ -39,19 +39,6 @@ from comlrl.trainers.preference.rounds import InRounds, PreferenceRounds
 __all__ = ["MADPOIterConfig", "MADPOIterTrainer"]
 
 
-def unsupported(default: Any = None) -> Any:
-    """A comlrl 1.4.3 field of a feature MADPOIter does not have: any value but 1.4.3's
-    default is an error naming the field (``UNSUPPORTED_FIELDS`` says what to do instead)."""
-    return field(default=default, repr=False, metadata={"unsupported": True})
-
-
-UNSUPPORTED_FIELDS = {
-    "comparator_centralized_agent_index": "centralized comparator generation with one model per agent is not "
-    "supported yet (with collaboration_mode='centralized' the comparator is the one model's)",
-}
-"""The unsupported fields and why."""
-
-
 def respell(config: Any, name: str, spellings: dict[str, str]) -> None:
     """``config.<name>`` as its canonical name when it is one of comlrl 1.4.3's spellings."""
     value = getattr(config, name)
@@ -111,10 +98,13 @@ class MADPOIterConfig(MADPOConfig):
     comparator_history_k: int | None = None
     """``history`` comparator: how many rounds back it is (>= 1); ``None``: 1."""
     comparator_generation_mode: str = "decentralized"
-    """``decentralized``: each comparator model writes its own agent's part; ``centralized``
-    (what ``collaboration_mode="centralized"`` sets, as comlrl 1.4.3 did): one comparator
-    model writes every role, as the agent does. Centralized with one model per agent is not
-    supported yet."""
+    """``decentralized``: each comparator model writes its own agent's part; ``centralized``:
+    one comparator model writes every agent's part in one answer to a joint prompt (the
+    trainer's ``centralized_comparator_adapter``, default tagged, builds it and splits the
+    answer), which ``collaboration_mode="centralized"`` sets, as comlrl 1.4.3 did."""
+    comparator_centralized_agent_index: int = 0
+    """``comparator_generation_mode="centralized"`` with one model per agent: whose comparator
+    model (of agent 0, 1, ...) answers the joint prompts."""
 
     # --- the api comparator (comparator_policy="api"; each field an error with any other policy) --
     comparator_api_url: str | None = None
@@ -167,10 +157,6 @@ class MADPOIterConfig(MADPOConfig):
     when a run starts, ``iteration_XXXX/`` when round XXXX ends (numbered from 0, as comlrl
     1.4.3); ``None``: not written (the ``history`` comparator keeps its copies in memory)."""
 
-    # --- comlrl 1.4.3's fields of features MADPOIter does not have ------------------------------
-    comparator_centralized_agent_index: int = unsupported(0)
-    """1.4.3's centralized comparator's model: not supported."""
-
     pair_selections: ClassVar[dict[str, Any]] = COMPARISON_SELECTIONS
     trainer_name: ClassVar[str] = "MADPOIter"
 
@@ -180,10 +166,15 @@ class MADPOIterConfig(MADPOConfig):
         self._check_comparator()
         self._check_replay()
         check_bool(self, "log_reward_distribution")
-        for name, why in UNSUPPORTED_FIELDS.items():
-            value, default = getattr(self, name), field_default(self, name)
-            if value != default:
-                raise ValueError(f"{name}={value!r} is not supported by {self.trainer_name}: {why}")
+
+    @property
+    def joint_comparator(self) -> bool:
+        """One comparator model writes every agent's part for agents that each write their own."""
+        return self.comparator_generation_mode == "centralized" and self.collaboration_mode == "decentralized"
+
+    @property
+    def uses_adapter(self) -> bool:
+        return super().uses_adapter or self.joint_comparator
 
     @property
     def comparator_candidates(self) -> int:
@@ -203,17 +194,17 @@ class MADPOIterConfig(MADPOConfig):
         check_choice(self, "comparator_policy", COMPARATORS)
         self._check_api()
         respell(self, "comparator_generation_mode", GENERATION_MODE_SPELLINGS)
+        check_choice(self, "comparator_generation_mode", ("decentralized", "centralized"))
         if self.collaboration_mode == "centralized":
             # The one model writes every role, and so does its comparator (1.4.3 forced this too).
-            check_choice(self, "comparator_generation_mode", tuple(GENERATION_MODE_SPELLINGS.values()))
             self.comparator_generation_mode = "centralized"
-        elif self.comparator_generation_mode == "centralized":
+        check_int(self, "comparator_centralized_agent_index", minimum=0)
+        if self.comparator_centralized_agent_index and not self.joint_comparator:
             raise ValueError(
-                "comparator_generation_mode='centralized' (one comparator model writing every agent's part) with one "
-                "model per agent is not supported yet: use comparator_generation_mode='decentralized', or "
-                "collaboration_mode='centralized' (one model writing every role, and so its comparator)"
+                f"comparator_centralized_agent_index={self.comparator_centralized_agent_index} is only used with "
+                "comparator_generation_mode='centralized' and collaboration_mode='decentralized' (one comparator "
+                "model answering for every agent)"
             )
-        check_choice(self, "comparator_generation_mode", ("decentralized", "centralized"))
         check_int(self, "comparator_num_candidates", allow_none=True)
         named = self.comparator_model_name is not None or self.comparator_agents is not None
         if policy == "model" and not named:
@@ -359,8 +350,9 @@ class MADPOIterTrainer(InRounds, MADPOTrainer):
     resumes exactly. A round's learning-rate schedule spans that round's steps (its pairs are
     only known when it starts). The ``api`` comparator's key is read only from the environment
     variable ``comparator_api_key_env`` (1.4.3's literal ``comparator_api_key`` is refused),
-    and its text answers are tokenized with the agents' tokenizers, EOS appended. Centralized
-    comparator generation with one model per agent is not supported.
+    and its text answers are tokenized with the agents' tokenizers, EOS appended; so are the
+    parts of a comparator's joint answer (``comparator_generation_mode="centralized"`` with one
+    model per agent), whose unsplittable answers give empty parts (1.4.3 stopped training).
 
     ``collaboration_mode="centralized"`` (with ``centralized_comparator_adapter``, as MADPO's):
     one model writes every role, and so does its comparator (1.4.3 forced
@@ -381,7 +373,7 @@ class MADPOIterTrainer(InRounds, MADPOTrainer):
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        self.rounds = PreferenceRounds(self, self.args)
+        self.rounds = PreferenceRounds(self, self.args, self.comparator_adapter)
         """The rounds: every round's pairs, the round in progress, the comparator."""
 
     def prepare(self, checkpoint: str | None) -> dict[str, float]:

@@ -152,6 +152,8 @@ class MADPOTrainer(MultiAgentTrainer):
         }
         setup = self.centralized_setup(args, agents, centralized_comparator_adapter, role_arguments)
         self.collaboration = None
+        self.comparator_adapter = None if setup is not None else centralized_comparator_adapter
+        """With one model per agent: the adapter of a comparator that writes every agent's part (MADPOIter)."""
         super().__init__(
             agent_model=agent_model,
             agents=agents,

@@ -38,6 +38,7 @@ from comlrl.rollout.backends import GenerationBackend
 from comlrl.rollout.tree import Turn
 from comlrl.trainers.loop import CheckpointPlan, TrainingLoop, TrainResult
 from comlrl.trainers.preference.comparators import build_comparator
+from comlrl.trainers.preference.joint_comparator import JointComparator, using_backend
 from comlrl.trainers.preference.pairs import (
     PreferencePair,
     comparison_pairs,
@@ -47,7 +48,11 @@ from comlrl.trainers.preference.pairs import (
 )
 from comlrl.trainers.preference.replay import replay_choice
 from comlrl.trainers.preference.reward_histograms import log_reward_distribution, raw_reward_range
-from comlrl.trainers.reinforce.centralized import PARSE_FAILURE_METRIC
+from comlrl.trainers.reinforce.centralized import (
+    PARSE_FAILURE_METRIC,
+    CentralizedComparatorAdapter,
+    TaggedCentralizedComparatorAdapter,
+)
 from comlrl.utils.run_control import seeded_cuda_devices
 
 ROUNDS_FILE = "preference_rounds.pt"
@@ -106,9 +111,11 @@ class PreferenceRounds:
             rounds sample with (it owns the agents; the comparator samples beside them).
         args: the iterative config (MADPOIterConfig, MARLHFIterConfig): rounds, comparator,
             pair selection and replay fields.
+        adapter: with ``comparator_generation_mode="centralized"`` and one model per agent,
+            builds the comparator's joint prompt and splits its answers (default: tagged).
     """
 
-    def __init__(self, trainer: Any, args: Any):
+    def __init__(self, trainer: Any, args: Any, adapter: CentralizedComparatorAdapter | None = None):
         if trainer.parallel.enabled:  # the rounds' pairs and comparators are made on one process only
             raise ValueError(f"{args.trainer_name}Trainer does not run under torchrun yet: start it as one process")
         self.args = args
@@ -125,6 +132,16 @@ class PreferenceRounds:
         self.comparator = build_comparator(
             args.comparator_policy, trainer.agents, trainer.backend, args, trainer.model_kwargs
         )
+        self.joint = None
+        """With one model per agent, a comparator writing every agent's part in one answer."""
+        if args.joint_comparator:
+            index = args.comparator_centralized_agent_index
+            if index >= trainer.num_agents:
+                raise ValueError(
+                    f"comparator_centralized_agent_index={index}, but there are {trainer.num_agents} agents: "
+                    f"choose one of 0..{trainer.num_agents - 1}, whose comparator model answers the joint prompts"
+                )
+            self.joint = JointComparator(adapter or TaggedCentralizedComparatorAdapter(), index)
         self.round = -1
         """The round in progress (-1: none yet)."""
         self.shards: list[list[PreferencePair]] = []
@@ -222,7 +239,10 @@ class PreferenceRounds:
             batch = rows[first : first + chunk]
             mine = candidates(trainer, batch, count, reward)
             with sampling_with(trainer, comparator, comparator_stream):
-                theirs = candidates(trainer, batch, comparator_count, reward)
+                if self.joint is None:
+                    theirs = candidates(trainer, batch, comparator_count, reward)
+                else:  # one model writes every agent's part
+                    theirs = self.joint.candidates(trainer, batch, comparator_count, reward)
             mine_rewards, their_rewards = (
                 shared_rewards(mine.rewards, mine.rows),
                 shared_rewards(theirs.rewards, theirs.rows),
@@ -250,6 +270,8 @@ class PreferenceRounds:
         if collaboration is not None:
             current, comparator = (finish(combine(side))[PARSE_FAILURE_METRIC] for side in unsplit)
             metrics.update({PARSE_FAILURE_METRIC: current, "iter/comparator_parse_failure_frac": comparator})
+        if self.joint is not None:
+            metrics["iter/comparator_parse_failure_frac"] = self.joint.parse_failure_frac()
         return pairs, metrics, (torch.cat(current_raw), torch.cat(comparator_raw))
 
     def write_shard(self, round_index: int, pairs: list[PreferencePair]) -> None:
@@ -312,14 +334,9 @@ def candidates(trainer: Any, rows: list[int], count: int, reward: JointReward | 
 def sampling_with(trainer: Any, backend: GenerationBackend, stream: torch.Generator) -> Iterator[None]:
     """``trainer``'s rollouts inside sample with ``backend``, from a seed drawn from
     ``stream``; torch's generators (the training's random stream) are left as they were."""
-    live = trainer.backend
-    with torch.random.fork_rng(devices=seeded_cuda_devices(), device_type="cuda"):
+    with torch.random.fork_rng(devices=seeded_cuda_devices(), device_type="cuda"), using_backend(trainer, backend):
         torch.manual_seed(int(torch.randint(0, 2**62, (1,), generator=stream)))
-        trainer.backend = backend
-        try:
-            yield
-        finally:
-            trainer.backend = live
+        yield
 
 
 class InRounds:

@@ -500,9 +500,9 @@ def role_count(num_agents: int | None, configured: int | None) -> int:
 
 
 def refuse_unused_adapter(adapter: Any, config: Any) -> None:
-    """An adapter given with ``config.collaboration_mode='decentralized'`` (one model per
-    agent) would split nothing: an error naming what to do, never ignored."""
-    if adapter is not None:
+    """An adapter given where ``config`` has no joint answer for it to split (one model per
+    agent, and no comparator writing for every agent): an error naming what to do, never ignored."""
+    if adapter is not None and not config.uses_adapter:
         raise ValueError(
             f"centralized_comparator_adapter is given, but collaboration_mode={config.collaboration_mode!r} (one "
             "model per agent), where there is no joint response to split: set collaboration_mode='centralized' in "
