@@ -22,9 +22,11 @@ from tokenizers import Tokenizer, decoders, models
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from comlrl.checkpoint import complete_checkpoints
+from comlrl.models.reward_model import JointRewardModel
 from comlrl.trainers.actor_critic import IACConfig, IACTrainer
-from comlrl.trainers.preference import MADPOConfig, MADPOTrainer
+from comlrl.trainers.preference import MADPOConfig, MADPOTrainer, MARLHFConfig, MARLHFTrainer
 from comlrl.trainers.preference.madpo import PAIRS_FILE
+from comlrl.trainers.preference.marlhf import RewardModelStage, seeded
 from comlrl.trainers.preference.pairs import PreferencePair
 from comlrl.trainers.preference.rounds import pair_record
 from comlrl.trainers.reinforce import MAGRPOConfig, MAGRPOTrainer, MAREINFORCEConfig, MAREINFORCETrainer
@@ -253,12 +255,73 @@ MADPO_ROWS = ROWS[:7]
 pairs per step the last step of an epoch holds 1 pair and leaves rank 1 without one."""
 
 
+def marlhf_pairs() -> list[PreferencePair]:
+    """Pairs of ROWS' prompts that a reward model can learn (a "yes" and "good" beat a "no"
+    and "bad"): rows 0, 2, 4 and 6 have two each, so the prompts that reward_eval_fraction=0.25
+    holds out at the default seed (rows 3 and 6) hold 3 pairs, and the 9 left make batches of
+    4, 4 and 1 pairs."""
+    pairs = []
+    for row, prompt in enumerate(record["prompt"] for record in ROWS):
+        texts = [([f"{prompt} yes", "good good"], [f"{prompt} no", "bad"])]
+        texts += [([f"yes {prompt}", "good"], [f"no {prompt}", "bad bad"])] if row % 2 == 0 else []
+        for chosen, rejected in texts:
+            pairs.append(
+                PreferencePair(
+                    row=row,
+                    prompts=[prompt, prompt],
+                    prompt_ids=[],
+                    chosen_ids=[],
+                    rejected_ids=[],
+                    chosen_texts=chosen,
+                    rejected_texts=rejected,
+                    chosen_reward=1.0,
+                    rejected_reward=0.0,
+                )
+            )
+    return pairs
+
+
+class GivenPairsStage(RewardModelStage):
+    """MARLHF's reward model fitted to :func:`marlhf_pairs`, the same in every process:
+    greedy sampling, which makes the RL phase's rollouts equal whatever the ranks, would make
+    every candidate of a prompt alike, and so no pair. Its head's bias stays 0: the
+    Bradley-Terry loss's gradient of it is 0 but for rounding, which AdamW's normalisation
+    turns into steps of about the learning rate; the rounding differs between 2 ranks and
+    one process, and MAREINFORCE's raw baseline passes the offset on to the agents."""
+
+    def fit(self, trainer, device) -> dict[str, float]:
+        seed = self.args.seed
+        return self.fit_pairs(marlhf_pairs(), device, seeded(seed), seeded(seed + 1))
+
+    def fresh_reward_model(self, device) -> JointRewardModel:
+        model = super().fresh_reward_model(device)
+        model.head.bias.requires_grad_(False)
+        return model
+
+
+class MARLHFOnGivenPairs(MARLHFTrainer):
+    """MARLHF whose reward model is fitted to :func:`marlhf_pairs`."""
+
+    stage_class = GivenPairsStage
+
+
+def reward_backbone(folder: Path, seed: int) -> str:
+    """A tiny Llama written to ``folder`` for a reward model to load."""
+    tok = char_tokenizer()
+    tiny_llama(tok, seed=seed).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return str(folder)
+
+
 def build_trainer(algorithm: str, output_dir: Path, per_device_rows: int):
     """top_k=1 samples deterministically, so any split of the rows over ranks samples the
     same completions as one process would. MADPO's candidates are sampled at random (a pair
     needs two that differ), so each rank's differ from one process's: its single process
-    trains on the pairs the ranks built (``run_ddp_worker``'s ``pairs_from``). Each rank
-    starts from its own random weights (seeded by ``RANK``): the trainer must broadcast rank 0's."""
+    trains on the pairs the ranks built (``run_ddp_worker``'s ``pairs_from``). MARLHF fits its
+    reward model to given pairs (:class:`GivenPairsStage`) and trains with MAREINFORCE (as the
+    "magrpo" case: greedy samples of a prompt are alike, so MAGRPO's mean baseline would leave
+    no advantage). Each rank starts from its own random weights (seeded by ``RANK``), the
+    reward model's transformer too: the trainer must broadcast rank 0's."""
     tok = char_tokenizer()
     rank = int(os.environ.get("RANK", "0"))
     agents = [tiny_llama(tok, seed=i + 10 * rank) for i in range(2)]
@@ -280,6 +343,20 @@ def build_trainer(algorithm: str, output_dir: Path, per_device_rows: int):
             agents=agents, tokenizer=tok, train_dataset=MADPO_ROWS, reward_func=distinct_score, args=args
         )
     common = dict(num_generations=2, top_k=1, **shared)
+    if algorithm == "marlhf":
+        backbone = reward_backbone(output_dir.parent / f"reward_backbone_rank{rank}", seed=5 + 10 * rank)
+        # One text per forward of the reward model: alike completions then score exactly alike,
+        # as zero_std_group_frac counts (rows of one batch may round differently).
+        args = MARLHFConfig(
+            rl_algorithm="mareinforce",
+            reward_model_name=backbone,
+            reward_learning_rate=1e-3,
+            reward_num_train_epochs=2,
+            reward_train_batch_size=4,
+            reward_eval_fraction=0.25,
+            **{**common, "micro_batch_size": 1},
+        )
+        return MARLHFOnGivenPairs(agents=agents, tokenizer=tok, train_dataset=ROWS, reward_func=score, args=args)
     if algorithm == "iac":
         trainer_class, args = IACTrainer, IACConfig(critic_learning_rate=1e-3, **common)
     else:
@@ -292,12 +369,18 @@ def checkpoint_pairs(checkpoint: Path) -> list[PreferencePair]:
     return [PreferencePair(**record) for record in torch.load(checkpoint / PAIRS_FILE)]
 
 
+def reward_model_weights(trainer) -> list[torch.Tensor]:
+    """A MARLHF trainer's reward model: its head's weight and bias and its token embeddings."""
+    model = trainer.reward_model
+    return [model.head.weight, model.head.bias, model.backbone.get_input_embeddings().weight]
+
+
 def run_ddp_worker(algorithm: str, out: str, per_device_rows: int, pairs_from: str | None = None) -> None:
     """One rank's run for tests/test_distributed.py: trains the tiny agents on its share of
     each step's rows (MADPO: pairs), resumes from the mid-run checkpoint, and saves what it
-    holds (weights, and MADPO's pairs as records, to ``rank{rank}.pt``; world size, saved
-    folders and steps to ``rank{rank}.json``). MADPO trains on the pairs of the checkpoint
-    ``pairs_from`` when given, else on those it builds."""
+    holds (weights, MADPO's pairs as records and MARLHF's reward model, to ``rank{rank}.pt``;
+    world size, saved folders and steps to ``rank{rank}.json``). MADPO trains on the pairs of
+    the checkpoint ``pairs_from`` when given, else on those it builds."""
     out_dir = Path(out)
     straight = build_trainer(algorithm, out_dir / "run", per_device_rows)
     if pairs_from is not None:
@@ -311,6 +394,9 @@ def run_ddp_worker(algorithm: str, out: str, per_device_rows: int, pairs_from: s
     if algorithm == "madpo":
         held["pairs"] = [pair_record(pair) for pair in straight.pairs]
         held["resumed_pairs"] = [pair_record(pair) for pair in resumed.pairs]
+    if algorithm == "marlhf":
+        held["reward_model"] = reward_model_weights(straight)
+        held["resumed_reward_model"] = reward_model_weights(resumed)
     torch.save(held, out_dir / f"rank{rank}.pt")
     (out_dir / f"rank{rank}.json").write_text(
         json.dumps({"world_size": straight.parallel.world_size, "saved": saved, "steps": straight.global_step})

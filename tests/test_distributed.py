@@ -1,8 +1,10 @@
 """Data parallelism on CPU (gloo): two ranks launched with torchrun keep identical weights,
 match one process over the same global batch, write files from rank 0 only, and resume;
-MADPO's ranks hold the same preference pairs; MADPOIter refuses torchrun."""
+MADPO's ranks hold the same preference pairs; MARLHF's ranks fit the reward model one process
+fits, each on its share of every batch; MADPOIter and MARLHFIter refuse torchrun."""
 
 import dataclasses
+import functools
 import json
 import os
 import subprocess
@@ -12,9 +14,20 @@ from pathlib import Path
 import pytest
 import torch
 
+from comlrl.algorithms import bradley_terry_loss, pair_accuracy
 from comlrl.distributed import DataParallel
 from comlrl.models.placement import resolve_agent_devices
-from comlrl.trainers.preference import MADPOIterConfig, MADPOIterTrainer
+from comlrl.models.reward_model import JointRewardModel
+from comlrl.trainers.preference import (
+    MADPOIterConfig,
+    MADPOIterTrainer,
+    MARLHFConfig,
+    MARLHFIterConfig,
+    MARLHFIterTrainer,
+    MARLHFTrainer,
+    marlhf,
+    rounds,
+)
 from comlrl.trainers.reinforce import MAGRPOConfig
 
 from .helpers import (
@@ -25,6 +38,8 @@ from .helpers import (
     checkpoint_pairs,
     content_score,
     make_trainer,
+    marlhf_pairs,
+    reward_backbone,
     run_ddp_worker,
     tiny_llama,
     weights,
@@ -41,7 +56,7 @@ def torchrun(algorithm: str, out: Path, ranks: int, per_device_rows: int) -> Non
     assert finished.returncode == 0, finished.stderr[-3000:]
 
 
-@pytest.mark.parametrize("algorithm", ["magrpo", "iac", "madpo"])
+@pytest.mark.parametrize("algorithm", ["magrpo", "iac", "madpo", "marlhf"])
 def test_two_ranks_equal_one_process_over_the_same_global_batch(tmp_path, algorithm, monkeypatch):
     """2 ranks x 2 rows (MADPO: pairs) per step against 1 process x 4. The RL trainers sample
     greedily, so both set-ups sample the same completions. MADPO's ranks sample their rows'
@@ -49,7 +64,8 @@ def test_two_ranks_equal_one_process_over_the_same_global_batch(tmp_path, algori
     single process trains on the pairs the ranks built (read from their checkpoint), and the
     ranks' pair building is checked on its own (same pairs on both ranks, in row order, with
     the reference margins one process computes). MADPO's 21 pairs leave rank 1 without a pair
-    at the last step of each epoch."""
+    at the last step of each epoch. MARLHF's reward model is fitted to the same given pairs in
+    both set-ups (its last batch leaves rank 1 without a pair), then MAREINFORCE on its scores."""
     torchrun(algorithm, tmp_path / "ddp", ranks=2, per_device_rows=2)
     for variable in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
         monkeypatch.delenv(variable, raising=False)
@@ -64,6 +80,8 @@ def test_two_ranks_equal_one_process_over_the_same_global_batch(tmp_path, algori
     initial = weights(initial_trainer)
     if algorithm == "madpo":
         check_ranks_pairs(rank0, rank1, initial_trainer, built_pairs)
+    if algorithm == "marlhf":
+        check_reward_models(rank0, rank1, single, tmp_path / "ddp" / "reward_backbone_rank0")
     for a, b, start in zip(rank0["straight"], single["straight"], initial):
         assert not torch.equal(a, start)  # training moved every agent (and value head)
         torch.testing.assert_close(a, b, atol=2e-5, rtol=0)
@@ -79,7 +97,12 @@ def test_two_ranks_equal_one_process_over_the_same_global_batch(tmp_path, algori
     if algorithm == "madpo":  # what building the pairs found, logged once before the first step
         assert lines[0]["step"] == 0 and lines[0]["preference/num_pairs"] == 21
         lines = lines[1:]
-    assert [line["step"] for line in lines] == list(range(1, steps + 1))  # one writer, the resumed steps once
+    first = 1
+    if algorithm == "marlhf":  # the reward model's fit, logged before the first step by both set-ups
+        first = 0
+        assert (lines[0]["reward_model/train_pairs"], lines[0]["reward_model/eval_pairs"]) == (9, 3)
+        assert (run / "reward_model" / "reward_head.safetensors").exists()
+    assert [line["step"] for line in lines] == list(range(first, steps + 1))  # one writer, the resumed steps once
     checkpoints = sorted(p.name for p in run.iterdir() if p.name.startswith("checkpoint-"))
     assert checkpoints == sorted(f"checkpoint-{step}" for step in range(2, steps + 1, 2))
     generators = torch.load(run / "checkpoint-2" / "rng_state.pt")
@@ -108,6 +131,22 @@ def check_ranks_pairs(rank0: dict, rank1: dict, initial_trainer, checkpoint: Pat
     torch.testing.assert_close(torch.tensor([pair["reference_deltas"] for pair in rank0["pairs"]]), expected)
 
 
+def check_reward_models(rank0: dict, rank1: dict, single: dict, backbone: Path) -> None:
+    """Both ranks fitted the same reward model (rank 1's transformer started from other weights:
+    rank 0's were broadcast), which one process fits within float error, and read it back
+    from the checkpoint when resuming; the fit moved the head (from 0) and the transformer."""
+    for a, b, resumed0, resumed1 in zip(
+        rank0["reward_model"], rank1["reward_model"], rank0["resumed_reward_model"], rank1["resumed_reward_model"]
+    ):
+        assert torch.equal(a, b) and torch.equal(a, resumed0) and torch.equal(a, resumed1)
+    for a, b in zip(rank0["reward_model"], single["reward_model"]):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
+    head, _, embeddings = rank0["reward_model"]
+    assert head.abs().sum() > 0
+    initial = JointRewardModel.from_pretrained(str(backbone)).backbone.get_input_embeddings().weight
+    assert not torch.equal(embeddings, initial)
+
+
 def test_shards_of_a_step_cover_its_rows_once():
     rows = list(range(7))
     shares = [DataParallel(rank=r, world_size=3).shard(rows) for r in range(3)]
@@ -121,6 +160,104 @@ def test_gathered_shards_are_the_whole_list_in_order(monkeypatch):
     shares = [DataParallel(rank=r, world_size=3).shard(items) for r in range(3)]
     monkeypatch.setattr(DataParallel, "gather", lambda self, value: shares)  # what all_gather_object returns
     assert DataParallel(rank=1, world_size=3).gather_lists(shares[1]) == items
+
+
+def fit_as_before(model, pairs, epochs, batch_size, learning_rate, max_grad_norm, generator):
+    """fit_reward_model as it was before it took ``parallel``: every batch's loss in one process."""
+    optimizer = torch.optim.AdamW(model.trainable_parameters(), lr=learning_rate)
+    model.train()
+    for _ in range(epochs):
+        order = torch.randperm(len(pairs), generator=generator).tolist()
+        losses, accuracies = [], []
+        for first in range(0, len(pairs), batch_size):
+            batch = [pairs[k] for k in order[first : first + batch_size]]
+            chosen, rejected = model.scores(marlhf.pair_texts(batch)).chunk(2)
+            loss = bradley_terry_loss(chosen, rejected)
+            optimizer.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.trainable_parameters(), max_grad_norm)
+            optimizer.step()
+            losses.append(loss.item())
+            accuracies.append(pair_accuracy(chosen.detach(), rejected.detach()).item())
+    return sum(losses) / len(losses), sum(accuracies) / len(accuracies)
+
+
+def test_one_process_fits_and_scores_the_reward_model_as_before():
+    """With the non-distributed DataParallel the fit and the held-out scores are bit for bit
+    what they were: each share's weight is exactly 1."""
+    pairs = marlhf_pairs()
+    fitted, reference = (JointRewardModel(tiny_llama(char_tokenizer()), char_tokenizer()) for _ in range(2))
+    scores = marlhf.fit_reward_model(fitted, pairs, 2, 5, 1e-2, 0.5, torch.Generator().manual_seed(3), DataParallel())
+    assert scores == fit_as_before(reference, pairs, 2, 5, 1e-2, 0.5, torch.Generator().manual_seed(3))
+    for a, b in zip(fitted.parameters(), reference.parameters(), strict=True):
+        assert torch.equal(a, b)
+    chosen, rejected = reference.score_texts(marlhf.pair_texts(pairs), 4).chunk(2)
+    held = marlhf.score_pairs(fitted, pairs, 4, DataParallel())
+    assert held == (bradley_terry_loss(chosen, rejected).item(), pair_accuracy(chosen, rejected).item())
+
+
+def test_the_shares_of_a_batch_add_up_to_its_loss_accuracy_and_gradient():
+    """Two ranks' weighted shares of a batch of 3 pairs (2 and 1) make the batch's mean loss,
+    accuracy and gradient; a batch of 1 pair leaves rank 1 a share that scores 0."""
+    model = JointRewardModel(tiny_llama(char_tokenizer()), char_tokenizer())
+    torch.nn.init.normal_(model.head.weight)  # a head at zero ranks nothing
+    batch = marlhf_pairs()[:3]
+
+    def loss_accuracy_gradient(share, batch_pairs):
+        model.zero_grad()
+        loss, accuracy = marlhf.scored_share(model.scores, share, batch_pairs)
+        loss.backward()
+        return loss.item(), accuracy, model.head.weight.grad.clone()
+
+    shares = [DataParallel(rank=r, world_size=2).shard(batch) for r in range(2)]
+    assert [len(share) for share in shares] == [2, 1]
+    parts = [loss_accuracy_gradient(share, len(batch)) for share in shares]
+    whole = loss_accuracy_gradient(batch, len(batch))
+    assert parts[0][0] + parts[1][0] == pytest.approx(whole[0], rel=1e-6)
+    assert parts[0][1] + parts[1][1] == pytest.approx(whole[1])
+    torch.testing.assert_close(parts[0][2] + parts[1][2], whole[2])
+    assert DataParallel(rank=1, world_size=2).shard(batch[:1]) == []
+    loss, accuracy = marlhf.scored_share(model.scores, [], 1)
+    assert (loss.item(), accuracy) == (0.0, 0.0)
+
+
+@pytest.mark.parametrize(
+    "trainer_class,config_class", [(MARLHFTrainer, MARLHFConfig), (MARLHFIterTrainer, MARLHFIterConfig)]
+)
+def test_marlhf_runs_under_torchrun_and_marlhf_iter_refuses_before_its_comparator(
+    tmp_path, monkeypatch, trainer_class, config_class
+):
+    # Two ranks without a process group: the weights' broadcast has nothing to do.
+    monkeypatch.setattr(DataParallel, "from_environment", classmethod(lambda cls: cls(rank=0, world_size=2)))
+    monkeypatch.setattr(DataParallel, "broadcast_parameters", lambda self, parameters: None)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the comparator was built before the refusal")
+
+    monkeypatch.setattr(rounds, "build_comparator", refuse)
+    tok = char_tokenizer()
+    args = config_class(
+        per_device_train_batch_size=1,
+        preference_num_candidates=2,
+        num_generations=2,
+        max_new_tokens=4,
+        reward_model_name=reward_backbone(tmp_path / "model", seed=0),
+        output_dir=str(tmp_path / "run"),
+    )
+    build = functools.partial(
+        trainer_class,
+        agents=[tiny_llama(tok, seed=i) for i in range(2)],
+        tokenizer=tok,
+        train_dataset=DATA[:2],
+        reward_func=content_score,
+        args=args,
+    )
+    if trainer_class is MARLHFTrainer:
+        trainer = build()
+        assert trainer.stage.parallel == trainer.parallel == DataParallel(rank=0, world_size=2)
+    else:
+        with pytest.raises(ValueError, match=r"MARLHFIterTrainer does not run under torchrun yet"):
+            build()
 
 
 def test_madpo_iter_refuses_torchrun(tmp_path, monkeypatch):

@@ -13,14 +13,16 @@ reward model's scores.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar, NamedTuple
 
 import torch
+from torch import Tensor
 from tqdm.auto import tqdm
 
 from comlrl.algorithms.reward_model import bradley_terry_loss, pair_accuracy
@@ -58,6 +60,9 @@ __all__ = ["JointRewardModel", "MARLHFConfig", "MARLHFTrainer"]
 
 REWARD_MODEL_FOLDER = "reward_model"
 """Where the fitted reward model goes: in ``output_dir``, in every checkpoint, in ``save_model``'s folder."""
+
+ONE_PROCESS = DataParallel()
+"""No data parallelism, every collective a no-op: what the reward model is fitted on unless told otherwise."""
 
 RL_ALGORITHM_ALIASES = {"mareforce": "mareinforce"}
 """comlrl 1.4.3's other spellings of ``rl_algorithm``."""
@@ -262,6 +267,21 @@ class PairScores(NamedTuple):
     accuracy: float
 
 
+def scored_share(
+    score: Callable[[list[str]], Tensor], share: Sequence[PreferencePair], batch_pairs: int
+) -> tuple[Tensor, float]:
+    """The Bradley-Terry loss (with the graph ``score`` built) and accuracy of ``share``, one
+    rank's share of a batch of ``batch_pairs`` pairs, each weighted by the share's part of the
+    batch, so that the ranks' add up to the batch's mean (one process: a weight of exactly 1,
+    the batch's mean itself). An empty share (a batch of fewer pairs than ranks) scores 0."""
+    if not share:
+        return torch.zeros(()), 0.0
+    weight = len(share) / batch_pairs
+    chosen, rejected = score(pair_texts(share)).chunk(2)
+    accuracy = pair_accuracy(chosen.detach(), rejected.detach()).item()
+    return bradley_terry_loss(chosen, rejected) * weight, accuracy * weight
+
+
 def fit_reward_model(
     model: JointRewardModel,
     pairs: Sequence[PreferencePair],
@@ -270,45 +290,73 @@ def fit_reward_model(
     learning_rate: float,
     max_grad_norm: float | None,
     generator: torch.Generator,
+    parallel: DataParallel = ONE_PROCESS,
 ) -> PairScores:
     """Fit ``model`` to ``pairs`` with the Bradley-Terry loss: AdamW, ``batch_size`` pairs per
     step in a new order each epoch (drawn from ``generator``). Returns the loss and accuracy
-    averaged over the last epoch's batches, as they were fitted."""
-    optimizer = torch.optim.AdamW(model.trainable_parameters(), lr=learning_rate)
+    averaged over the last epoch's batches, as they were fitted.
+
+    Under data parallelism (``parallel``) every rank holds all the pairs and ``generator``'s
+    state: each computes the loss of its share of every batch, the gradients are summed over
+    the ranks and every rank takes the same step from rank 0's weights, so all of them hold
+    the model one process fits; the metrics are summed over the ranks into one process's."""
+    trainable = model.trainable_parameters()
+    # Weights a checkpoint lacks are initialised at random, differently on each rank.
+    parallel.broadcast_parameters(model.parameters())
+    optimizer = torch.optim.AdamW(trainable, lr=learning_rate)
     model.train()
     for epoch in range(epochs):
         order = torch.randperm(len(pairs), generator=generator).tolist()
         losses, accuracies = [], []
-        batches = range(0, len(pairs), batch_size)
-        for first in tqdm(batches, desc=f"MARLHF reward model {epoch + 1}/{epochs}", unit="step", dynamic_ncols=True):
+        batches = tqdm(
+            range(0, len(pairs), batch_size),
+            desc=f"MARLHF reward model {epoch + 1}/{epochs}",
+            unit="step",
+            dynamic_ncols=True,
+            disable=not parallel.is_main,
+        )
+        for first in batches:
             batch = [pairs[k] for k in order[first : first + batch_size]]
-            chosen, rejected = model.scores(pair_texts(batch)).chunk(2)
-            loss = bradley_terry_loss(chosen, rejected)
+            share = parallel.shard(batch)
+            loss, accuracy = scored_share(model.scores, share, len(batch))
             optimizer.zero_grad()
-            loss.backward()
+            if share:  # an empty share adds no gradient
+                loss.backward()
+            parallel.sum_gradients(trainable)
             if max_grad_norm is not None:
-                torch.nn.utils.clip_grad_norm_(model.trainable_parameters(), max_grad_norm)
+                torch.nn.utils.clip_grad_norm_(trainable, max_grad_norm)
             optimizer.step()
             losses.append(loss.item())
-            accuracies.append(pair_accuracy(chosen.detach(), rejected.detach()).item())
-    return PairScores(sum(losses) / len(losses), sum(accuracies) / len(accuracies))
+            accuracies.append(accuracy)
+    return PairScores(*parallel.sum_values([sum(losses) / len(losses), sum(accuracies) / len(accuracies)]))
 
 
-def score_pairs(model: JointRewardModel, pairs: Sequence[PreferencePair], batch_size: int | None) -> PairScores:
-    """``model``'s loss and accuracy on ``pairs``, without training it."""
-    chosen, rejected = model.score_texts(pair_texts(pairs), batch_size).chunk(2)
-    return PairScores(bradley_terry_loss(chosen, rejected).item(), pair_accuracy(chosen, rejected).item())
+def score_pairs(
+    model: JointRewardModel,
+    pairs: Sequence[PreferencePair],
+    batch_size: int | None,
+    parallel: DataParallel = ONE_PROCESS,
+) -> PairScores:
+    """``model``'s loss and accuracy on ``pairs``, without training it; under data parallelism
+    each rank scores its share of the pairs, and every rank gets the loss and accuracy of all."""
+    loss, accuracy = scored_share(
+        functools.partial(model.score_texts, batch_size=batch_size), parallel.shard(list(pairs)), len(pairs)
+    )
+    return PairScores(*parallel.sum_values([loss.item(), accuracy]))
 
 
 class RewardModelStage:
     """MARLHF's phases 1-3, run when the RL trainer's ``train()`` starts (its ``prepare``), and
-    the reward function of its training rollouts (``function``, raw reward-model scores)."""
+    the reward function of its training rollouts (``function``, raw reward-model scores).
+    Under data parallelism every rank fits the same reward model together (``parallel``)."""
 
-    def __init__(self, args: MARLHFConfig, source: str, model_kwargs: dict[str, Any]):
+    def __init__(self, args: MARLHFConfig, source: str, model_kwargs: dict[str, Any], parallel: DataParallel):
         self.args = args
         self.source = source
         """The reward model's transformer: a folder or hub id."""
         self.model_kwargs = model_kwargs
+        self.parallel = parallel
+        """The ranks the reward model is fitted on (the RL trainer's)."""
         self.function = RewardModelFunction(None, args.micro_batch_size)
         """Scores the RL phase's joint actions once a reward model is fitted or read back."""
         self.pairs: list[PreferencePair] | None = None
@@ -319,8 +367,8 @@ class RewardModelStage:
         return self.function.model
 
     def prepare(self, trainer: Any, checkpoint: str | None) -> dict[str, float]:
-        """The reward model: read from ``checkpoint`` when resuming, kept when this trainer
-        already fitted one, else fitted now; returns the metrics of pairs and fit."""
+        """The reward model: read from ``checkpoint`` when resuming (by every rank), kept when
+        this trainer already fitted one, else fitted now; returns the metrics of pairs and fit."""
         device = self.args.reward_model_device or trainer.agents.device(0)
         if checkpoint is not None:
             folder = os.path.join(checkpoint, REWARD_MODEL_FOLDER)
@@ -352,7 +400,8 @@ class RewardModelStage:
     ) -> dict[str, float]:
         """A fresh reward model fitted to ``pairs`` less those of the prompts held out (drawn
         from ``held_out_draw``; batches in an order drawn from ``batch_order``), frozen, used
-        by ``function`` and written to ``output_dir``; returns the fit's metrics."""
+        by ``function`` and written to ``output_dir`` (by rank 0); returns the fit's metrics.
+        Every rank holds the same ``pairs`` and generators, and ends with the same model."""
         args = self.args
         self.pairs = pairs
         metrics: dict[str, float] = {}
@@ -360,11 +409,7 @@ class RewardModelStage:
         held_out = held_out_rows([pair.row for pair in self.pairs], args.reward_eval_fraction, held_out_draw)
         train_pairs = [pair for pair in self.pairs if pair.row not in held_out]
         eval_pairs = [pair for pair in self.pairs if pair.row in held_out]
-        model = JointRewardModel.from_pretrained(
-            self.source, args.reward_freeze_backbone, args.reward_max_length, self.model_kwargs, device
-        )
-        if args.disable_dropout:
-            disable_dropout(model)
+        model = self.fresh_reward_model(device)
         fitted = fit_reward_model(
             model,
             train_pairs,
@@ -373,6 +418,7 @@ class RewardModelStage:
             args.reward_learning_rate,
             args.max_grad_norm,
             batch_order,
+            self.parallel,
         )
         self.function.model = frozen_model(model)
         metrics.update(
@@ -384,11 +430,23 @@ class RewardModelStage:
             }
         )
         if eval_pairs:
-            held = score_pairs(model, eval_pairs, args.micro_batch_size)
+            held = score_pairs(model, eval_pairs, args.micro_batch_size, self.parallel)
             metrics.update({"reward_model/eval_loss": held.loss, "reward_model/eval_accuracy": held.accuracy})
         metrics["time/reward_model_s"] = time.perf_counter() - started
-        write_folders(args.output_dir, [(REWARD_MODEL_FOLDER, model.save)])
+        if self.parallel.is_main:
+            write_folders(args.output_dir, [(REWARD_MODEL_FOLDER, model.save)])
         return metrics
+
+    def fresh_reward_model(self, device: str | torch.device) -> JointRewardModel:
+        """A reward model to fit, on ``device``: ``source``'s transformer (without dropout when
+        the config says so) and a head at zero."""
+        args = self.args
+        model = JointRewardModel.from_pretrained(
+            self.source, args.reward_freeze_backbone, args.reward_max_length, self.model_kwargs, device
+        )
+        if args.disable_dropout:
+            disable_dropout(model)
+        return model
 
     def write(self, folder: str) -> None:
         self.reward_model.save(folder)
@@ -505,8 +563,14 @@ class MARLHFTrainer:
     Differences from 1.4.3's MARLHF: the reward model runs no LM head and lives with agent 0 by
     default (1.4.3: ``"cuda:0"``, which fails without a GPU); its fit is logged
     (``reward_model/loss``, ``accuracy``, and ``eval_*`` on held-out prompts); the RL phase is
-    comlrl's own trainer with its fixes (see those trainers); the pairs are MADPO's. Not
-    supported yet: torchrun.
+    comlrl's own trainer with its fixes (see those trainers); the pairs are MADPO's.
+
+    Under torchrun every rank holds the same pairs (as MADPO's: each rank samples its share of
+    the rows), and the ranks fit one reward model together: each computes the Bradley-Terry
+    loss of its share of every batch of ``reward_train_batch_size`` pairs and the gradients
+    are summed, so every rank holds the model one process would fit on those pairs (and logs
+    its metrics); rank 0 writes it. The RL phase runs as its trainer does under torchrun.
+    MARLHFIter does not run under torchrun yet.
 
     Centralized collaboration (``collaboration_mode="centralized"``, comlrl 1.4.3's): one
     model writes every role through ``centralized_comparator_adapter`` (as
@@ -550,8 +614,6 @@ class MARLHFTrainer:
         critic_tokenizer: Any = None,
         centralized_comparator_adapter: Any = None,
     ):
-        if DataParallel.from_environment().enabled:
-            raise ValueError(f"{self.algorithm_name}Trainer does not run under torchrun yet: start it as one process")
         if args is None:
             args = self.config_class()
         if not isinstance(args, self.config_class):
@@ -559,7 +621,10 @@ class MARLHFTrainer:
         self.args = args
         source = model_name(args.reward_model_name, agent_model, agents, "reward_model_name")
         self.stage = self.stage_class(
-            args, check_model_source(source, "reward_model_name"), split_model_config(model_config).model_kwargs
+            args,
+            check_model_source(source, "reward_model_name"),
+            split_model_config(model_config).model_kwargs,
+            DataParallel.from_environment(),
         )
         kwargs: dict[str, Any] = {}
         if args.rl_algorithm in MAGRPO_BASELINES:
@@ -660,6 +725,11 @@ class MARLHFTrainer:
     @property
     def global_step(self) -> int:
         return self.rl_trainer.global_step
+
+    @property
+    def parallel(self) -> DataParallel:
+        """This process's place among the torchrun ranks (the RL trainer's)."""
+        return self.rl_trainer.parallel
 
     @property
     def reward_model(self) -> JointRewardModel | None:
