@@ -22,7 +22,6 @@ from tokenizers import Tokenizer, decoders, models
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from comlrl.checkpoint import complete_checkpoints
-from comlrl.models.reward_model import JointRewardModel
 from comlrl.trainers.actor_critic import IACConfig, IACTrainer
 from comlrl.trainers.preference import MADPOConfig, MADPOTrainer, MARLHFConfig, MARLHFTrainer
 from comlrl.trainers.preference.madpo import PAIRS_FILE
@@ -284,19 +283,11 @@ def marlhf_pairs() -> list[PreferencePair]:
 class GivenPairsStage(RewardModelStage):
     """MARLHF's reward model fitted to :func:`marlhf_pairs`, the same in every process:
     greedy sampling, which makes the RL phase's rollouts equal whatever the ranks, would make
-    every candidate of a prompt alike, and so no pair. Its head's bias stays 0: the
-    Bradley-Terry loss's gradient of it is 0 but for rounding, which AdamW's normalisation
-    turns into steps of about the learning rate; the rounding differs between 2 ranks and
-    one process, and MAREINFORCE's raw baseline passes the offset on to the agents."""
+    every candidate of a prompt alike, and so no pair."""
 
     def fit(self, trainer, device) -> dict[str, float]:
         seed = self.args.seed
         return self.fit_pairs(marlhf_pairs(), device, seeded(seed), seeded(seed + 1))
-
-    def fresh_reward_model(self, device) -> JointRewardModel:
-        model = super().fresh_reward_model(device)
-        model.head.bias.requires_grad_(False)
-        return model
 
 
 class MARLHFOnGivenPairs(MARLHFTrainer):

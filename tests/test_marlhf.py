@@ -149,11 +149,12 @@ def test_fitting_ranks_a_separable_set():
     after = marlhf.score_pairs(model, pairs, None)
     assert after.loss < 0.5 * before.loss and after.accuracy == 1.0
     assert fitted.loss < before.loss  # the last epoch's batches, as they were fitted
+    assert model.head.bias.item() == 0.0  # Bradley-Terry cannot tell a shared offset: it is not trained
 
 
 def test_a_frozen_backbone_trains_the_head_only():
     model = JointRewardModel(tiny_llama(char_tokenizer()), char_tokenizer(), freeze_backbone=True)
-    assert model.trainable_parameters() == [model.head.weight, model.head.bias]
+    assert model.trainable_parameters() == [model.head.weight]  # not the bias, which Bradley-Terry cannot tell
 
 
 def test_saved_and_loaded_it_scores_the_same(tmp_path):

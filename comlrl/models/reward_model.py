@@ -71,7 +71,8 @@ class JointRewardModel(nn.Module):
             side); None: the tokenizer's ``model_max_length``.
 
     The head is kept in float32 whatever the backbone's dtype, and starts at zero: a fresh
-    reward model scores every text 0, preferring nothing.
+    reward model scores every text 0, preferring nothing. Its bias is not trained (the
+    Bradley-Terry loss cannot tell it; it stays at 0, or at the value a saved model holds).
     """
 
     def __init__(
@@ -86,6 +87,10 @@ class JointRewardModel(nn.Module):
         nn.init.zeros_(self.head.weight)
         nn.init.zeros_(self.head.bias)
         self.backbone.requires_grad_(not freeze_backbone)
+        # Bradley-Terry sees score differences only: the bias's gradient is 0 but for rounding,
+        # which AdamW's normalisation would turn into steps of about the learning rate, shifting
+        # every score at random (an RL baseline without a mean, such as REINFORCE's, feels that).
+        self.head.bias.requires_grad_(False)
 
     @classmethod
     def from_pretrained(
