@@ -264,3 +264,14 @@ def test_centralized_rounds_train_one_model_on_each_rounds_reward_model(folder):
     assert len(starts) == 2 and all("iter/comparator_parse_failure_frac" in line for line in starts)
     assert all("reward_model/accuracy" in line for line in starts)
     assert sum("reward/reward_model/mean" in line for line in lines) == 4
+
+
+def test_a_comparator_writing_every_agents_part_uses_the_trainers_adapter(folder):
+    args = config(folder, comparator_generation_mode="centralized", num_iterations=1)
+    run = trainer(folder, args=args, centralized_comparator_adapter=AfterTwo())
+    assert isinstance(run.rl_trainer.rounds.joint.adapter, AfterTwo)
+    run.train()
+    pairs = run.rl_trainer.rounds.shards[0]
+    assert pairs and all(len(pair.chosen_texts) == 2 for pair in pairs)  # each agent's part, one model's answer
+    starts = [line for line in log_lines(folder / "run", "metrics.jsonl") if "iter/current_iteration" in line]
+    assert "iter/comparator_parse_failure_frac" in starts[0]

@@ -361,6 +361,9 @@ class RewardModelStage:
         """Scores the RL phase's joint actions once a reward model is fitted or read back."""
         self.pairs: list[PreferencePair] | None = None
         """The pairs the reward model was fitted to (None: not fitted in this process)."""
+        self.comparator_adapter: Any = None
+        """With one model per agent: the adapter of a comparator that writes every agent's part
+        (MARLHFIter's ``comparator_generation_mode="centralized"``)."""
 
     @property
     def reward_model(self) -> JointRewardModel | None:
@@ -650,6 +653,7 @@ class MARLHFTrainer:
             kwargs = {"centralized_adapter": centralized_comparator_adapter}
         else:
             refuse_unused_adapter(centralized_comparator_adapter, args)
+            self.stage.comparator_adapter = centralized_comparator_adapter
         self.rl_trainer = trainer_class(
             agent_model=agent_model,
             agents=agents,

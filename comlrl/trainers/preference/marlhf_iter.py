@@ -141,7 +141,7 @@ class RewardModelRounds(InRounds):
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        self.rounds = PreferenceRounds(self, self.stage.args)
+        self.rounds = PreferenceRounds(self, self.stage.args, self.stage.comparator_adapter)
         """Every round's pairs, the round in progress, the comparator."""
 
     @property
