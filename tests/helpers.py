@@ -6,6 +6,7 @@ modules import from here, never from each other or from conftest.py."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.util
 import inspect
@@ -13,7 +14,9 @@ import json
 import os
 import signal
 import types
+from collections.abc import Iterator
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
@@ -23,11 +26,21 @@ from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausa
 
 from comlrl.checkpoint import complete_checkpoints
 from comlrl.trainers.actor_critic import IACConfig, IACTrainer
-from comlrl.trainers.preference import MADPOConfig, MADPOTrainer, MARLHFConfig, MARLHFTrainer
+from comlrl.trainers.preference import (
+    MADPOConfig,
+    MADPOIterConfig,
+    MADPOIterTrainer,
+    MADPOTrainer,
+    MARLHFConfig,
+    MARLHFIterConfig,
+    MARLHFIterTrainer,
+    MARLHFTrainer,
+    reward_histograms,
+)
 from comlrl.trainers.preference.madpo import PAIRS_FILE
 from comlrl.trainers.preference.marlhf import RewardModelStage, seeded
 from comlrl.trainers.preference.pairs import PreferencePair
-from comlrl.trainers.preference.rounds import pair_record
+from comlrl.trainers.preference.rounds import PreferenceRounds, pair_record
 from comlrl.trainers.reinforce import MAGRPOConfig, MAGRPOTrainer, MAREINFORCEConfig, MAREINFORCETrainer
 from comlrl.trainers.reinforce.centralized import CentralizedComparatorParseError
 
@@ -249,6 +262,13 @@ def distinct_score(prompts, a, b):
     return [float(sum(ord(ch) * 31**k for k, ch in enumerate(f"{x}|{y}")) % 100003) for x, y in zip(a, b)]
 
 
+def ranged_distinct_score(prompts, a, b):
+    """:func:`distinct_score`, declaring its range: the iterative trainers' reward histograms need one."""
+    return distinct_score(prompts, a, b)
+
+
+ranged_distinct_score.reward_range = (0.0, 100003.0)
+
 MADPO_ROWS = ROWS[:7]
 """3 candidates per row that never tie give each row its 3 pairs: 21, so with 2 ranks x 2
 pairs per step the last step of an epoch holds 1 pair and leaves rank 1 without one."""
@@ -312,7 +332,12 @@ def build_trainer(algorithm: str, output_dir: Path, per_device_rows: int):
     reward model to given pairs (:class:`GivenPairsStage`) and trains with MAREINFORCE (as the
     "magrpo" case: greedy samples of a prompt are alike, so MAGRPO's mean baseline would leave
     no advantage). Each rank starts from its own random weights (seeded by ``RANK``), the
-    reward model's transformer too: the trainer must broadcast rank 0's."""
+    reward model's transformer too: the trainer must broadcast rank 0's.
+
+    The iterative trainers ("madpo_iter", "marlhf_iter") run 2 rounds of one epoch each, and
+    sample at random (pairs need candidates that differ): MADPOIter with the ``history``
+    comparator (its snapshot goes into the checkpoint), DPO's reference margins and the
+    reward histograms; MARLHFIter with MAREINFORCE on each round's reward model."""
     tok = char_tokenizer()
     rank = int(os.environ.get("RANK", "0"))
     agents = [tiny_llama(tok, seed=i + 10 * rank) for i in range(2)]
@@ -326,6 +351,31 @@ def build_trainer(algorithm: str, output_dir: Path, per_device_rows: int):
         micro_batch_size=3,
         output_dir=str(output_dir),
     )
+    rounds = dict(num_iterations=2, preference_num_candidates=2, preference_pairs_per_sample=2)
+    if algorithm == "madpo_iter":
+        args = MADPOIterConfig(
+            comparator_policy="history",
+            dpo_reference="initial",
+            log_reward_distribution=True,
+            **rounds,
+            **{**shared, "num_train_epochs": 1},
+        )
+        return MADPOIterTrainer(
+            agents=agents, tokenizer=tok, train_dataset=MADPO_ROWS, reward_func=ranged_distinct_score, args=args
+        )
+    if algorithm == "marlhf_iter":
+        args = MARLHFIterConfig(
+            rl_algorithm="mareinforce",
+            reward_model_name=ranks_reward_backbone(output_dir, rank),
+            reward_learning_rate=1e-3,
+            reward_train_batch_size=4,
+            num_generations=2,
+            **rounds,
+            **{**shared, "num_train_epochs": 1},
+        )
+        return MARLHFIterTrainer(
+            agents=agents, tokenizer=tok, train_dataset=ROWS, reward_func=distinct_score, args=args
+        )
     if algorithm == "madpo":
         args = MADPOConfig(
             preference_num_candidates=3, preference_pairs_per_sample=3, dpo_reference="initial", **shared
@@ -335,7 +385,7 @@ def build_trainer(algorithm: str, output_dir: Path, per_device_rows: int):
         )
     common = dict(num_generations=2, top_k=1, **shared)
     if algorithm == "marlhf":
-        backbone = reward_backbone(output_dir.parent / f"reward_backbone_rank{rank}", seed=5 + 10 * rank)
+        backbone = ranks_reward_backbone(output_dir, rank)
         # One text per forward of the reward model: alike completions then score exactly alike,
         # as zero_std_group_frac counts (rows of one batch may round differently).
         args = MARLHFConfig(
@@ -355,6 +405,11 @@ def build_trainer(algorithm: str, output_dir: Path, per_device_rows: int):
     return trainer_class(agents=agents, tokenizer=tok, train_dataset=ROWS, reward_func=score, args=args)
 
 
+def ranks_reward_backbone(output_dir: Path, rank: int) -> str:
+    """Rank ``rank``'s reward-model backbone, beside ``output_dir``: each rank's has other weights."""
+    return reward_backbone(output_dir.parent / f"reward_backbone_rank{rank}", seed=5 + 10 * rank)
+
+
 def checkpoint_pairs(checkpoint: Path) -> list[PreferencePair]:
     """The preference pairs a MADPO checkpoint holds."""
     return [PreferencePair(**record) for record in torch.load(checkpoint / PAIRS_FILE)]
@@ -371,17 +426,22 @@ def run_ddp_worker(algorithm: str, out: str, per_device_rows: int, pairs_from: s
     each step's rows (MADPO: pairs), resumes from the mid-run checkpoint, and saves what it
     holds (weights, MADPO's pairs as records and MARLHF's reward model, to ``rank{rank}.pt``;
     world size, saved folders and steps to ``rank{rank}.json``). MADPO trains on the pairs of
-    the checkpoint ``pairs_from`` when given, else on those it builds."""
+    the checkpoint ``pairs_from`` when given, else on those it builds. The iterative trainers
+    also save every round's pairs (their shards) and count the round files (preference_replay
+    shards, reward histograms) this rank wrote in both runs."""
     out_dir = Path(out)
-    straight = build_trainer(algorithm, out_dir / "run", per_device_rows)
-    if pairs_from is not None:
-        straight.pairs = checkpoint_pairs(Path(pairs_from))
-    straight.train()
-    rank = straight.parallel.rank
-    saved = straight.save_model(str(out_dir / "saved"))
-    resumed = build_trainer(algorithm, out_dir / "run", per_device_rows)
-    resumed.train(resume_from_checkpoint=str(out_dir / "run" / "checkpoint-2"))
+    with counted_round_files() as round_files:
+        straight = build_trainer(algorithm, out_dir / "run", per_device_rows)
+        if pairs_from is not None:
+            straight.pairs = checkpoint_pairs(Path(pairs_from))
+        straight.train()
+        rank = straight.parallel.rank
+        saved = straight.save_model(str(out_dir / "saved"))
+        resumed = build_trainer(algorithm, out_dir / "run", per_device_rows)
+        resumed.train(resume_from_checkpoint=str(out_dir / "run" / "checkpoint-2"))
     held = {"straight": weights(straight), "resumed": weights(resumed)}
+    if algorithm.endswith("_iter"):
+        held["shards"], held["resumed_shards"] = round_shards(straight), round_shards(resumed)
     if algorithm == "madpo":
         held["pairs"] = [pair_record(pair) for pair in straight.pairs]
         held["resumed_pairs"] = [pair_record(pair) for pair in resumed.pairs]
@@ -389,9 +449,24 @@ def run_ddp_worker(algorithm: str, out: str, per_device_rows: int, pairs_from: s
         held["reward_model"] = reward_model_weights(straight)
         held["resumed_reward_model"] = reward_model_weights(resumed)
     torch.save(held, out_dir / f"rank{rank}.pt")
-    (out_dir / f"rank{rank}.json").write_text(
-        json.dumps({"world_size": straight.parallel.world_size, "saved": saved, "steps": straight.global_step})
-    )
+    info = {"world_size": straight.parallel.world_size, "saved": saved, "steps": straight.global_step}
+    (out_dir / f"rank{rank}.json").write_text(json.dumps({**info, **{name: m.call_count for name, m in round_files}}))
+
+
+def round_shards(trainer) -> list[list[dict]]:
+    """Every round's pairs, as records, of an iterative trainer (MARLHFIter's rounds are its RL trainer's)."""
+    rounds = getattr(trainer, "rl_trainer", trainer).rounds
+    return [[pair_record(pair) for pair in shard] for shard in rounds.shards]
+
+
+@contextlib.contextmanager
+def counted_round_files() -> Iterator[list[tuple[str, mock.MagicMock]]]:
+    """Inside, the writers of the iterative trainers' round files write as they do, and count
+    their calls: (name, mock) for the preference_replay shards and the reward histograms."""
+    shards = mock.patch.object(PreferenceRounds, "write_shard", autospec=True, side_effect=PreferenceRounds.write_shard)
+    histograms = mock.patch.object(reward_histograms, "write_record", side_effect=reward_histograms.write_record)
+    with shards as shard_writes, histograms as histogram_writes:
+        yield [("shard_writes", shard_writes), ("histogram_writes", histogram_writes)]
 
 
 # ------------------------------------------------------------------------------ a run to kill (tests/fault_worker.py)

@@ -1,10 +1,10 @@
 """Data parallelism on CPU (gloo): two ranks launched with torchrun keep identical weights,
 match one process over the same global batch, write files from rank 0 only, and resume;
 MADPO's ranks hold the same preference pairs; MARLHF's ranks fit the reward model one process
-fits, each on its share of every batch; MADPOIter and MARLHFIter refuse torchrun."""
+fits, each on its share of every batch; MADPOIter's ranks hold the same rounds of pairs and
+resume exactly, and MARLHFIter's ranks keep identical weights."""
 
 import dataclasses
-import functools
 import json
 import os
 import subprocess
@@ -19,14 +19,9 @@ from comlrl.distributed import DataParallel
 from comlrl.models.placement import resolve_agent_devices
 from comlrl.models.reward_model import JointRewardModel
 from comlrl.trainers.preference import (
-    MADPOIterConfig,
-    MADPOIterTrainer,
     MARLHFConfig,
-    MARLHFIterConfig,
-    MARLHFIterTrainer,
     MARLHFTrainer,
     marlhf,
-    rounds,
 )
 from comlrl.trainers.reinforce import MAGRPOConfig
 
@@ -49,6 +44,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def torchrun(algorithm: str, out: Path, ranks: int, per_device_rows: int) -> None:
+    """``ranks`` ranks of ``run_ddp_worker(algorithm, out, per_device_rows)`` under torchrun."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}"]
     command += ["-m", "tests.ddp_worker", algorithm, str(out), str(per_device_rows)]
@@ -221,22 +217,12 @@ def test_the_shares_of_a_batch_add_up_to_its_loss_accuracy_and_gradient():
     assert (loss.item(), accuracy) == (0.0, 0.0)
 
 
-@pytest.mark.parametrize(
-    "trainer_class,config_class", [(MARLHFTrainer, MARLHFConfig), (MARLHFIterTrainer, MARLHFIterConfig)]
-)
-def test_marlhf_runs_under_torchrun_and_marlhf_iter_refuses_before_its_comparator(
-    tmp_path, monkeypatch, trainer_class, config_class
-):
+def test_marlhf_stage_shares_the_trainers_ranks(tmp_path, monkeypatch):
     # Two ranks without a process group: the weights' broadcast has nothing to do.
     monkeypatch.setattr(DataParallel, "from_environment", classmethod(lambda cls: cls(rank=0, world_size=2)))
     monkeypatch.setattr(DataParallel, "broadcast_parameters", lambda self, parameters: None)
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("the comparator was built before the refusal")
-
-    monkeypatch.setattr(rounds, "build_comparator", refuse)
     tok = char_tokenizer()
-    args = config_class(
+    args = MARLHFConfig(
         per_device_train_batch_size=1,
         preference_num_candidates=2,
         num_generations=2,
@@ -244,38 +230,60 @@ def test_marlhf_runs_under_torchrun_and_marlhf_iter_refuses_before_its_comparato
         reward_model_name=reward_backbone(tmp_path / "model", seed=0),
         output_dir=str(tmp_path / "run"),
     )
-    build = functools.partial(
-        trainer_class,
-        agents=[tiny_llama(tok, seed=i) for i in range(2)],
-        tokenizer=tok,
-        train_dataset=DATA[:2],
-        reward_func=content_score,
-        args=args,
-    )
-    if trainer_class is MARLHFTrainer:
-        trainer = build()
-        assert trainer.stage.parallel == trainer.parallel == DataParallel(rank=0, world_size=2)
-    else:
-        with pytest.raises(ValueError, match=r"MARLHFIterTrainer does not run under torchrun yet"):
-            build()
+    agents = [tiny_llama(tok, seed=i) for i in range(2)]
+    trainer = MARLHFTrainer(agents=agents, tokenizer=tok, train_dataset=DATA[:2], reward_func=content_score, args=args)
+    assert trainer.stage.parallel == trainer.parallel == DataParallel(rank=0, world_size=2)
 
 
-def test_madpo_iter_refuses_torchrun(tmp_path, monkeypatch):
-    # Two ranks without a process group: the weights' broadcast has nothing to do.
-    monkeypatch.setattr(DataParallel, "from_environment", classmethod(lambda cls: cls(rank=0, world_size=2)))
-    monkeypatch.setattr(DataParallel, "broadcast_parameters", lambda self, parameters: None)
-    tok = char_tokenizer()
-    args = MADPOIterConfig(
-        per_device_train_batch_size=1, preference_num_candidates=2, max_new_tokens=4, output_dir=str(tmp_path)
-    )
-    with pytest.raises(ValueError, match=r"MADPOIterTrainer does not run under torchrun yet"):
-        MADPOIterTrainer(
-            agents=[tiny_llama(tok, seed=i) for i in range(2)],
-            tokenizer=tok,
-            train_dataset=DATA[:2],
-            reward_func=content_score,
-            args=args,
-        )
+def test_madpo_iter_ranks_hold_the_same_rounds_and_resume_exactly(tmp_path):
+    """2 ranks, 2 rounds of MADPOIter (history comparator, reference margins, reward
+    histograms), then a run resumed from checkpoint-2, in round 1. Each rank samples its
+    share of the rows, the current candidates and the comparator's, from its own random
+    streams, so one process would build other pairs and is not compared with: the ranks
+    must hold the same pairs in every round (rank 1's rows included, in row order), keep
+    identical weights, and resume exactly; only rank 0 writes the round files."""
+    torchrun("madpo_iter", tmp_path, ranks=2, per_device_rows=2)
+    rank0, rank1 = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))
+    assert len(rank0["shards"]) == 2
+    assert rank0["shards"] == rank1["shards"] == rank0["resumed_shards"] == rank1["resumed_shards"]
+    for shard in rank0["shards"]:
+        rows = [pair["row"] for pair in shard]
+        assert rows == sorted(rows) and rows[0] < 4 <= rows[-1]  # rank 0's rows 0-3, then rank 1's 4-6
+        assert all(pair["reference_deltas"] is not None for pair in shard)
+    for a, b, resumed0, resumed1 in zip(rank0["straight"], rank1["straight"], rank0["resumed"], rank1["resumed"]):
+        assert torch.equal(a, b)
+        torch.testing.assert_close(resumed0, a, atol=1e-6, rtol=0)
+        torch.testing.assert_close(resumed1, a, atol=1e-6, rtol=0)
+
+    info = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert info[0]["steps"] == info[1]["steps"] > 2
+    # Rank 0 wrote both rounds' files, then round 2's again when resumed; rank 1 none.
+    assert [(i["shard_writes"], i["histogram_writes"]) for i in info] == [(3, 3), (0, 0)]
+    run = tmp_path / "run"
+    for folder in ("preference_replay", "reward_distributions"):
+        assert sorted(path.name for path in (run / folder).iterdir()) == ["iteration_0001.json", "iteration_0002.json"]
+    for index, shard in enumerate(rank0["shards"]):
+        written = json.loads((run / "preference_replay" / f"iteration_{index + 1:04d}.json").read_text())
+        assert written["pairs"] == json.loads(json.dumps(shard))
+    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    # One writer, the resumed steps and round 2's start once.
+    assert [line["iter/current_iteration"] for line in lines if "iter/current_iteration" in line] == [1.0, 2.0]
+    assert [line["step"] for line in lines if "dpo/loss" in line] == list(range(1, info[0]["steps"] + 1))
+
+
+def test_marlhf_iter_ranks_keep_identical_weights(tmp_path):
+    """2 ranks, 2 rounds of MARLHFIter: the same pairs on both ranks, one reward model fitted
+    together each round, identical agents, straight and resumed from checkpoint-2 (the end of
+    round 1); only rank 0 writes the round's pairs. Its ranks sample from their own streams,
+    so one process is not compared with."""
+    torchrun("marlhf_iter", tmp_path, ranks=2, per_device_rows=2)
+    rank0, rank1 = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))
+    assert rank0["shards"] == rank1["shards"] == rank0["resumed_shards"] == rank1["resumed_shards"]
+    assert len(rank0["shards"]) == 2 and all(rank0["shards"])
+    for a, b, resumed0, resumed1 in zip(rank0["straight"], rank1["straight"], rank0["resumed"], rank1["resumed"]):
+        assert torch.equal(a, b) and torch.equal(resumed0, a) and torch.equal(resumed1, a)
+    info = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert [i["shard_writes"] for i in info] == [3, 0]  # both rounds, round 2 again when resumed; rank 0 only
 
 
 def test_a_last_step_with_fewer_rows_than_ranks_is_refused_at_start_up(tmp_path, monkeypatch):

@@ -359,6 +359,12 @@ class MADPOIterTrainer(InRounds, MADPOTrainer):
     ``comparator_generation_mode="centralized"`` there too); a round logs the share of either
     side's candidates the adapter could not split.
 
+    Under torchrun each rank compares its share of the rows, the comparator's candidates
+    drawn from a stream of its own (derived from ``seed``, the round and the rank), and every
+    rank then holds the round's pairs in row order, with their reference margins (computed
+    share by share), and the same metrics and training pairs; rank 0 alone writes the round
+    files and policies. The pairs differ from one process's, whose streams are other.
+
     A checkpoint holds, beside MADPO's, every round's pairs, the round in progress and the
     comparator's state: nothing for ``current`` (its random stream is derived from ``seed``
     and the round), ``current_copy`` (a copy is made when a round starts, and checkpoints

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from comlrl.algorithms import joint_action_indices
+from comlrl.distributed import DataParallel
 from comlrl.rewards import JointReward
 from comlrl.rollout.generation import AgentRollout, rollout_from_texts
 from comlrl.rollout.tree import Turn
@@ -91,11 +92,12 @@ class JointComparator:
         self.answers = self.unsplit = 0
         """Joint answers given and not split since :meth:`parse_failure_frac` was last asked."""
 
-    def parse_failure_frac(self) -> float:
-        """The share of the answers since the last call that could not be split (then counted afresh)."""
-        share = self.unsplit / self.answers if self.answers else 0.0
+    def parse_failure_frac(self, parallel: DataParallel) -> float:
+        """The share of the answers since the last call, on every data-parallel rank, that
+        could not be split (then counted afresh)."""
+        answers, unsplit = parallel.sum_values([self.answers, self.unsplit])
         self.answers = self.unsplit = 0
-        return share
+        return unsplit / answers if answers else 0.0
 
     def candidates(self, trainer: Any, rows: list[int], count: int, reward: JointReward | None) -> Turn:
         """``count`` joint actions per row, from ``trainer``'s current backend (the round's

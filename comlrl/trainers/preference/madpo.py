@@ -87,7 +87,7 @@ class MADPOTrainer(MultiAgentTrainer):
     step takes ``per_device_train_batch_size`` pairs per rank (another ``train_batch_size``
     is refused there), each rank training on its own; the loss is the mean over the step's
     pairs of every rank, so K ranks compute the gradient one process would on those pairs.
-    MADPOIter is not supported under torchrun yet.
+    MADPOIter's rounds make their pairs the same way under torchrun (see its docstring).
 
     Centralized collaboration (``collaboration_mode="centralized"``, comlrl 1.4.3's): ONE model
     (``agents=[model]`` or ``agent_model``) writes every role in one response, as in

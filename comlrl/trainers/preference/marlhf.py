@@ -573,7 +573,7 @@ class MARLHFTrainer:
     loss of its share of every batch of ``reward_train_batch_size`` pairs and the gradients
     are summed, so every rank holds the model one process would fit on those pairs (and logs
     its metrics); rank 0 writes it. The RL phase runs as its trainer does under torchrun.
-    MARLHFIter does not run under torchrun yet.
+    MARLHFIter runs under torchrun too, its rounds' pairs made as MADPOIter's.
 
     Centralized collaboration (``collaboration_mode="centralized"``, comlrl 1.4.3's): one
     model writes every role through ``centralized_comparator_adapter`` (as

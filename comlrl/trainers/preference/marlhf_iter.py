@@ -202,6 +202,10 @@ class MARLHFIterTrainer(MARLHFTrainer):
 
     ``collaboration_mode="centralized"``: one model writes every role (as centralized MARLHF),
     its comparator too; the RL phase is centralized MAGRPO on each round's reward model.
+
+    Under torchrun the ranks make each round's pairs as MADPOIter's do (each its share of the
+    rows; every rank then holds them all), fit its reward model together as MARLHF's do, and
+    run the RL phase as its trainer does; rank 0 alone writes the round files.
     """
 
     config_class = MARLHFIterConfig

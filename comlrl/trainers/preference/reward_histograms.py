@@ -152,14 +152,17 @@ def write_record(output_dir: str, record: dict[str, Any]) -> None:
 
 
 def log_reward_distribution(
-    output_dir: str,
+    output_dir: str | None,
     round_index: int,
     reward_range: tuple[float, float],
     candidates: tuple[Rewards, Rewards],
     pairs: Sequence[PreferencePair],
 ) -> dict[str, float]:
     """Round ``round_index``'s histograms of its ``candidates``' raw rewards (target, comparator)
-    and of the ``pairs`` it trains on, written to ``output_dir``; returns their metrics."""
+    and of the ``pairs`` it trains on, written to ``output_dir`` (None: not written, as on the
+    data-parallel ranks other than rank 0, which every rank's metrics must still match);
+    returns their metrics."""
     record = round_record(round_index, reward_range, candidates, pair_raw_rewards(pairs))
-    write_record(output_dir, record)
+    if output_dir is not None:
+        write_record(output_dir, record)
     return round_metrics(record, len(pairs))

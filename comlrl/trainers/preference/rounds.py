@@ -6,6 +6,7 @@ learns from, with earlier rounds' pairs as the replay mode says.
         rows ─current policy─▶ N candidates per prompt and agent ─▶ joint rewards
         rows ─comparator (own random stream)─▶ M candidates ─▶ joint rewards
         current j against comparator j, j < min(N, M): strictly better wins, ties dropped
+        (under torchrun each rank compares its share of the rows; every rank then holds all the pairs)
         ─pair_selection order, preference_pairs_per_sample─▶ the round's pairs (shard r)
         ─preference_replay_mode over the shards of every round so far─▶ the round's training pairs
 
@@ -63,7 +64,8 @@ ROUND_SETTINGS = ("num_train_epochs", "comparator_policy", "comparator_history_k
 
 
 class Stream(enum.IntEnum):
-    """The random streams of a round, each seeded from the run's ``seed`` and the round alone,
+    """The random streams of a round, each seeded from the run's ``seed`` and the round alone
+    (and the data-parallel rank, for the streams a rank samples its share of the rows with),
     so a resumed run draws them again exactly and none depends on another."""
 
     PAIR_ORDER = 0
@@ -73,9 +75,10 @@ class Stream(enum.IntEnum):
     REWARD_MODEL_ORDER = 4
 
 
-def round_generator(seed: int, round_index: int, stream: Stream) -> torch.Generator:
-    """The generator of ``stream`` in round ``round_index``."""
-    entropy = [seed % 2**64, round_index, int(stream)]
+def round_generator(seed: int, round_index: int, stream: Stream, rank: int = 0) -> torch.Generator:
+    """The generator of ``stream`` in round ``round_index`` on data-parallel rank ``rank``;
+    rank 0's is one process's, so one process draws what it drew before there were ranks."""
+    entropy = [seed % 2**64, round_index, int(stream)] + ([rank] if rank else [])
     return torch.Generator().manual_seed(int(np.random.SeedSequence(entropy).generate_state(1, np.uint64)[0]))
 
 
@@ -116,8 +119,6 @@ class PreferenceRounds:
     """
 
     def __init__(self, trainer: Any, args: Any, adapter: CentralizedComparatorAdapter | None = None):
-        if trainer.parallel.enabled:  # the rounds' pairs and comparators are made on one process only
-            raise ValueError(f"{args.trainer_name}Trainer does not run under torchrun yet: start it as one process")
         self.args = args
         self.reward_range = raw_reward_range(trainer.reward) if args.log_reward_distribution else None
         """The task reward's raw range, which the reward histograms' bins span (None: not logged)."""
@@ -170,7 +171,12 @@ class PreferenceRounds:
         ``reward``, default the task reward), passed through ``annotate`` (MADPOIter: DPO's
         reference margins) and kept as its shard; returns the pairs the round learns from,
         chosen from every shard by the replay mode (none when every comparison tied and the
-        replay found none either: the trainer says what that means), and the round's metrics."""
+        replay found none either: the trainer says what that means), and the round's metrics.
+
+        Under torchrun every rank returns the same pairs and metrics: each makes its share of
+        the comparisons and of the annotations (``annotate`` may be given an empty share), the
+        ranks gather them, and every rank then draws the replay's choice from the same
+        generator; only rank 0 writes the round's files."""
         if round_index != len(self.shards):
             raise RuntimeError(f"round {round_index + 1} cannot start after {len(self.shards)} rounds")
         args = self.args
@@ -179,11 +185,13 @@ class PreferenceRounds:
         current, metrics, candidates_raw = self.compare(
             trainer, round_index, self.comparator.start_round(round_index), reward
         )
+        parallel = trainer.parallel
         if annotate is not None and current:
-            current = annotate(current)
+            current = parallel.gather_lists(annotate(parallel.shard(current)))
         self.shards.append(current)
         self.round = round_index
-        self.write_shard(round_index, current)
+        if parallel.is_main:
+            self.write_shard(round_index, current)
         chosen = replay_choice(
             args.preference_replay_mode,
             [len(shard) for shard in self.shards],
@@ -202,9 +210,8 @@ class PreferenceRounds:
             }
         )
         if self.reward_range is not None:
-            metrics.update(
-                log_reward_distribution(args.output_dir, round_index, self.reward_range, candidates_raw, pairs)
-            )
+            written_to = args.output_dir if parallel.is_main else None
+            metrics.update(log_reward_distribution(written_to, round_index, self.reward_range, candidates_raw, pairs))
         return pairs, metrics
 
     def end(self, trainer: Any, round_index: int) -> None:
@@ -212,7 +219,7 @@ class PreferenceRounds:
         self.save_policy(trainer, f"iteration_{round_index:04d}")
 
     def save_policy(self, trainer: Any, label: str) -> None:
-        """The agents (as ``save_model`` writes them) to ``policy_checkpoint_dir/label``, if set."""
+        """The agents (as ``save_model`` writes them: rank 0 only) to ``policy_checkpoint_dir/label``, if set."""
         if self.args.policy_checkpoint_dir is not None:
             trainer.save_model(os.path.join(self.args.policy_checkpoint_dir, label))
 
@@ -222,12 +229,17 @@ class PreferenceRounds:
         """Round ``round_index``'s pairs: for every training prompt, the current policy's N
         candidates against the ``comparator``'s M, candidate j against candidate j; with the
         round's metrics and every candidate's raw reward (before ``reward_processor``), ``(rows, N)``
-        current and ``(rows, M)`` comparator, for the reward histograms."""
-        args = self.args
+        current and ``(rows, M)`` comparator, for the reward histograms.
+
+        Under torchrun each rank samples its share of the rows, the comparator's candidates and
+        ``pair_selection="random"``'s order from its own streams of the round (the current
+        candidates from its own training stream, as one process does); every rank returns all
+        the pairs in row order, the rewards of every row and the metrics over all of them."""
+        args, parallel = self.args, trainer.parallel
         count, comparator_count = args.preference_num_candidates, args.comparator_candidates
-        order = round_generator(args.seed, round_index, Stream.PAIR_ORDER)  # pair_selection="random"
-        comparator_stream = round_generator(args.seed, round_index, Stream.COMPARATOR)
-        rows = list(range(len(trainer.train_prompts)))
+        order = round_generator(args.seed, round_index, Stream.PAIR_ORDER, parallel.rank)  # pair_selection="random"
+        comparator_stream = round_generator(args.seed, round_index, Stream.COMPARATOR, parallel.rank)
+        rows = parallel.shard(list(range(len(trainer.train_prompts))))
         chunk = args.per_device_train_batch_size
         pairs: list[PreferencePair] = []
         current_rewards, comparator_rewards = [], []
@@ -235,7 +247,10 @@ class PreferenceRounds:
         collaboration = getattr(trainer, "collaboration", None)  # centralized: one model's answers, split into roles
         unsplit: tuple[list, list] = ([], [])  # per batch of rows, current and comparator candidates
         label = f"{args.trainer_name} round {round_index + 1} pairs"
-        for first in tqdm(range(0, len(rows), chunk), desc=label, unit="batch", dynamic_ncols=True):
+        batches = tqdm(
+            range(0, len(rows), chunk), desc=label, unit="batch", dynamic_ncols=True, disable=not parallel.is_main
+        )
+        for first in batches:
             batch = rows[first : first + chunk]
             mine = candidates(trainer, batch, count, reward)
             with sampling_with(trainer, comparator, comparator_stream):
@@ -266,13 +281,20 @@ class PreferenceRounds:
             if collaboration is not None:
                 for side, turn in zip(unsplit, (mine, theirs)):
                     side.append(collaboration.parse_failure_stats(turn, trainer.train_prompts))
-        metrics = comparison_statistics(torch.cat(current_rewards), torch.cat(comparator_rewards), pairs)
+        pairs = parallel.gather_lists(pairs)
+        current_rewards, comparator_rewards, current_raw, comparator_raw = (
+            torch.cat(parallel.gather_lists(per_batch))
+            for per_batch in (current_rewards, comparator_rewards, current_raw, comparator_raw)
+        )
+        metrics = comparison_statistics(current_rewards, comparator_rewards, pairs)
         if collaboration is not None:
-            current, comparator = (finish(combine(side))[PARSE_FAILURE_METRIC] for side in unsplit)
+            current, comparator = (
+                finish(combine(parallel.gather_lists(side)))[PARSE_FAILURE_METRIC] for side in unsplit
+            )
             metrics.update({PARSE_FAILURE_METRIC: current, "iter/comparator_parse_failure_frac": comparator})
         if self.joint is not None:
-            metrics["iter/comparator_parse_failure_frac"] = self.joint.parse_failure_frac()
-        return pairs, metrics, (torch.cat(current_raw), torch.cat(comparator_raw))
+            metrics["iter/comparator_parse_failure_frac"] = self.joint.parse_failure_frac(parallel)
+        return pairs, metrics, (current_raw, comparator_raw)
 
     def write_shard(self, round_index: int, pairs: list[PreferencePair]) -> None:
         """Round ``round_index``'s pairs to ``iteration_XXXX.json`` (numbered from 1, as 1.4.3), for reading."""
