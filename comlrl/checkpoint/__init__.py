@@ -18,6 +18,7 @@ from comlrl.checkpoint.files import (
     truncate_log,
     verify_checkpoint,
     write_folders,
+    write_json,
 )
 
 __all__ = [
@@ -38,4 +39,5 @@ __all__ = [
     "truncate_log",
     "verify_checkpoint",
     "write_folders",
+    "write_json",
 ]

@@ -212,6 +212,15 @@ def verify_checkpoint(path: str) -> None:
             )
 
 
+def write_json(path: str, value: Any, indent: int | None = None) -> None:
+    """``value`` as JSON at ``path``, whole or not at all: written aside, then renamed (a run
+    stopped mid-write leaves the previous file, never a torn one)."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        json.dump(value, f, ensure_ascii=False, indent=indent)
+    os.replace(path + ".tmp", path)
+
+
 def write_folders(output_dir: str, writers: Sequence[tuple[str, Callable[[str], None]]]) -> list[str]:
     """``output_dir/<name>`` written by each ``(name, write)``, under a temporary name renamed
     when complete, so an interrupted save never leaves a folder that looks complete."""

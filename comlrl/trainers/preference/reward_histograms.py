@@ -12,7 +12,6 @@ the reward function declares, and the writing of one round's record.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -20,6 +19,7 @@ from typing import Any
 import numpy as np
 from torch import Tensor
 
+from comlrl.checkpoint import write_json
 from comlrl.rewards import JointReward
 from comlrl.trainers.preference.pairs import PreferencePair
 from comlrl.utils.reward_range import resolve_reward_range
@@ -143,12 +143,7 @@ def round_metrics(record: dict[str, Any], pair_count: int) -> dict[str, float]:
 def write_record(output_dir: str, record: dict[str, Any]) -> None:
     """``record`` to ``output_dir/reward_distributions/iteration_XXXX.json``, whole or not at
     all (written aside, then renamed)."""
-    folder = os.path.join(output_dir, FOLDER)
-    os.makedirs(folder, exist_ok=True)
-    path = os.path.join(folder, f"iteration_{record['iteration']:04d}.json")
-    with open(path + ".tmp", "w", encoding="utf-8") as f:
-        json.dump(record, f, indent=2)
-    os.replace(path + ".tmp", path)
+    write_json(os.path.join(output_dir, FOLDER, f"iteration_{record['iteration']:04d}.json"), record, indent=2)
 
 
 def log_reward_distribution(

@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import enum
-import json
 import os
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -32,7 +31,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from comlrl.algorithms import joint_action_indices
-from comlrl.checkpoint import read_state, read_tensors
+from comlrl.checkpoint import read_state, read_tensors, write_json
 from comlrl.metrics.stats import combine, finish
 from comlrl.rewards import JointReward
 from comlrl.rollout.backends import GenerationBackend
@@ -299,12 +298,8 @@ class PreferenceRounds:
     def write_shard(self, round_index: int, pairs: list[PreferencePair]) -> None:
         """Round ``round_index``'s pairs to ``iteration_XXXX.json`` (numbered from 1, as 1.4.3), for reading."""
         folder = self.args.preference_replay_dir or os.path.join(self.args.output_dir, "preference_replay")
-        os.makedirs(folder, exist_ok=True)
-        path = os.path.join(folder, f"iteration_{round_index + 1:04d}.json")
         record = {"iteration": round_index + 1, "num_pairs": len(pairs), "pairs": [pair_record(p) for p in pairs]}
-        with open(path + ".tmp", "w", encoding="utf-8") as f:
-            json.dump(record, f, ensure_ascii=False)
-        os.replace(path + ".tmp", path)
+        write_json(os.path.join(folder, f"iteration_{round_index + 1:04d}.json"), record)
 
     # ----------------------------------------------------------------------------------------
     # checkpoints
