@@ -181,8 +181,8 @@ class MADPOTrainer(MultiAgentTrainer):
         role_arguments: dict[str, Any],
     ) -> CentralizedSetup | None:
         """The one-model set-up of ``collaboration_mode="centralized"`` from the arguments that
-        speak of roles there (None: one model per agent). An adapter with one model per agent
-        would split nothing: an error, never ignored."""
+        speak of roles there (None: one model per agent). An adapter with nothing to split (one
+        model per agent, and no comparator writing for every agent) is an error, never ignored."""
         if args.collaboration_mode == "centralized":
             return CentralizedSetup.build(
                 args,
