@@ -377,8 +377,13 @@ def build_trainer(algorithm: str, output_dir: Path, per_device_rows: int):
             agents=agents, tokenizer=tok, train_dataset=ROWS, reward_func=distinct_score, args=args
         )
     if algorithm == "madpo":
+        # train_batch_size counts pairs per rank and step; rows are sampled 4 at a time either way.
+        pairs_per_step = {"per_device_train_batch_size": 4, "train_batch_size": per_device_rows}
         args = MADPOConfig(
-            preference_num_candidates=3, preference_pairs_per_sample=3, dpo_reference="initial", **shared
+            preference_num_candidates=3,
+            preference_pairs_per_sample=3,
+            dpo_reference="initial",
+            **{**shared, **pairs_per_step},
         )
         return MADPOTrainer(
             agents=agents, tokenizer=tok, train_dataset=MADPO_ROWS, reward_func=distinct_score, args=args

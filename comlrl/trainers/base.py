@@ -197,7 +197,8 @@ class MultiAgentTrainer(abc.ABC):
         """How completions are sampled, fixed for the run: generation, the log-probs'
         temperature and the loss's constants all read it."""
         self.parallel = DataParallel.from_environment()
-        if self.parallel.enabled and args.train_batch_size not in (None, args.per_device_train_batch_size):
+        several_steps = args.train_batch_size not in (None, args.per_device_train_batch_size)
+        if self.parallel.enabled and args.train_batch_size_counts_rows and several_steps:
             raise ValueError(
                 f"train_batch_size={args.train_batch_size} (several optimizer steps per rollout) is not supported "
                 "under torchrun yet: leave it None, or lower per_device_train_batch_size instead"

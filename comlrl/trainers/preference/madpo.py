@@ -84,8 +84,8 @@ class MADPOTrainer(MultiAgentTrainer):
     Under torchrun each rank samples the candidates of its share of the rows, from its own
     random stream, and every rank then holds the same pairs, in row order (one process's
     order; the candidates equal one process's only where sampling is deterministic). Each
-    step takes ``per_device_train_batch_size`` pairs per rank (another ``train_batch_size``
-    is refused there), each rank training on its own; the loss is the mean over the step's
+    step takes ``train_batch_size`` pairs per rank (else ``per_device_train_batch_size``),
+    each rank training on its own; the loss is the mean over the step's
     pairs of every rank, so K ranks compute the gradient one process would on those pairs.
     MADPOIter's rounds make their pairs the same way under torchrun (see its docstring).
 
