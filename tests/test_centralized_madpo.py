@@ -118,7 +118,7 @@ def test_the_loss_and_gradient_are_single_agent_dpo_on_the_joint_response(tmp_pa
     expected = torch.autograd.grad(loss, list(model.parameters()))
 
     madpo.learners.zero_grad()  # the update's backward, one pair per forward (micro_batch_size=2)
-    madpo.agent_backward(0, madpo.batch(madpo.pairs, 0), torch.zeros(2), None)
+    madpo.agent_backward(0, madpo.batch(madpo.pairs, 0), torch.zeros(2), None, 2)
     for parameter, want in zip(model.parameters(), expected):
         torch.testing.assert_close(parameter.grad, want, atol=1e-6, rtol=1e-4)
     metrics = madpo.step([0, 1]).metrics  # before its update

@@ -183,7 +183,7 @@ def test_each_agent_gets_the_joint_losss_gradient_micro_batch_by_micro_batch(tmp
     madpo_trainer.learners.zero_grad()
     others = others_deltas(deltas.detach())
     for i in range(2):
-        madpo_trainer.agent_backward(i, batches[i], others[i], None)
+        madpo_trainer.agent_backward(i, batches[i], others[i], None, len(others[i]))
     for got, want in zip([p.grad for p in parameters], expected):
         torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-4)
 

@@ -150,6 +150,9 @@ class MultiAgentTrainer(abc.ABC):
     """Shown on the progress bar."""
     progress_metric = ("reward", "reward/mean")
     """The step metric the progress bar shows: its label and its key."""
+    collaboration: Any = None
+    """Centralized trainers (one model writing every role): the ``CentralizedCollaboration``
+    that joins the roles' prompts and splits the model's answers; None with one model per agent."""
     actor_critic_reward_calls = False
     """Whether a reward function called per joint action (``reward_call``) is called as comlrl
     1.4.3's actor-critic trainers called it (``prompts``: every agent's prompt; a flat list of

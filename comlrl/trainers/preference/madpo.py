@@ -151,7 +151,6 @@ class MADPOTrainer(MultiAgentTrainer):
             "metrics_callback": metrics_callback,
         }
         setup = self.centralized_setup(args, agents, centralized_comparator_adapter, role_arguments)
-        self.collaboration = None
         self.comparator_adapter = None if setup is not None else centralized_comparator_adapter
         """With one model per agent: the adapter of a comparator that writes every agent's part (MADPOIter)."""
         super().__init__(
@@ -241,7 +240,7 @@ class MADPOTrainer(MultiAgentTrainer):
         """The pairs of :func:`sample_preference_pairs`, with their reference margins when the
         DPO loss has a reference (each rank computes its share's, and every rank gets them
         all); and what building them found."""
-        pairs, metrics = sample_preference_pairs(self, self.args, self.algorithm_name, self.collaboration)
+        pairs, metrics = sample_preference_pairs(self, self.args, self.algorithm_name)
         if self.args.dpo_reference == "initial":
             pairs = self.parallel.gather_lists(self.with_reference(self.parallel.shard(pairs)))
         return pairs, metrics
@@ -359,20 +358,19 @@ class MADPOTrainer(MultiAgentTrainer):
         batch: SequenceBatch,
         other_deltas: Tensor,
         reference_deltas: Tensor | None,
-        step_pairs: int | None = None,
+        step_pairs: int,
     ) -> dict[str, Stat]:
         """Agent ``agent``'s DPO loss on ``batch`` (the other agents' margins ``other_deltas``
         held fixed), backpropagated micro-batch by micro-batch; the micro-batches' losses add
         up to the batch's summed loss divided by ``step_pairs``, the step's pairs on every
-        rank (None: the batch's, its mean)."""
+        rank (one process: the batch's, so its mean)."""
         model = self.agents.trainable(agent)
-        num_pairs = len(other_deltas) if step_pairs is None else step_pairs
         total = 0.0
         for piece in self.micro_batches(len(other_deltas)):
             chosen, rejected = self.sequence_logps(model, batch, piece)
             reference = None if reference_deltas is None else reference_deltas[piece].to(chosen)
             own = preference_deltas(chosen, rejected, reference)
-            loss = agent_dpo_losses(own, other_deltas[piece].to(own), self.args.dpo_beta).sum() / num_pairs
+            loss = agent_dpo_losses(own, other_deltas[piece].to(own), self.args.dpo_beta).sum() / step_pairs
             loss.backward()
             total += loss.item()
         return {f"agent{agent}/loss": metric_stats.total(total)}
@@ -452,22 +450,19 @@ def check_candidate_budget(config: MADPOConfig, num_agents: int) -> None:
 
 
 def sample_preference_pairs(
-    trainer: MultiAgentTrainer,
-    args: MADPOConfig,
-    name: str,
-    collaboration: CentralizedCollaboration | None = None,
+    trainer: MultiAgentTrainer, args: MADPOConfig, name: str
 ) -> tuple[list[PreferencePair], dict[str, float]]:
     """Sample ``preference_num_candidates`` joint actions per training prompt with
     ``trainer``'s current policy, score them with its task reward and keep the pairs
     ``pair_selection`` picks; returns them and what building them found. ``name`` (the
-    trainer's: MADPO, MARLHF) labels the progress bar and the error. With a centralized
-    ``collaboration`` (one model writes every role), what was found includes the share of
-    candidates it could not split into roles.
+    trainer's: MADPO, MARLHF) labels the progress bar and the error. For a centralized
+    trainer (one model writes every role), what was found includes the share of candidates
+    its collaboration could not split into roles.
 
     Under data parallelism each rank samples its share of the rows (and draws
     ``pair_selection="random"``'s order from its own stream, as it samples from its own);
     every rank returns all the pairs, in row order, and what was found over all of them."""
-    parallel = trainer.parallel
+    parallel, collaboration = trainer.parallel, trainer.collaboration
     count = args.preference_num_candidates
     aligned = joint_action_indices(trainer.num_agents, count, "aligned")
     order = torch.Generator().manual_seed(args.seed + parallel.rank)  # pair_selection="random"'s draws

@@ -388,9 +388,7 @@ class RewardModelStage:
     def fit(self, trainer: Any, device: str | torch.device) -> dict[str, float]:
         """Phases 1-3: pairs from ``trainer``'s policy and task reward, a fresh reward model
         fitted to them (less the held-out prompts'), frozen and written to ``output_dir``."""
-        # A centralized RL trainer's collaboration counts the candidates it cannot split into roles.
-        collaboration = getattr(trainer, "collaboration", None)
-        pairs, metrics = sample_preference_pairs(trainer, self.args, "MARLHF", collaboration)
+        pairs, metrics = sample_preference_pairs(trainer, self.args, "MARLHF")
         seed = self.args.seed
         return {**metrics, **self.fit_pairs(pairs, device, seeded(seed), seeded(seed + 1))}
 

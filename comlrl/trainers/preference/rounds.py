@@ -243,7 +243,7 @@ class PreferenceRounds:
         pairs: list[PreferencePair] = []
         current_rewards, comparator_rewards = [], []
         current_raw, comparator_raw = [], []
-        collaboration = getattr(trainer, "collaboration", None)  # centralized: one model's answers, split into roles
+        collaboration = trainer.collaboration  # centralized: one model's answers, split into roles
         unsplit: tuple[list, list] = ([], [])  # per batch of rows, current and comparator candidates
         label = f"{args.trainer_name} round {round_index + 1} pairs"
         batches = tqdm(
