@@ -217,7 +217,7 @@ def test_the_shares_of_a_batch_add_up_to_its_loss_accuracy_and_gradient():
     assert (loss.item(), accuracy) == (0.0, 0.0)
 
 
-def test_marlhf_stage_shares_the_trainers_ranks(tmp_path, monkeypatch):
+def test_marlhf_builds_under_torchrun_and_fits_with_the_trainers_ranks(tmp_path, monkeypatch):
     # Two ranks without a process group: the weights' broadcast has nothing to do.
     monkeypatch.setattr(DataParallel, "from_environment", classmethod(lambda cls: cls(rank=0, world_size=2)))
     monkeypatch.setattr(DataParallel, "broadcast_parameters", lambda self, parameters: None)
@@ -232,7 +232,9 @@ def test_marlhf_stage_shares_the_trainers_ranks(tmp_path, monkeypatch):
     )
     agents = [tiny_llama(tok, seed=i) for i in range(2)]
     trainer = MARLHFTrainer(agents=agents, tokenizer=tok, train_dataset=DATA[:2], reward_func=content_score, args=args)
-    assert trainer.stage.parallel == trainer.parallel == DataParallel(rank=0, world_size=2)
+    # The stage keeps no ranks of its own: it fits with those of the trainer it is given.
+    assert trainer.parallel == trainer.rl_trainer.parallel == DataParallel(rank=0, world_size=2)
+    assert not hasattr(trainer.stage, "parallel")
 
 
 def test_madpo_iter_ranks_hold_the_same_rounds_and_resume_exactly(tmp_path):

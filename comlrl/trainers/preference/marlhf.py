@@ -348,15 +348,13 @@ def score_pairs(
 class RewardModelStage:
     """MARLHF's phases 1-3, run when the RL trainer's ``train()`` starts (its ``prepare``), and
     the reward function of its training rollouts (``function``, raw reward-model scores).
-    Under data parallelism every rank fits the same reward model together (``parallel``)."""
+    Under data parallelism every rank fits the same reward model together (the trainer's ranks)."""
 
-    def __init__(self, args: MARLHFConfig, source: str, model_kwargs: dict[str, Any], parallel: DataParallel):
+    def __init__(self, args: MARLHFConfig, source: str, model_kwargs: dict[str, Any]):
         self.args = args
         self.source = source
         """The reward model's transformer: a folder or hub id."""
         self.model_kwargs = model_kwargs
-        self.parallel = parallel
-        """The ranks the reward model is fitted on (the RL trainer's)."""
         self.function = RewardModelFunction(None, args.micro_batch_size)
         """Scores the RL phase's joint actions once a reward model is fitted or read back."""
         self.pairs: list[PreferencePair] | None = None
@@ -372,45 +370,50 @@ class RewardModelStage:
     def prepare(self, trainer: Any, checkpoint: str | None) -> dict[str, float]:
         """The reward model: read from ``checkpoint`` when resuming (by every rank), kept when
         this trainer already fitted one, else fitted now; returns the metrics of pairs and fit."""
-        device = self.args.reward_model_device or trainer.agents.device(0)
         if checkpoint is not None:
             folder = os.path.join(checkpoint, REWARD_MODEL_FOLDER)
             if not os.path.isdir(folder):
                 raise ValueError(
                     f"checkpoint {checkpoint} holds no {REWARD_MODEL_FOLDER}/: it was not written by MARLHFTrainer"
                 )
-            self.function.model = frozen_model(JointRewardModel.load(folder, device, self.model_kwargs))
+            model = JointRewardModel.load(folder, self.device(trainer), self.model_kwargs)
+            self.function.model = frozen_model(model)
             return {}
         if self.reward_model is not None:
             return {}
-        return self.fit(trainer, device)
+        return self.fit(trainer)
 
-    def fit(self, trainer: Any, device: str | torch.device) -> dict[str, float]:
+    def device(self, trainer: Any) -> str | torch.device:
+        """Where the reward model lives: ``reward_model_device``, else with ``trainer``'s agent 0."""
+        return self.args.reward_model_device or trainer.agents.device(0)
+
+    def fit(self, trainer: Any) -> dict[str, float]:
         """Phases 1-3: pairs from ``trainer``'s policy and task reward, a fresh reward model
         fitted to them (less the held-out prompts'), frozen and written to ``output_dir``."""
         pairs, metrics = sample_preference_pairs(trainer, self.args, "MARLHF")
         seed = self.args.seed
-        return {**metrics, **self.fit_pairs(pairs, device, seeded(seed), seeded(seed + 1))}
+        return {**metrics, **self.fit_pairs(trainer, pairs, seeded(seed), seeded(seed + 1))}
 
     def fit_pairs(
         self,
+        trainer: Any,
         pairs: list[PreferencePair],
-        device: str | torch.device,
         held_out_draw: torch.Generator,
         batch_order: torch.Generator,
     ) -> dict[str, float]:
         """A fresh reward model fitted to ``pairs`` less those of the prompts held out (drawn
         from ``held_out_draw``; batches in an order drawn from ``batch_order``), frozen, used
         by ``function`` and written to ``output_dir`` (by rank 0); returns the fit's metrics.
-        Every rank holds the same ``pairs`` and generators, and ends with the same model."""
-        args = self.args
+        Every rank of ``trainer`` holds the same ``pairs`` and generators, and they fit one
+        model together."""
+        args, parallel = self.args, trainer.parallel
         self.pairs = pairs
         metrics: dict[str, float] = {}
         started = time.perf_counter()
         held_out = held_out_rows([pair.row for pair in self.pairs], args.reward_eval_fraction, held_out_draw)
         train_pairs = [pair for pair in self.pairs if pair.row not in held_out]
         eval_pairs = [pair for pair in self.pairs if pair.row in held_out]
-        model = self.fresh_reward_model(device)
+        model = self.fresh_reward_model(self.device(trainer))
         fitted = fit_reward_model(
             model,
             train_pairs,
@@ -419,7 +422,7 @@ class RewardModelStage:
             args.reward_learning_rate,
             args.max_grad_norm,
             batch_order,
-            self.parallel,
+            parallel,
         )
         self.function.model = frozen_model(model)
         metrics.update(
@@ -431,10 +434,10 @@ class RewardModelStage:
             }
         )
         if eval_pairs:
-            held = score_pairs(model, eval_pairs, args.micro_batch_size, self.parallel)
+            held = score_pairs(model, eval_pairs, args.micro_batch_size, parallel)
             metrics.update({"reward_model/eval_loss": held.loss, "reward_model/eval_accuracy": held.accuracy})
         metrics["time/reward_model_s"] = time.perf_counter() - started
-        if self.parallel.is_main:
+        if parallel.is_main:
             write_folders(args.output_dir, [(REWARD_MODEL_FOLDER, model.save)])
         return metrics
 
@@ -625,7 +628,6 @@ class MARLHFTrainer:
             args,
             check_model_source(source, "reward_model_name"),
             split_model_config(model_config).model_kwargs,
-            DataParallel.from_environment(),
         )
         kwargs: dict[str, Any] = {}
         if args.rl_algorithm in MAGRPO_BASELINES:

@@ -111,12 +111,11 @@ class RoundsRewardModelStage(RewardModelStage):
         )
         if pairs:
             self.function.model = None  # the previous round's: fitting the next beside it would hold two
-            device = args.reward_model_device or trainer.agents.device(0)
             held_out, order = (
                 round_generator(args.seed, round_index, stream)
                 for stream in (Stream.REWARD_MODEL_HELD_OUT, Stream.REWARD_MODEL_ORDER)
             )
-            return {**metrics, **self.fit_pairs(pairs, device, held_out, order)}
+            return {**metrics, **self.fit_pairs(trainer, pairs, held_out, order)}
         if round_index == 0:
             raise ValueError(
                 "MARLHFIter round 1 found no preference pairs: every comparison of the current policy's candidates "
