@@ -11,6 +11,8 @@ import warnings
 import pytest
 import torch
 
+from comlrl.rewards.joint_reward import JointReward
+
 from .helpers import DATA, make_trainer, multi_turn_trainer, small_config
 
 ROWS = [0, 2]  # two dataset rows with different prompts
@@ -22,6 +24,8 @@ def formatters():
 
 
 # ------------------------------------------------------------------------------ batch_items and prompts
+# What one batch call receives (reward_call="batch"): under "auto" a function that takes them is
+# also called once per joint action, once, to tell a 1.4.3 one that reads [0] (tested below).
 @pytest.mark.parametrize("joint_mode", ["aligned", "cross"])
 def test_batch_items_are_the_rows_of_their_joint_actions(tmp_path, joint_mode):
     calls = []
@@ -30,7 +34,9 @@ def test_batch_items_are_the_rows_of_their_joint_actions(tmp_path, joint_mode):
         calls.append((c1, c2, batch_items))
         return [0.0] * len(c1)
 
-    trainer = make_trainer(tmp_path, reward_func=reward, args=small_config(tmp_path, joint_mode=joint_mode))
+    trainer = make_trainer(
+        tmp_path, reward_func=reward, args=small_config(tmp_path, joint_mode=joint_mode, reward_call="batch")
+    )
     tree = trainer.rollout(trainer.train_prompts, ROWS)
     ((c1, c2, batch_items),) = calls
     turn, num_joint = tree.turns[0], tree.joint_indices.shape[0]
@@ -55,17 +61,60 @@ def test_prompts_are_agent_zeros_prompt_of_each_turn_with_the_branch_row(tmp_pat
         return [0.0] * len(c1)
 
     trainer = multi_turn_trainer(
-        tmp_path, reward=[keyword_reward, positional_reward], formatters=formatters(), joint_mode=joint_mode
+        tmp_path,
+        reward=[keyword_reward, positional_reward],
+        formatters=formatters(),
+        joint_mode=joint_mode,
+        reward_call="batch",
     )
     trainer.rollout(trainer.train_prompts, ROWS)
     assert [turn for turn, *_ in by_keyword] == [1, 2]
     (_, rows_1, prompts_1, _), (_, rows_2, prompts_2, history) = by_keyword
     assert prompts_1 == ["A: " + row["prompt"] for row in rows_1]
-    # turn 2: agent 0's formatter on the transition's prompt, written from that branch's row
-    # and agent 1's turn-1 text (tests/helpers.py revise)
-    assert prompts_2 == [f"A: {row['prompt']} | others: {h[1][0]}" for row, h in zip(rows_2, history)]
+    # turn 2: the transition's prompt as it wrote it (agent 0 read it through its formatter),
+    # from that branch's row and agent 1's turn-1 text (tests/helpers.py revise)
+    assert prompts_2 == [f"{row['prompt']} | others: {h[1][0]}" for row, h in zip(rows_2, history)]
     assert {row["prompt"] for row in rows_2} == {DATA[r]["prompt"] for r in ROWS}
     assert positional == [prompts_1, prompts_2]
+
+
+def recording_transition(calls):
+    def transition(prompt, agent_completions, num_agents, prompt_history_per_agent, response_history_per_agent):
+        calls.append((prompt, prompt_history_per_agent))
+        return [f"turn {len(history) + 1}" for history in prompt_history_per_agent]
+
+    return transition
+
+
+def test_the_transition_gets_143s_prompt_and_histories(tmp_path):
+    """1.4.3's MAGRPO: the row's prompt column ("" without one), and at later turns the
+    prompts as the transition wrote them; the agents read them through their formatters."""
+    calls, seen = [], []
+
+    def reward(c1, c2, prompts=None):
+        seen.append(prompts)
+        return [0.0] * len(c1)
+
+    trainer = multi_turn_trainer(
+        tmp_path,
+        reward=reward,
+        transition=recording_transition(calls),
+        # at later turns the "prompt" column holds the transition's text (the row has no other)
+        formatters=[lambda row: "A: " + row.get("prompt", row["text"]), lambda row: "B: " + row.get("prompt", "-")],
+        trainer_kwargs={"train_dataset": [{"text": "hi"}]},
+        num_turns=3,
+        joint_mode="aligned",
+        reward_call="batch",
+    )
+    tree = trainer.rollout(trainer.train_prompts, [0])
+    assert [prompt for prompt, _ in calls] == [""] * 6  # 2 joint actions at turn 1, 2 x 2 at turn 2
+    assert [history for _, history in calls] == [[["A: hi"], ["B: -"]]] * 2 + [
+        [["A: hi", "turn 2"], ["B: -", "turn 2"]]
+    ] * 4
+    assert seen == [["A: hi"] * 2, ["turn 2"] * 4, ["turn 3"] * 8]
+    assert [turn.prompts for turn in tree.turns] == [[["A: hi"], ["B: -"]]] + [
+        [[f"A: turn {t}"] * n, [f"B: turn {t}"] * n] for t, n in ((2, 2), (3, 4))
+    ]
 
 
 def test_kwargs_reward_gets_rows_and_prompts(tmp_path):
@@ -75,7 +124,9 @@ def test_kwargs_reward_gets_rows_and_prompts(tmp_path):
         received.append(kwargs)
         return [0.0] * len(c1)
 
-    trainer = make_trainer(tmp_path, reward_func=reward, formatters=formatters())
+    trainer = make_trainer(
+        tmp_path, reward_func=reward, formatters=formatters(), args=small_config(tmp_path, reward_call="batch")
+    )
     trainer.rollout(trainer.train_prompts, ROWS)
     ((kwargs,),) = [received]
     assert sorted(kwargs) == ["batch_items", "prompts"]
@@ -94,7 +145,7 @@ def test_evaluation_rewards_get_each_rows_item_and_prompt(tmp_path):
         reward_func=reward,
         formatters=formatters(),
         eval_dataset=DATA,
-        args=small_config(tmp_path, eval_num_samples=3, eval_batch_size=2),
+        args=small_config(tmp_path, eval_num_samples=3, eval_batch_size=2, reward_call="batch"),
     )
     trainer.evaluate()
     assert received == [(DATA[:2], ["A: hello there:", "A: a cat"]), (DATA[2:], ["A: tell me, why?"])]
@@ -186,6 +237,117 @@ def test_per_joint_action_per_agent_rewards(tmp_path):
     turn = trainer.rollout(trainer.train_prompts, ROWS).turns[0]
     lengths = [[len(text) for text in agent.texts] for agent in turn.agents]  # aligned: joint action j = sample j
     assert rewards.reshape(-1, 2).tolist() == [[float(a), float(b)] for a, b in zip(*lengths)]
+
+
+# ------------------------------------------------------------------------------ K values that mean something else
+def score_rows(reward, prompts, completions, rows):
+    """``reward``'s ``(K, N)`` rewards of joint actions on ``rows`` (dataset rows of ``TARGETS``)."""
+    return reward(prompts, completions, rows, batch_items=[TARGETS[r] for r in rows]).raw
+
+
+TARGETS = [{"target": 1.0}, {"target": 100.0}, {"target": 7.0}]
+
+
+def first_row_143(completions1, completions2, batch_items=None):
+    """1.4.3's style (one joint action per call, so its row is batch_items[0]), scored with a
+    comprehension: called with several rows it gives the first one's target to all."""
+    return [batch_items[0]["target"] for _ in zip(completions1, completions2)]
+
+
+def first_prompt_143(prompts, completions1, completions2):
+    return [float(len(prompts[0])) for _ in zip(completions1, completions2)]
+
+
+def test_auto_catches_a_143_reward_reading_the_first_row_and_scores_each_row(tmp_path):
+    trainer = make_trainer(
+        tmp_path, reward_func=first_row_143, train_dataset=[{**DATA[r], **TARGETS[r]} for r in (0, 1)]
+    )
+    with pytest.warns(
+        UserWarning,
+        match=r"(?s)first_row_143 returned 4 values for 4 joint actions of different "
+        r"dataset rows.*reads one joint action's batch_items.*reward_call=\"per_joint_action\"",
+    ):
+        rewards = trainer.rollout(trainer.train_prompts, [0, 1]).turns[0].rewards
+    assert rewards[0].unique().tolist() == [1.0] and rewards[1].unique().tolist() == [100.0]
+    assert trainer.reward.calls == ["per_joint_action"]
+
+
+def test_auto_catches_a_143_reward_reading_the_first_prompt():
+    reward = JointReward(first_prompt_143, num_agents=2)
+    with pytest.warns(UserWarning, match="first_prompt_143 returned 3 values for 3 joint actions of different"):
+        values = reward(["ab", "abcd", "abc"], [["x", "y", "z"], ["u", "v", "w"]], [0, 0, 0]).raw
+    assert values[:, 0].tolist() == [2.0, 4.0, 3.0]
+
+
+def test_auto_waits_for_joint_actions_of_several_rows_before_settling():
+    calls = []
+
+    def counted(completions1, completions2, batch_items=None):
+        calls.append(len(completions1))
+        return first_row_143(completions1, completions2, batch_items)
+
+    reward = JointReward(counted, num_agents=2)
+    one_row = score_rows(reward, ["p", "p", "p"], [["a", "b", "c"], ["d", "e", "f"]], [1, 1, 1])
+    assert one_row[:, 0].tolist() == [100.0] * 3 and calls == [3] and reward.calls == ["auto"]
+    with pytest.warns(UserWarning, match="counted returned 3 values"):
+        two_rows = score_rows(reward, ["p", "q", "q"], [["a", "b", "c"], ["d", "e", "f"]], [0, 2, 2])
+    assert two_rows[:, 0].tolist() == [1.0, 7.0, 7.0] and calls == [3, 3, 1, 1, 1]
+
+
+def test_auto_settles_a_batch_reward_that_reads_each_row_after_one_check():
+    calls = []
+
+    def each_row(completions1, completions2, batch_items=None):
+        calls.append(len(completions1))
+        # a batch of several rounds otherwise than one row alone, as a batched model would
+        return [item["target"] * (1 + 1e-7 * (len(completions1) > 1)) for item in batch_items]
+
+    reward = JointReward(each_row, num_agents=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        first = score_rows(reward, ["p", "q"], [["a", "b"], ["c", "d"]], [0, 1])
+        score_rows(reward, ["p", "q"], [["a", "b"], ["c", "d"]], [1, 2])
+    assert reward.calls == ["batch"] and calls == [2, 1, 1, 2]
+    torch.testing.assert_close(first[:, 0], torch.tensor([1.0, 100.0]))
+
+
+def test_auto_scores_a_varying_batch_reward_per_joint_action_and_says_how_to_keep_the_batch():
+    draws = iter(range(100))
+
+    def sampled_judge(completions1, completions2, batch_items=None):
+        return [float(next(draws)) for _ in completions1]
+
+    reward = JointReward(sampled_judge, num_agents=2)
+    with pytest.warns(UserWarning, match=r"for a batch function whose rewards vary from call to call"):
+        values = score_rows(reward, ["p", "q"], [["a", "b"], ["c", "d"]], [0, 1])
+    assert values[:, 0].tolist() == [2.0, 3.0] and reward.calls == ["per_joint_action"]
+
+
+@pytest.mark.parametrize("actor_critic_calls", [False, True])
+def test_auto_checks_n_values_for_n_joint_actions(actor_critic_calls):
+    def per_agent_143(completions1, completions2):
+        return [float(len(completions1[0])), float(len(completions2[0]))]
+
+    reward = JointReward(per_agent_143, num_agents=2, actor_critic_calls=actor_critic_calls)
+    completions = [["a", "bbb"], ["cc", "dddd"]]
+    if not actor_critic_calls:  # 1.4.3's MAGRPO kept the first value: an error that says so
+        with pytest.raises(ValueError, match=r"returned 2 values \(\[1.0, 2.0\]\) .*1.4.3 used only the first value"):
+            reward(["p", "p"], completions, [0, 0])
+        return
+    with pytest.warns(UserWarning, match="one per agent, as its actor-critic trainers read it"):
+        values = reward(["p", "p"], completions, [0, 0]).raw
+    assert values.tolist() == [[1.0, 2.0], [3.0, 4.0]]
+
+
+def test_auto_settles_a_batch_reward_of_n_values_for_n_joint_actions():
+    def lengths(completions1, completions2):
+        return [float(len(a) + len(b)) for a, b in zip(completions1, completions2)]
+
+    reward = JointReward(lengths, num_agents=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        values = reward(["p", "p"], [["a", "bbb"], ["cc", "dddd"]], [0, 0]).raw
+    assert values[:, 0].tolist() == [3.0, 7.0] and reward.calls == ["batch"]
 
 
 # ------------------------------------------------------------------------------ metric names

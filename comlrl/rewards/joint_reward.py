@@ -25,8 +25,13 @@ How a function is called is ``REWARD_CALLS``' choice (the config's ``reward_call
 joint action with one-element lists, as comlrl 1.4.3 did, its users' functions reading
 ``[0]`` and returning ``[value]``; ``auto`` calls it in batch and, the first time it returns
 a single value for K > 1 joint actions, takes it for a 1.4.3 one: it warns, scores that
-batch again per joint action and keeps calling it so. A function that returned K values
-for K > 1 is a batch one from then on (a single value is then an error, not a switch).
+batch again per joint action and keeps calling it so. K values for K > 1 joint actions are
+checked once by calling per joint action too when they may mean something else (K = N
+values, which a 1.4.3 function returns as one per agent of the first joint action; a
+function that gets ``batch_items`` or ``prompts``, at the first call whose joint actions have
+different rows or prompts, which a 1.4.3 function may read at ``[0]`` for all): the same
+rewards make it a batch function, others a 1.4.3 one (warned, as above). A function settled
+as a batch one is called so from then on (a single value is then an error, not a switch).
 
 Several reward functions can be given with weights; the joint reward is their weighted
 sum, then the optional processor is applied to each value.
@@ -257,6 +262,9 @@ class JointActions:
 
 # How many distinct dataset rows an error lists before "...": a batch can hold hundreds.
 _ROWS_SHOWN = 10
+# When a batch call and per-joint-action calls agree (``auto``): batched arithmetic, such as a
+# reward model scoring padded rows together, rounds otherwise than one row at a time.
+_SETTLE_RTOL, _SETTLE_ATOL = 1e-4, 1e-6
 
 
 class JointReward:
@@ -390,46 +398,74 @@ class JointReward:
         count = len(actions.row_ids)
         returned = self._call(j, actions, hint=_per_joint_action_hint(count))
         if self.calls[j] == "auto" and count > 1 and _single_value(returned):
-            self._take_for_per_joint_action(j, returned, count)
+            self._take_for_per_joint_action(j, f"returned one value ({short_repr(returned)}) for {count} joint actions")
             return self._score_each(j, actions)
         values = self._check(returned, actions.row_ids, self._sources[j])
-        ambiguous = self.actor_critic_calls and count == self.num_agents > 1 and _flat(returned)
-        if self.calls[j] == "auto" and ambiguous:
-            return self._settle_ambiguous(j, actions, values)
-        if count > 1:
-            self.calls[j] = "batch"  # it answered K joint actions with K values: a batch function
+        if self.calls[j] != "auto" or count == 1:
+            return values
+        doubt = self._doubt(j, actions, returned)
+        if doubt is not None:
+            return self._settle(j, actions, values, doubt)
+        if not self._reads_joint_action_items(j):
+            self.calls[j] = "batch"  # K values for K joint actions, read from its lists alone: a batch function
         return values
 
-    def _settle_ambiguous(self, j: int, actions: JointActions, values: Tensor) -> Tensor:
-        """K values for K = N joint actions read either as one per joint action (a batch
-        function) or, where a 1.4.3 trainer read a flat list so (``actor_critic_calls``), as
-        one per agent of the first joint action (a 1.4.3 function that looked at ``[0]`` only):
-        called once per joint action too, a batch function gives the same rewards, a 1.4.3 one
-        does not. This costs K more calls, once per function and run."""
+    def _reads_joint_action_items(self, j: int) -> bool:
+        """Whether function ``j`` gets ``batch_items`` or ``prompts``: items that a function
+        written for comlrl 1.4.3 (one joint action per call) may read at ``[0]`` only."""
+        return self.pass_prompts[j] or bool({"batch_items", "prompts"} & set(self.keyword_names[j]))
+
+    def _doubt(self, j: int, actions: JointActions, returned: object) -> str | None:
+        """Why K values that function ``j`` returned for K > 1 joint actions under ``auto`` may
+        not be one reward per joint action, or None when they can only be that.
+
+        Two ways a function written for comlrl 1.4.3 returns K values that mean something else:
+        K = N values read at ``[0]``, one per agent of the first joint action; and values for
+        every joint action all computed from the first one's ``batch_items`` or ``prompts`` (a
+        list comprehension over the completions beside ``batch_items[0]``). The second shows only
+        when the joint actions have different rows or prompts: until a call that has them, the
+        function is left unsettled (any such reading is right while they are all the same)."""
+        count = len(actions.row_ids)
+        if count == self.num_agents and _flat(returned):
+            return (
+                f"returned {short_repr(returned)} for {count} joint actions, which called one at a time give other "
+                f"rewards: a comlrl 1.4.3 function reads such a list as {_plural(count, 'value')} for the first "
+                "joint action"
+                + (" (one per agent, as its actor-critic trainers read it)" if self.actor_critic_calls else "")
+            )
+        if not self._reads_joint_action_items(j):
+            return None
+        prompts = actions.keywords["prompts"]
+        if len(set(actions.row_ids)) > 1 or len(set(prompts)) > 1:
+            return (
+                f"returned {_plural(count, 'value')} for {count} joint actions of different dataset rows or "
+                "prompts, which called one at a time give other rewards: it reads one joint action's batch_items "
+                "or prompts for all of them, as a comlrl 1.4.3 function (one joint action per call) may read [0]"
+            )
+        return None
+
+    def _settle(self, j: int, actions: JointActions, values: Tensor, doubt: str) -> Tensor:
+        """Function ``j`` called once per joint action too, to tell a batch function (the same
+        rewards, up to float rounding of batched arithmetic) from a comlrl 1.4.3 one (others, or an
+        error that says what such a list means). K more calls, once per function and run."""
         each = self._score_each(j, actions)
-        if torch.equal(each, values):
+        if torch.allclose(each, values, rtol=_SETTLE_RTOL, atol=_SETTLE_ATOL):
             self.calls[j] = "batch"
             return values
-        self._take_for_per_joint_action(j, values[:, 0].tolist(), len(actions.row_ids), per_agent=True)
+        self._take_for_per_joint_action(j, doubt)
         return each
 
-    def _take_for_per_joint_action(self, j: int, returned: object, count: int, per_agent: bool = False) -> None:
-        """Function ``j`` answered ``count`` joint actions as a comlrl 1.4.3 one (one value, or
-        ``per_agent``: one per agent of the first) under ``auto``: it is called per joint action
-        from now on; said once, as it is decided once."""
+    def _take_for_per_joint_action(self, j: int, answered: str) -> None:
+        """Function ``j`` ``answered`` as a comlrl 1.4.3 one under ``auto``: it is called per joint
+        action from now on; said once, as it is decided once."""
         self.calls[j] = "per_joint_action"
-        answered = (
-            f"returned {short_repr(returned)} for {count} joint actions, which called one at a time give other "
-            "rewards (one per agent of each, as comlrl 1.4.3's actor-critic trainers read such a list)"
-            if per_agent
-            else f"returned one value ({short_repr(returned)}) for {count} joint actions"
-        )
         warnings.warn(
             f"{self._sources[j]} {answered}, so it is "
             "taken for a function written for comlrl 1.4.3, which called reward functions once per joint action "
             "with one-element lists: it is now called that way, once per joint action, for the rest of this run. "
             'Set reward_call="per_joint_action" to say so, or reward_call="batch" to call it with all the joint '
-            "actions of a turn at once (one value for several is then an error)",
+            "actions of a turn at once (for a batch function whose rewards vary from call to call, such as a "
+            "sampled judge; one value for several joint actions is then an error)",
             stacklevel=2,
         )
 

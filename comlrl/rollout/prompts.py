@@ -91,7 +91,7 @@ class PromptTable:
 
     def row_prompts(self, row_ids: Sequence[int]) -> list[str]:
         """The rows' ``prompt`` column, or agent 0's formatted prompts when the rows have no
-        such column: the transition's ``prompt``, the samples' and ``eval_logger``'s prompts,
-        as comlrl 1.4.3 gave them the row's prompt. Reward functions get each turn's prompts
-        instead (see ``comlrl.rewards.joint_reward``)."""
+        such column: the samples' and ``eval_logger``'s prompts, as comlrl 1.4.3 gave them the
+        row's prompt. Reward functions get each turn's prompts instead (see
+        ``comlrl.rewards.joint_reward``), and the transition the ``prompt`` column ("" without it)."""
         return [self._row_prompts[r] for r in row_ids]

@@ -129,6 +129,7 @@ def build_tree(
     prompt_passthrough: bool = False,
     early_termination_threshold: float | None = None,
     map_agents: Callable[[Callable[[int], AgentRollout]], list[AgentRollout]] | None = None,
+    written_prompts: bool = False,
 ) -> RolloutTree:
     """Sample, score and expand the rollout tree of ``row_ids`` turn by turn.
 
@@ -147,6 +148,11 @@ def build_tree(
         early_termination_threshold: a node whose mean reward is above it is not expanded.
         map_agents: runs ``work(i)`` for every agent i and returns the results in order (the
             trainer's runs agents on different GPUs at the same time); default: one by one.
+        written_prompts: at later turns, give the reward functions' ``prompts`` and the
+            transition's ``prompt_history_per_agent`` the prompts as the transition wrote them,
+            before the formatters, as comlrl 1.4.3's MAGRPO did (its actor-critic trainers gave
+            the formatted prompts: False). The agents always read the formatted ones, and so do
+            the reward context's histories.
     """
     if num_turns > 1 and transition is None:
         raise ValueError("num_turns > 1 needs an external_transition to write the next turns' prompts")
@@ -155,6 +161,8 @@ def build_tree(
     rows = list(row_ids)
     turn_prompts = [prompts.agent_prompts(i, rows) for i in range(num_agents)]
     prompt_history = [[[turn_prompts[i][m]] for i in range(num_agents)] for m in range(len(rows))]
+    # The histories as comlrl 1.4.3 reported them (see written_prompts); the first turn's are formatted.
+    stated_history = [[list(prompts) for prompts in history] for history in prompt_history]
     response_history: list[list[list[str]]] = [[[] for _ in range(num_agents)] for _ in rows]
     turns: list[Turn] = []
     transition_calls = 0
@@ -178,7 +186,7 @@ def build_tree(
             "response_history_per_agent": joint_responses,
         }
         # As comlrl 1.4.3: agent 0's prompt of this turn, and the dataset row, of each joint action.
-        joint_prompts = [turn_prompts[0][m] for m in joint_nodes]
+        joint_prompts = [stated_history[m][0][-1] for m in joint_nodes]
         batch_items = [prompts.rows[row] for row in joint_rows]
         scored = reward(joint_prompts, completions, joint_rows, context, batch_items)
         names = scored.names
@@ -189,6 +197,7 @@ def build_tree(
         next_rows: list[int] = []
         next_texts: list[list[str]] = []
         next_prompt_history: list[list[list[str]]] = []
+        next_stated_history: list[list[list[str]]] = []
         next_response_history: list[list[list[str]]] = []
         if number < num_turns:
             node_means = rewards.mean(dim=(1, 2)).tolist()
@@ -199,9 +208,9 @@ def build_tree(
                     turn=number,
                     row_id=row,
                     row=prompts.rows[row],
-                    prompt=prompts.row_prompts([row])[0],
+                    prompt=prompts.rows[row].get("prompt", ""),  # comlrl 1.4.3's, also without the column
                     agent_completions=[completions[i][k] for i in range(num_agents)],
-                    prompt_history_per_agent=prompt_history[m],
+                    prompt_history_per_agent=stated_history[m],
                     response_history_per_agent=joint_responses[k],
                 )
                 transition_calls += 1
@@ -212,6 +221,7 @@ def build_tree(
                 next_texts.append(texts)
                 next_response_history.append(joint_responses[k])
                 next_prompt_history.append(prompt_history[m])
+                next_stated_history.append(stated_history[m])
 
         turns.append(
             Turn(
@@ -240,6 +250,10 @@ def build_tree(
         prompt_history = [
             [history[i] + [next_prompts[i][m]] for i in range(num_agents)]
             for m, history in enumerate(next_prompt_history)
+        ]
+        stated = [[texts[i] for texts in next_texts] for i in range(num_agents)] if written_prompts else next_prompts
+        stated_history = [
+            [history[i] + [stated[i][m]] for i in range(num_agents)] for m, history in enumerate(next_stated_history)
         ]
     return RolloutTree(
         turns=turns,

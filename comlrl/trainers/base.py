@@ -156,7 +156,9 @@ class MultiAgentTrainer(abc.ABC):
     actor_critic_reward_calls = False
     """Whether a reward function called per joint action (``reward_call``) is called as comlrl
     1.4.3's actor-critic trainers called it (``prompts``: every agent's prompt; a flat list of
-    N values: one reward per agent) rather than as its MAGRPO (agent 0's prompt; one value)."""
+    N values: one reward per agent) rather than as its MAGRPO (agent 0's prompt; one value);
+    and whether later turns' prompts reach the reward and the transition's history formatted,
+    as there, rather than as the transition wrote them, as in its MAGRPO."""
 
     def __init__(
         self,
@@ -480,6 +482,7 @@ class MultiAgentTrainer(abc.ABC):
             prompt_passthrough=self.args.external_prompt_passthrough,
             early_termination_threshold=self.args.early_termination_threshold,
             map_agents=functools.partial(map_agents, self.agents, cpu_threads=self.backend.uses_generators(kwargs)),
+            written_prompts=not self.actor_critic_reward_calls,
         )
 
     def generate(
