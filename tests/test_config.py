@@ -2,10 +2,11 @@
 
 import pytest
 
+from comlrl.rollout.decoding import decoding_settings
 from comlrl.rollout.sampling import SamplingSpec
 from comlrl.trainers.reinforce import MAGRPOConfig
 
-from .helpers import assert_every_field_documented
+from .helpers import assert_every_field_documented, char_tokenizer, tiny_llama
 
 
 def test_every_field_is_documented():
@@ -26,10 +27,21 @@ def test_tutorial_fields_and_defaults():
 
 
 def test_sampling_spec_forwards_generation_kwargs():
-    config = MAGRPOConfig(top_k=None, generation_kwargs={"min_new_tokens": 64, "repetition_penalty": 1.1})
+    config = MAGRPOConfig(top_k=0, generation_kwargs={"min_new_tokens": 64, "repetition_penalty": 1.1})
     kwargs = SamplingSpec.from_config(config).generate_kwargs()
     assert kwargs["top_k"] == 0 and kwargs["min_new_tokens"] == 64 and kwargs["repetition_penalty"] == 1.1
     assert kwargs["do_sample"] is True and kwargs["max_new_tokens"] == config.max_new_tokens
+
+
+@pytest.mark.parametrize("model_top_k, expected", [(7, 7), (None, 50)])
+def test_top_k_none_leaves_it_to_the_models_generation_config_as_143(model_top_k, expected):
+    """1.4.3 did not pass top_k=None to generate, so each model's generation_config decided."""
+    model = tiny_llama(char_tokenizer())
+    model.generation_config.top_k = model_top_k
+    kwargs = SamplingSpec.from_config(MAGRPOConfig(top_k=None)).generate_kwargs()
+    assert "top_k" not in kwargs
+    assert decoding_settings(model, kwargs).top_k == expected
+    assert decoding_settings(model, SamplingSpec.from_config(MAGRPOConfig(top_k=0)).generate_kwargs()).top_k == 0
 
 
 @pytest.mark.parametrize(

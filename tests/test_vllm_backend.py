@@ -214,6 +214,16 @@ def test_rollout_equals_generate_group_on_the_same_tokens(fake_vllm):
     assert params[0].kwargs["stop_token_ids"] == sampling["eos_token_id"]
 
 
+@pytest.mark.parametrize("model_top_k, expected", [(7, 7), (None, 50)])
+def test_no_top_k_takes_the_models_generation_config_as_generate_does(fake_vllm, model_top_k, expected):
+    backend = backend_for()
+    backend.agents[0].generation_config.top_k = model_top_k
+    fake_vllm.engines[0].replies = [[[EOS], [EOS]]]
+    backend.generate(0, ["ab"], 2, {"do_sample": True, "max_new_tokens": 4})
+    backend.generate(0, ["ab"], 2, {"do_sample": True, "max_new_tokens": 4, "top_k": 0})
+    assert [call[1][0].kwargs["top_k"] for call in fake_vllm.engines[0].calls] == [expected, -1]
+
+
 def test_greedy_generation_repeats_the_one_completion(fake_vllm):
     backend = backend_for()
     engine = fake_vllm.engines[0]

@@ -64,6 +64,13 @@ class DecodingSettings:
     min_new_tokens: int = 0
 
 
+def generation_default(model: torch.nn.Module, name: str) -> Any:
+    """What ``generate`` uses for ``name`` when the call does not set it: the model's
+    ``generation_config`` value, or transformers' default when that leaves it unset."""
+    value = getattr(getattr(model, "generation_config", None), name, None)
+    return _DEFAULTS.get(name) if value is None else value
+
+
 def decoding_settings(model: torch.nn.Module, kwargs: dict[str, Any]) -> DecodingSettings | None:
     """The loop's settings for ``generate(**kwargs)`` on ``model``, or None when that call
     would do something the loop does not (an argument or a generation-config field outside

@@ -50,8 +50,9 @@ class SamplingSpec:
     temperature: float
     """Sampling temperature; the policy's log-probs are taken at the same temperature."""
     top_p: float
-    top_k: int
-    """0: no top-k filter."""
+    top_k: int | None
+    """0: no top-k filter; None: the model's ``generation_config`` decides (transformers'
+    default is 50), as comlrl 1.4.3 left it."""
     max_new_tokens: int
     """Most tokens per completion; ``dr_grpo``'s normaliser."""
     do_sample: bool = True
@@ -70,7 +71,7 @@ class SamplingSpec:
         return cls(
             temperature=float(config.temperature),
             top_p=float(config.top_p),
-            top_k=int(config.top_k or 0),
+            top_k=None if config.top_k is None else int(config.top_k),
             max_new_tokens=int(config.max_new_tokens),
             extra=config.generation_kwargs,
         )
@@ -83,6 +84,8 @@ class SamplingSpec:
         """Hugging Face ``generate`` keyword arguments."""
         kwargs: dict[str, Any] = {"do_sample": self.do_sample, "max_new_tokens": self.max_new_tokens}
         if self.do_sample:
-            kwargs.update(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k)
+            kwargs.update(temperature=self.temperature, top_p=self.top_p)
+            if self.top_k is not None:
+                kwargs["top_k"] = self.top_k
         kwargs.update(self.extra)
         return kwargs

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from comlrl.rollout.decoding import generation_default
 from comlrl.rollout.generation import AgentRollout, build_rollout, completion_eos_ids, encode_prompts
 
 SUPPORTED_SAMPLING = (
@@ -197,6 +198,8 @@ class VLLMBackend:
     ) -> AgentRollout:
         model, tokenizer = self.agents[agent], self.tokenizers[agent]
         eos_ids = completion_eos_ids(sampling, model, tokenizer)
+        # No top_k (the config's None): the model's generation_config decides, as with generate.
+        sampling = {"top_k": generation_default(model, "top_k"), **sampling}
         kwargs = vllm_sampling_kwargs(sampling, num_generations, eos_ids)
         encoded = encode_prompts(tokenizer, prompts)
         # One seed per prompt from the agent's generator, so a seeded run samples the same

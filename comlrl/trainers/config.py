@@ -176,7 +176,8 @@ class TrainerConfig:
     top_p: float = 0.6
     """Nucleus sampling mass, in (0, 1]."""
     top_k: int | None = 50
-    """Sample among the k most likely tokens; ``None`` or 0 turns it off."""
+    """Sample among the k most likely tokens; 0 turns it off; ``None`` leaves it to each
+    model's ``generation_config`` (50 unless the model says otherwise), as in comlrl 1.4.3."""
     generation_kwargs: dict[str, Any] = field(default_factory=dict)
     """Further ``generate`` keyword arguments the fields above do not cover (e.g.
     ``{"min_new_tokens": 64}``); a key that shadows a field (``temperature``, ``top_p``,
