@@ -215,12 +215,6 @@ def parse_args(argv=None) -> argparse.Namespace:
         default="magrpo",
         help="magrpo (group baselines) or iac (a value head on each agent, GAE, PPO) (default: %(default)s)",
     )
-    parser.add_argument(
-        "--critic-learning-rate",
-        type=float,
-        default=1e-4,
-        help="with --trainer iac: AdamW learning rate of the value heads (default: %(default)s)",
-    )
     parser.add_argument("--seed", type=int, default=42, help="random seed (default: %(default)s)")
     parser.add_argument(
         "--threads",
@@ -250,11 +244,7 @@ def main(argv=None) -> None:
     batch = 2
     total_steps = args.epochs * math.ceil(len(TRAIN_TOPICS) / batch)
     trainer_class, config_class = TRAINERS[args.trainer]
-    objective = (
-        {"discount": args.discount}
-        if args.trainer == "magrpo"
-        else {"gamma": args.discount, "critic_learning_rate": args.critic_learning_rate}
-    )
+    objective = {"discount": args.discount} if args.trainer == "magrpo" else {"gamma": args.discount}
     config = config_class(
         num_train_epochs=args.epochs,
         per_device_train_batch_size=batch,

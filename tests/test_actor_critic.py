@@ -114,7 +114,7 @@ def test_advantages_are_whitened_per_agent(tmp_path):
     estimate = trainer.estimate(trainer.rollout(trainer.train_prompts, [0, 1]))
     for advantages in estimate.advantages:
         values = torch.cat(advantages)
-        assert abs(values.mean().item()) < 1e-5 and abs(values.std().item() - 1) < 1e-4
+        assert abs(values.mean().item()) < 1e-5 and abs(values.std(unbiased=False).item() - 1) < 1e-4
 
 
 def test_two_turn_estimate_bootstraps_from_the_next_turns_value(tmp_path):
@@ -132,6 +132,25 @@ def test_two_turn_estimate_bootstraps_from_the_next_turns_value(tmp_path):
     torch.testing.assert_close(
         estimate.returns[0], tree_returns([first.rewards, second.rewards], [first.children, second.children], 0.9)[0]
     )
+
+
+@pytest.mark.parametrize("clip_range", [0.2, None])
+def test_the_value_loss_gradient_is_value_loss_coef_times_the_squared_errors(tmp_path, clip_range):
+    """By hand: a new head predicts v = 0 from zero weights, so the value loss
+    ``coef * mean((v - G)^2)`` (comlrl 1.4.3's, no factor 1/2) gives its bias the gradient
+    ``coef * mean(2 (v - G)) = -2 * coef * mean(G)``; clipping changes nothing at v = old."""
+    args = ac_config(IACConfig, tmp_path, value_loss_coef=0.6, value_clip_range=clip_range)
+    trainer = make_ac_trainer(tmp_path, args=args)
+    estimate = trainer.estimate(tree := trainer.rollout(trainer.train_prompts, [0, 1]))
+    trainer.learners.zero_grad()
+    critic_loss = trainer.update.auxiliary[-1]
+    metrics = critic_loss.backward(tree, estimate)
+    for c, critic in enumerate(trainer.critics):
+        targets = torch.cat([t.reshape(-1) for t in estimate.targets[c]])
+        assert targets.abs().sum() > 0
+        expected = -2 * 0.6 * targets.mean()
+        torch.testing.assert_close(critic.head.layers[-1].bias.grad, expected.reshape(1))
+        assert metrics[f"critic{c}/value_loss"].value() == pytest.approx((targets**2).mean().item())
 
 
 def test_metrics_name_every_critic_and_the_ppo_terms(tmp_path):
@@ -238,7 +257,6 @@ def test_bad_critic_arguments(tmp_path, trainer_class, kwargs, error, match):
         ("value_loss_coef", -1, r"value_loss_coef must be a finite number in \(0, 1000\]"),
         ("critic_learning_rate", 0, r"critic_learning_rate must be a finite number in \(0, 1\]"),
         ("value_head_hidden_dim", 0, "value_head_hidden_dim must be an integer >= 1 or None"),
-        ("per_device_train_batch_size", 1, "advantage_normalization needs at least 2 samples per agent"),
     ],
 )
 def test_bad_actor_critic_config_is_named(field, value, match):

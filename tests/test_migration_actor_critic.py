@@ -90,6 +90,77 @@ def test_discount_is_gamma_with_a_one_time_warning(config_class):
         config_class(discount=0.9, gamma=0.5)
 
 
+@pytest.mark.parametrize("config_class", [IACConfig, MAACConfig])
+def test_the_discount_warning_says_the_original_one_step_target_is_gae_lambda_0(config_class):
+    # 1.4.3 (iac.py/maac.py _collect_rollouts_multi_turn): target = r + discount * V(next turn),
+    # the advantage target - V: TD(0), which is gae_lambda=0 here, not the default 0.95.
+    with pytest.warns(FutureWarning) as caught:
+        config_class(discount=0.9, num_turns=2)
+    message = str(caught[0].message)
+    assert "write gamma=0.9 and gae_lambda=0" in message and "r + discount * V(next turn)" in message
+    assert "gae_lambda=0.95 mixes in the Monte-Carlo return" in message
+    trainer_config._WARNED.clear()
+    with pytest.warns(FutureWarning) as caught:  # gae_lambda=0 already: nothing more to say
+        config_class(discount=0.9, gae_lambda=0.0)
+    assert str(caught[0].message).endswith("discount is comlrl 1.4.3's name for gamma; write gamma=0.9")
+
+
+# 1.4.3's actor-critic buffer held rollout_buffer_size samples per agent, and each dataset row
+# added num_generations x num_turns of them (ac_base.py _run_batch): with a buffer of 2, G=2
+# updated after every row, and so did T=2 (one sample per turn), as its trainer shows when run.
+@pytest.mark.parametrize(
+    "overrides,advice",
+    [
+        (dict(num_generations=2), "write per_device_train_batch_size=4 (rollout_buffer_size // 2"),
+        (dict(num_turns=2), "write per_device_train_batch_size=4 (rollout_buffer_size // 2"),
+        (dict(num_generations=4, num_turns=2), "write per_device_train_batch_size=1 (rollout_buffer_size // 8"),
+        (dict(num_generations=16), "write per_device_train_batch_size=1 (rollout_buffer_size // 16"),
+    ],
+)
+def test_the_rollout_buffer_size_warning_states_its_unit_and_the_rows_it_means(overrides, advice):
+    with pytest.warns(FutureWarning) as caught:
+        args = IACConfig(rollout_buffer_size=8, **overrides)
+    message = str(caught[0].message)
+    per_row = overrides.get("num_generations", 1) * overrides.get("num_turns", 1)
+    assert (
+        "rollout_buffer_size is comlrl 1.4.3's name for per_device_train_batch_size; 1.4.3 counted samples" in message
+    )
+    assert f"taken as 8 rows ({8 * per_row} samples per agent and step)" in message and advice in message
+    assert args.per_device_train_batch_size == 8  # moved as it is; the warning says what 1.4.3's buffer was
+    assert "minibatches" not in message  # train_batch_size unset: nothing to convert
+
+
+def test_the_rollout_buffer_size_warning_converts_train_batch_size_too():
+    # 1.4.3's train_batch_size counted the samples of one turn (minibatches of a turn group):
+    # with G=4, 4 samples were one row's.
+    with pytest.warns(FutureWarning) as caught:
+        MAACConfig(rollout_buffer_size=8, train_batch_size=4, num_generations=4)
+    assert "for 1.4.3's minibatches write train_batch_size=1" in str(caught[0].message)
+
+
+@pytest.mark.parametrize("config_class", [IACConfig, MAACConfig])
+def test_the_rollout_buffer_size_warning_is_the_plain_rename_when_a_row_is_one_sample(config_class):
+    with pytest.warns(FutureWarning) as caught:
+        config_class(rollout_buffer_size=8, train_batch_size=4)
+    name = config_class.__name__
+    assert str(caught[0].message) == (
+        f"{name}: rollout_buffer_size is comlrl 1.4.3's name for per_device_train_batch_size; "
+        "write per_device_train_batch_size=8"
+    )
+
+
+@pytest.mark.parametrize("config_class", [IACConfig, MAACConfig])
+@pytest.mark.parametrize("spelling,meaning", [("Q", "q"), ("V", "v"), ("q", "q"), (None, "v")])
+def test_critic_type_is_read_as_the_original_read_it(config_class, spelling, meaning):
+    # 1.4.3: critic_type = (critic_type or "v").lower()
+    assert config_class(critic_type=spelling).critic_type == meaning
+
+
+def test_a_critic_type_the_original_refused_is_refused():
+    with pytest.raises(ValueError, match=r"critic_type='qv'; expected one of \['q', 'v'\]"):
+        IACConfig(critic_type="qv")
+
+
 @pytest.mark.parametrize(
     "config_class,original",
     [
@@ -152,7 +223,83 @@ def test_defaults_are_the_original_actor_critic_ones_where_they_were_sound(confi
 def test_critic_learning_rate_none_is_the_agents_rate():
     assert IACConfig(agent_learning_rate=3e-6, critic_learning_rate=None).critic_learning_rate == 3e-6
     with pytest.raises(ValueError, match="critic_learning_rate=None takes agent_learning_rate, which is a list"):
-        IACConfig(agent_learning_rate=[1e-6, 2e-6], critic_learning_rate=None)
+        IACConfig(agent_learning_rate=[1e-6, 2e-6], critic_learning_rate=None, use_separate_critic=True)
+    args = config(agent_learning_rate=[1e-6, 2e-6], critic_learning_rate=None)
+    with pytest.raises(ValueError, match="give critic_learning_rate a number for the separate critics"):
+        build(args=args, critics=[tiny_gpt2(char_tokenizer(), seed=c) for c in range(2)])
+    trainer = build(args=args)  # value heads on the agents: each at its agent's rate
+    assert trainer.learners.learning_rates() == [1e-6, 2e-6, 1e-6, 2e-6]
+
+
+def learning_rates_per_step(trainer, steps):
+    """Every learner's learning rate after each of ``steps`` training steps."""
+    rates = []
+    for step in range(steps):
+        trainer.training_step([step % 2])
+        rates.append(dict(zip(trainer.learners.names, trainer.learners.learning_rates())))
+    return rates
+
+
+@pytest.mark.parametrize("critic_learning_rate", [5e-6, None])
+def test_value_heads_on_the_agents_train_at_their_agents_rate_and_schedule(tmp_path, critic_learning_rate):
+    """1.4.3 (iac.py): with use_separate_critic=False each agent was a CausalLMWithValueHead and
+    one AdamW over agent_model.parameters() at agent_learning_rate trained the head too;
+    critic_learning_rate was not used."""
+    args = config(
+        IACConfig,
+        tmp_path,
+        use_separate_critic=False,
+        agent_learning_rate=[1e-4, 2e-4],
+        critic_learning_rate=critic_learning_rate,
+        lr_scheduler_type="linear",
+        warmup_ratio=0.5,
+        ppo_epochs=1,
+        per_device_train_batch_size=1,
+        num_train_epochs=2,  # 6 steps: 3 warming up, 3 decaying
+    )
+    trainer = build(args=args)
+    assert trainer.learners.names == ["agent 0", "agent 1", "critic 0", "critic 1"]
+    assert trainer.learners.learning_rates() == [0.0] * 4  # warming up from 0
+    for rates in learning_rates_per_step(trainer, 4):
+        assert rates["critic 0"] == rates["agent 0"] and rates["critic 1"] == rates["agent 1"]
+        assert rates["agent 1"] == pytest.approx(2 * rates["agent 0"]) and rates["agent 0"] > 0
+
+
+@pytest.mark.parametrize("use_separate_critic", [False, None])
+def test_a_critic_learning_rate_value_heads_would_ignore_is_refused(use_separate_critic):
+    """1.4.3 ignored critic_learning_rate for heads on the agents; a silent no-op here is an error."""
+    match = (
+        r"critic_learning_rate=0.001 has no effect with value heads on the agents \({}\): the heads train with "
+        r"their agent at agent_learning_rate, as in comlrl 1.4.3; drop critic_learning_rate"
+    )
+    layout = "use_separate_critic=False" if use_separate_critic is False else "no critic_model/critics given"
+    with pytest.raises(ValueError, match=match.format(layout)):
+        build(args=config(use_separate_critic=use_separate_critic, critic_learning_rate=1e-3))
+    # The default, None and the agents' own rate mean what the heads do anyway.
+    for rate in (5e-6, None, 1e-3):
+        build(args=config(use_separate_critic=use_separate_critic, critic_learning_rate=rate, agent_learning_rate=1e-3))
+
+
+def test_separate_critics_train_at_critic_learning_rate():
+    args = config(agent_learning_rate=1e-4, critic_learning_rate=1e-3)
+    trainer = build(args=args, critics=[tiny_gpt2(char_tokenizer(), seed=c) for c in range(2)])
+    assert trainer.learners.learning_rates() == [1e-4, 1e-4, 1e-3, 1e-3]
+
+
+def test_a_single_sample_step_keeps_its_unwhitened_advantage_as_in_the_original(tmp_path):
+    """1.4.3 (ac_base.py _prepare_advantages) whitened only more than one advantage: a buffer of
+    one sample per agent trained on r - V. Here a step of one row and one generation does too."""
+    args = config(IACConfig, tmp_path, per_device_train_batch_size=1, num_generations=1)
+    assert args.advantage_normalization
+    trainer = build(args=args)
+    with torch.no_grad():
+        for critic in trainer.critics:
+            critic.head.layers[-1].bias.fill_(0.25)  # V = 0.25 for every input
+    tree = trainer.rollout(trainer.train_prompts, [0])
+    estimate = trainer.estimate(tree)
+    rewards = tree.turns[0].rewards  # (1, 1, N)
+    for i in range(2):
+        assert estimate.advantages[i][0].tolist() == pytest.approx([rewards[0, 0, i].item() - 0.25])
 
 
 @pytest.mark.parametrize(

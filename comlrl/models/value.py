@@ -175,7 +175,8 @@ class Critic:
 
     def parameters(self) -> list[nn.Parameter]:
         """What the critic's optimizer trains: the head, and a separate backbone's weights (the
-        shared backbone of a value head on an agent is trained by that agent's optimizer)."""
+        shared backbone of a value head on an agent is trained by that agent's optimizer, and
+        the head, as in comlrl 1.4.3, at that agent's learning rate)."""
         own = [] if self.agent is not None else [p for p in self.backbone.parameters() if p.requires_grad]
         return list(self.head.parameters()) + own
 

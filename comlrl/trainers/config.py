@@ -89,6 +89,16 @@ def check_choice(config: Any, name: str, allowed: Any) -> None:
         raise ValueError(f"{name}={getattr(config, name)!r}; expected one of {sorted(allowed)}")
 
 
+def normalise_spelling(config: Any, name: str, spellings: dict[Any, str]) -> None:
+    """Replace a comlrl 1.4.3 spelling of ``config.<name>`` (any letter case, or a key such as
+    None that 1.4.3 read as a default) by the value it meant; anything else is left for
+    :func:`check_choice` to name."""
+    value = getattr(config, name)
+    key = value.lower() if isinstance(value, str) else value
+    if key is None or isinstance(key, str):
+        setattr(config, name, spellings.get(key, value))
+
+
 _WARNED: set[tuple[str, ...]] = set()
 
 
@@ -126,9 +136,10 @@ def apply_renamed_fields(config: Any) -> None:
                 f"{spec.name}={value!r} (comlrl 1.4.3's name for {new_name}) and {new_name}={current!r} "
                 f"disagree: set only {new_name}"
             )
+        advice = config.renamed_advice(spec.name, value) or f"write {new_name}={value!r}"
         warn_once(
             (type(config).__name__, spec.name),
-            f"{type(config).__name__}: {spec.name} is comlrl 1.4.3's name for {new_name}; write {new_name}={value!r}",
+            f"{type(config).__name__}: {spec.name} is comlrl 1.4.3's name for {new_name}; {advice}",
             FutureWarning,
         )
         setattr(config, new_name, value)
@@ -326,6 +337,12 @@ class TrainerConfig:
     """``train_batch_size`` counts rows of a step's rollout (so at most
     ``per_device_train_batch_size`` of them); MADPO's counts preference pairs."""
 
+    def renamed_advice(self, old_name: str, value: Any) -> str | None:
+        """What the warning for comlrl 1.4.3's field ``old_name`` (set to ``value``) tells the
+        user to write, where the plain ``write <new name>=<value>`` would not keep its meaning;
+        None: that plain advice."""
+        return None
+
     def __post_init__(self):
         apply_renamed_fields(self)
         for name in (
@@ -448,8 +465,7 @@ class TrainerConfig:
                 f"here (agent_devices={self.agent_devices!r}); leave reference_devices=None"
             )
         check_choice(self, "reward_call", REWARD_CALLS)
-        if isinstance(self.joint_mode, str):  # comlrl 1.4.3's spellings mean the same modes
-            self.joint_mode = JOINT_MODE_SPELLINGS.get(self.joint_mode.lower(), self.joint_mode)
+        normalise_spelling(self, "joint_mode", JOINT_MODE_SPELLINGS)  # 1.4.3's spellings mean the same modes
         check_choice(self, "joint_mode", JOINT_MODES)
         check_choice(self, "generation_backend", BACKENDS)
         if not (is_real(self.vllm_gpu_memory_utilization) and 0 < self.vllm_gpu_memory_utilization < 1):

@@ -13,11 +13,15 @@ from comlrl.trainers.config import (
     check_fraction,
     check_int,
     check_learning_rate,
+    field_default,
     is_real,
+    normalise_spelling,
     renamed,
 )
 
 CRITIC_TYPES = ("v", "q")
+CRITIC_TYPE_SPELLINGS = {None: "v", "v": "v", "q": "q"}
+"""Every ``critic_type`` comlrl 1.4.3 accepted (any letter case; ``None`` meant ``v``), and what it is here."""
 
 
 @dataclass
@@ -27,19 +31,23 @@ class ActorCriticConfig(TrainerConfig):
     num_train_epochs: int = 40
     """Passes over the training dataset (40, comlrl 1.4.3's IAC and MAAC default)."""
     per_device_train_batch_size: int = 8
-    """Dataset rows per training step (8, the original library's actor-critic rollout buffer):
-    a critic needs no group of samples, so the batch is made of rows."""
+    """Dataset rows per training step (8): a critic needs no group of samples, so the batch is
+    made of rows. comlrl 1.4.3's ``rollout_buffer_size`` (8) counted samples per agent, which
+    are rows only with one generation and one turn."""
     num_generations: int = 1
     """Completions sampled per prompt and agent: 1 is enough, the critic is the baseline."""
     logging_steps: int = 1
     """Write averaged metrics every this many training steps (1, comlrl 1.4.3's IAC and MAAC default)."""
     critic_learning_rate: float | None = 5e-6
-    """AdamW learning rate of the critics (a separate critic's whole model, or a value head);
-    ``None``: ``agent_learning_rate`` (as comlrl 1.4.3's IAC)."""
+    """AdamW learning rate of the separate critic models (and their value heads); ``None``:
+    ``agent_learning_rate`` (as comlrl 1.4.3's IAC). Value heads on the agents train at their
+    agent's rate and schedule, as 1.4.3 trained them in the agent's optimizer: set there to
+    another rate than the default or ``agent_learning_rate``, it would do nothing, an error."""
     critic_type: str = "v"
     """``v``: the critic values a node from the prompts, V(h); ``q``: it values each action
     from the prompts and the completions, Q(h, a), and a node's value is the mean over the
-    actions sampled there."""
+    actions sampled there. comlrl 1.4.3's spellings are read as it read them: any letter case
+    (``"Q"``), and ``None`` for ``v``."""
     use_separate_critic: bool | None = None
     """Whether the critics are separate models: ``None`` decides by whether ``critic_model`` /
     ``critics`` is given; True requires one; False (IAC only) forbids one: value heads on the agents."""
@@ -64,10 +72,13 @@ class ActorCriticConfig(TrainerConfig):
     """The critic's prediction may move at most this far from its rollout-time value before the
     loss stops rewarding it (PPO's value clipping); ``None`` turns it off."""
     value_loss_coef: float = 0.6
-    """Weight of the value loss (matters where the critic shares the agent's model)."""
+    """Weight of the value loss ``(v - G)^2`` (no factor 1/2, as comlrl 1.4.3); it matters
+    where the critic shares the agent's model."""
     advantage_normalization: bool = True
-    """Whiten each agent's advantages over its samples of the step (mean 0, std 1); a step
-    with one sample per agent (a short last batch) gives it advantage 0."""
+    """Whiten each agent's advantages over its samples of the step, all turns together: minus
+    their mean, divided by their population std (floored at 1e-6), as comlrl 1.4.3 did per
+    turn. A step with one sample per agent (a short last batch) keeps its advantage ``r - V``,
+    as in 1.4.3."""
 
     # --- comlrl 1.4.3's names (accepted with a one-time warning) ---------------------------
     discount: float | None = renamed("gamma")
@@ -75,6 +86,7 @@ class ActorCriticConfig(TrainerConfig):
 
     def __post_init__(self):
         super().__post_init__()
+        normalise_spelling(self, "critic_type", CRITIC_TYPE_SPELLINGS)
         check_choice(self, "critic_type", CRITIC_TYPES)
         check_int(self, "value_head_hidden_dim", allow_none=True)
         check_int(self, "critic_value_head_hidden_dim", allow_none=True)
@@ -89,23 +101,78 @@ class ActorCriticConfig(TrainerConfig):
         if self.value_clip_range is not None and not (is_real(self.value_clip_range) and self.value_clip_range > 0):
             raise ValueError(f"value_clip_range must be > 0 or None (off), got {self.value_clip_range!r}")
         check_coefficient(self, "value_loss_coef", positive=True)
-        if self.advantage_normalization and self.per_device_train_batch_size * self.num_generations < 2:
-            raise ValueError(
-                "advantage_normalization needs at least 2 samples per agent and step to whiten: "
-                f"per_device_train_batch_size={self.per_device_train_batch_size} x num_generations="
-                f"{self.num_generations}; raise one or set advantage_normalization=False"
+        if self.use_separate_critic is False:
+            self.check_heads_learning_rate("use_separate_critic=False")
+
+    def renamed_advice(self, old_name: str, value: object) -> str | None:
+        """1.4.3's ``rollout_buffer_size`` counted samples, and its ``discount`` came with a
+        one-step target: the plain rename would change what either meant, so the warning says
+        what to write for 1.4.3's meaning."""
+        if old_name == "rollout_buffer_size":
+            return self._buffer_advice(value)
+        if old_name == "discount" and self.gae_lambda != 0:
+            return (
+                f"write gamma={value!r} and gae_lambda=0: 1.4.3's critic target (and advantage) was the one-step "
+                f"r + discount * V(next turn), which is gae_lambda=0 here; gae_lambda={self.gae_lambda!r} mixes in "
+                "the Monte-Carlo return (only matters with num_turns > 1)"
             )
+        return None
+
+    def _buffer_advice(self, size: object) -> str | None:
+        """1.4.3's actor-critic buffer held ``rollout_buffer_size`` samples per agent (each
+        dataset row adds num_generations x num_turns) and its ``train_batch_size`` counted the
+        samples of one turn; here both count dataset rows. None where the two units agree."""
+        generations, turns, minibatch = self.num_generations, self.num_turns, self.train_batch_size
+        if not all(isinstance(n, int) and n >= 1 for n in (size, generations, turns)) or generations * turns == 1:
+            return None
+        per_row = generations * turns
+        advice = (
+            f"1.4.3 counted samples per agent (num_generations={generations} x num_turns={turns} per dataset row), "
+            f"here it counts dataset rows: rollout_buffer_size={size} is taken as {size} rows ({size * per_row} "
+            f"samples per agent and step); for 1.4.3's buffer write per_device_train_batch_size="
+            f"{max(1, size // per_row)} (rollout_buffer_size // {per_row}, about: ended branches add fewer)"
+        )
+        if isinstance(minibatch, int) and minibatch >= 1 and generations > 1:
+            advice += (
+                f"; train_batch_size too counted samples (of one turn) there and counts rows here: for 1.4.3's "
+                f"minibatches write train_batch_size={max(1, minibatch // generations)}"
+            )
+        return advice
 
     def _resolve_critic_learning_rate(self) -> None:
-        """``None`` takes ``agent_learning_rate`` (comlrl 1.4.3's IAC meaning), which must then be one number."""
+        """``None`` takes ``agent_learning_rate`` (comlrl 1.4.3's IAC meaning). A list of rates
+        (one per agent) stays ``None``: value heads on the agents take their agent's rate, and
+        separate critics need a number, which :meth:`separate_critic_learning_rate` asks for."""
         if self.critic_learning_rate is None:
-            if isinstance(self.agent_learning_rate, list | tuple):
-                raise ValueError(
-                    "critic_learning_rate=None takes agent_learning_rate, which is a list (one per agent) here; "
-                    "give critic_learning_rate a number"
-                )
-            self.critic_learning_rate = self.agent_learning_rate
+            if not isinstance(self.agent_learning_rate, list | tuple):
+                self.critic_learning_rate = self.agent_learning_rate
+            elif self.use_separate_critic:
+                self.separate_critic_learning_rate()
+            return
         check_learning_rate(self.critic_learning_rate, "critic_learning_rate")
+
+    def separate_critic_learning_rate(self) -> float:
+        """The learning rate of separate critic models: a number, which ``None`` with one rate
+        per agent does not give."""
+        if self.critic_learning_rate is None:
+            raise ValueError(
+                "critic_learning_rate=None takes agent_learning_rate, which is a list (one per agent) here; "
+                "give critic_learning_rate a number for the separate critics"
+            )
+        return self.critic_learning_rate
+
+    def check_heads_learning_rate(self, layout: str) -> None:
+        """Value heads on the agents train with their agent, at ``agent_learning_rate`` (comlrl
+        1.4.3 put them in the agent's optimizer and ignored ``critic_learning_rate``): another
+        rate there would do nothing, an error. ``layout`` says why the heads are on the agents."""
+        rate = self.critic_learning_rate
+        if rate is None or rate in (field_default(self, "critic_learning_rate"), self.agent_learning_rate):
+            return
+        raise ValueError(
+            f"critic_learning_rate={rate!r} has no effect with value heads on the agents ({layout}): the heads "
+            "train with their agent at agent_learning_rate, as in comlrl 1.4.3; drop critic_learning_rate (set "
+            "agent_learning_rate for both), or give separate critics (critic_model=... or critics=[...])"
+        )
 
     def _check_critic_devices(self) -> None:
         """Only the form: whether the devices equal the critics' placement is known once the

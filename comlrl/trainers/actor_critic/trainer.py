@@ -29,6 +29,7 @@ from comlrl.checkpoint import load_weights
 from comlrl.models.loading import check_agents, enable_activation_checkpointing, load_agents, resolve_tokenizers
 from comlrl.models.modes import disable_dropout
 from comlrl.models.value import ORIGINAL_VALUE_HEAD_FILE, Critic, EncodedInputs, ValueHead, hidden_size, saved_head_file
+from comlrl.optim import per_agent_learning_rates
 from comlrl.rollout.tree import RolloutTree, Turn
 from comlrl.trainers.actor_critic.config import ActorCriticConfig, IACConfig, MAACConfig
 from comlrl.trainers.actor_critic.critics import (
@@ -123,7 +124,7 @@ class ActorCriticTrainer(MultiAgentTrainer):
         self.add_learners(
             [critic.name for critic in self.critics],
             [critic.parameters() for critic in self.critics],
-            [args.critic_learning_rate] * len(self.critics),
+            self._critic_learning_rates(),
         )
         self.update.auxiliary.append(
             CriticLoss(
@@ -149,6 +150,16 @@ class ActorCriticTrainer(MultiAgentTrainer):
     # ----------------------------------------------------------------------------------------
     # critics
     # ----------------------------------------------------------------------------------------
+    def _critic_learning_rates(self) -> list[float]:
+        """A value head on an agent trains at that agent's rate (and, as every learner, on the
+        config's schedule), as comlrl 1.4.3 trained it inside the agent's optimizer; separate
+        critics at ``critic_learning_rate``."""
+        agent_rates = per_agent_learning_rates(self.args.agent_learning_rate, self.num_agents)
+        return [
+            agent_rates[critic.agent] if critic.agent is not None else self.args.separate_critic_learning_rate()
+            for critic in self.critics
+        ]
+
     @property
     def num_critics(self) -> int:
         return 1 if self.centralized else self.num_agents
@@ -236,6 +247,8 @@ class ActorCriticTrainer(MultiAgentTrainer):
                 "use_separate_critic=False puts value heads on the agents' models, but critic_model/critics is "
                 "given: drop one of the two"
             )
+        if not given:
+            self.args.check_heads_learning_rate("no critic_model/critics given")
         return given
 
     def _head_width(self, separate: bool, from_model_config: int | None) -> int | None:
