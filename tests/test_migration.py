@@ -9,6 +9,7 @@ import warnings
 import pytest
 import torch
 
+from comlrl._moved import MOVED_MODULES, MOVED_NAMES
 from comlrl.algorithms.shaping import kl_shaped_rewards, sequence_kl
 from comlrl.checkpoint.run_folder import earlier_run
 from comlrl.metrics.sinks import wandb_init_kwargs
@@ -463,3 +464,28 @@ def test_a_script_written_for_the_original_runs_with_its_meaning(tmp_path, model
     assert set(trainer.evaluate(num_eval_samples=1)) >= {"eval/turn_2/reward_mean", "eval/turn_1/chars"}
     trainer.save_model(str(tmp_path / "out"))
     assert sorted(os.listdir(tmp_path / "out")) == ["agent_0", "agent_1"]
+
+
+# ------------------------------------------------------------------------- 1.4.3's modules and names we lack
+@pytest.mark.parametrize("module", sorted(MOVED_MODULES))
+def test_importing_a_143_module_we_do_not_have_says_what_to_use(module):
+    with pytest.raises(ModuleNotFoundError, match="it was comlrl 1.4.3's; ") as caught:
+        importlib.import_module(module)
+    missing = caught.value.name  # the module itself, or the 1.4.3 package that holds it
+    assert module.startswith(missing) and MOVED_MODULES[missing] in str(caught.value)
+
+
+@pytest.mark.parametrize("module, name", [(m, n) for m, names in sorted(MOVED_NAMES.items()) for n in sorted(names)])
+def test_importing_a_143_name_we_do_not_have_says_what_to_use(module, name):
+    with pytest.raises(ImportError, match=f"{module}.{name} was comlrl 1.4.3's; ") as caught:
+        exec(f"from {module} import {name}", {})
+    assert MOVED_NAMES[module][name] in str(caught.value)
+
+
+def test_other_missing_names_are_plain_attribute_errors():
+    import comlrl.models
+    import comlrl.utils
+
+    assert not hasattr(comlrl.utils, "no_such_helper") and not hasattr(comlrl.models, "NoSuchModel")
+    with pytest.raises(ModuleNotFoundError, match=r"^No module named 'comlrl.utils.no_such_module'$"):
+        importlib.import_module("comlrl.utils.no_such_module")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from comlrl._moved import moved_name
+
 if TYPE_CHECKING:
     from comlrl.models.embedded import default_model_path
 
@@ -18,4 +20,4 @@ def __getattr__(name: str) -> Any:
         from comlrl.models.embedded import default_model_path
 
         return default_model_path
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    moved_name(__name__, name)

@@ -1,6 +1,7 @@
 """Every trainer and its config: MAGRPO and its REINFORCE variants, centralized MAGRPO, IAC and
 MAAC, MADPO and MADPOIter, MARLHF and MARLHFIter."""
 
+from comlrl._moved import moved_name
 from comlrl.trainers.actor_critic import (
     ActorCriticConfig,
     ActorCriticTrainer,
@@ -66,3 +67,7 @@ __all__ = [
     "TrainResult",
     "TrainerConfig",
 ]
+
+
+def __getattr__(name: str):  # comlrl 1.4.3's names: an error naming what to use instead
+    moved_name(__name__, name)

@@ -1,0 +1,113 @@
+"""comlrl 1.4.3's modules and public names that this library does not have, each with what to
+use instead: importing one is an ImportError that says so, rather than Python's bare "No
+module named" (the migration guide, "Migrating from comlrl 1.4.3", has the whole table).
+
+Modules are caught by a finder placed last on ``sys.meta_path`` (so it sees only names no
+real module answers); names by the packages' module ``__getattr__``, which calls
+:func:`moved_name`. Both raise ImportError, not AttributeError: ``from package import name``
+would replace an AttributeError's message with its own generic one.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import sys
+from typing import NoReturn
+
+_VALUE_HEADS = (
+    "value heads are not a model class here: pass plain causal LMs as agents (and critics); IACTrainer "
+    "and MAACTrainer add the heads (IACConfig(use_separate_critic=False) puts them on the agents, "
+    "critic_value_head_hidden_dim sizes them) and still load 1.4.3's saved value_head.pt"
+)
+_HELPER = (
+    "one of its internal helpers: the trainers do that work themselves here (trainer arguments and "
+    "config fields: see the migration guide)"
+)
+
+MOVED_MODULES = {
+    "comlrl.models.actor_critic": _VALUE_HEADS,
+    "comlrl.schedulers": "devices are placed by the config's agent_devices and critic_devices (torchrun for "
+    "several processes)",
+    "comlrl.schedulers.device_scheduler": "devices are placed by the config's agent_devices and critic_devices",
+    "comlrl.trainers.actor_critic.ac_base": "the actor-critic base class is ActorCriticTrainer, in "
+    "comlrl.trainers.actor_critic",
+    "comlrl.trainers.preference.checkpointing": "checkpoints are written by train() (checkpoint_dir, "
+    "checkpoint_interval) and read by train(resume_from_checkpoint=...); their files: comlrl.checkpoint",
+    "comlrl.trainers.preference.collaboration": "centralized collaboration is collaboration_mode='centralized' "
+    "with a CentralizedComparatorAdapter (comlrl.trainers.reinforce.centralized)",
+    "comlrl.trainers.preference.output_paths": "preference files are written under the config's output_dir",
+    "comlrl.utils.checkpoint": "checkpoint files are read and written by comlrl.checkpoint",
+    "comlrl.utils.distributed": "several processes run under torchrun; comlrl.distributed holds the data parallelism",
+    "comlrl.utils.formatters": "formatters are plain callables (one, or one per agent) passed as formatters=",
+    "comlrl.utils.model_loading": "agents are loaded from agent_model= or agents=[names or models], with model_config",
+    "comlrl.utils.reference_kl": "the KL to a reference is the config's reference_kl_enabled / reference_kl_coef "
+    "(reward shaping, as 1.4.3) or beta (a loss term)",
+    "comlrl.utils.reward_utils": "set_reward_range and resolve_reward_range are in comlrl.utils; how reward "
+    "functions are called is the config's reward_call",
+    "comlrl.utils.tokenizer_utils": "tokenizers are passed as tokenizer= (one, or one per agent) or loaded with "
+    "the agents",
+    "comlrl.utils.wandb_utils": "W&B is configured by the trainer's wandb_config=",
+}
+"""1.4.3 module -> what to use instead."""
+
+_UTILS_HELPERS = (
+    "DistributedContext",
+    "apply_tokenizer_specials",
+    "build_formatters",
+    "call_reward_function",
+    "clone_reference_models",
+    "ensure_pad_token",
+    "ensure_tokenizer",
+    "infer_model_name",
+    "load_reference_models_from_sources",
+    "local_context",
+    "normalize_reward_lengths",
+    "read_checkpoint_metadata",
+    "reference_kl_coef",
+    "reference_kl_enabled",
+    "reference_kl_for_sequence",
+    "resolve_model_sources",
+    "resolve_reference_devices",
+    "resolve_tokenizers",
+    "unwrap_model",
+    "validate_reference_kl_config",
+)
+
+MOVED_NAMES = {
+    "comlrl.models": {name: _VALUE_HEADS for name in ("CausalLMWithValueHead", "ValueHead", "ActorCriticOutput")},
+    "comlrl.trainers": {"ActorCriticTrainerBase": MOVED_MODULES["comlrl.trainers.actor_critic.ac_base"]},
+    "comlrl.trainers.actor_critic": {
+        "ActorCriticTrainerBase": MOVED_MODULES["comlrl.trainers.actor_critic.ac_base"],
+        "RolloutSample": "the samples metrics callbacks see are comlrl.metrics.hooks.RolloutSample",
+    },
+    "comlrl.trainers.reinforce.magrpo": {
+        "NodeSample": "a step's rollout is a tree of turns: comlrl.rollout.tree (RolloutTree, Turn)"
+    },
+    "comlrl.utils": {name: _HELPER for name in _UTILS_HELPERS},
+}
+"""Package or module -> {1.4.3 public name it had -> what to use instead}."""
+
+
+def moved_name(module: str, name: str) -> NoReturn:
+    """A module ``__getattr__``'s answer for ``name``: the ImportError naming its replacement
+    when 1.4.3 had it, else the usual AttributeError."""
+    instead = MOVED_NAMES.get(module, {}).get(name)
+    if instead is None:
+        raise AttributeError(f"module {module!r} has no attribute {name!r}")
+    raise ImportError(f"{module}.{name} was comlrl 1.4.3's; {instead}", name=module)
+
+
+class _MovedModules(importlib.abc.MetaPathFinder):
+    """Answers only 1.4.3's module names that nothing else found, with an error saying what to use."""
+
+    def find_spec(self, fullname, path, target=None):  # noqa: ANN001, ANN201 (importlib's protocol)
+        instead = MOVED_MODULES.get(fullname)
+        if instead is None:
+            return None
+        raise ModuleNotFoundError(f"No module named {fullname!r}: it was comlrl 1.4.3's; {instead}", name=fullname)
+
+
+def install() -> None:
+    """Put the finder last on ``sys.meta_path``, once."""
+    if not any(isinstance(finder, _MovedModules) for finder in sys.meta_path):
+        sys.meta_path.append(_MovedModules())
