@@ -39,12 +39,25 @@ def centralized(tmp_path, reward=content_score, agents=None, **kwargs):
     )
 
 
-def joint_logp(model, prompt_ids, completion_ids, temperature):
+def joint_logp(model, prompt_ids, completion_ids):
     """By hand: the summed log-prob of every completion token (the last included) after the
-    prompt, at the sampling temperature."""
+    prompt, from the raw logits (temperature 1, as 1.4.3's joint_sequence_log_prob), whatever
+    the sampling temperature."""
     ids = torch.cat([prompt_ids, completion_ids]).unsqueeze(0)
-    logits = model(ids).logits[0, len(prompt_ids) - 1 : -1] / temperature
+    logits = model(ids).logits[0, len(prompt_ids) - 1 : -1]
     return torch.log_softmax(logits.float(), dim=-1).gather(1, completion_ids.unsqueeze(1)).sum()
+
+
+def test_the_adapters_are_importable_from_1_4_3s_preference_paths():
+    import comlrl.trainers.preference.centralized
+    from comlrl.trainers import preference
+    from comlrl.trainers.reinforce import centralized as where_they_live
+
+    names = ("TaggedCentralizedComparatorAdapter", "CentralizedComparatorAdapter", "CentralizedComparatorParseError")
+    for name in names:
+        assert getattr(preference, name) is getattr(where_they_live, name) is getattr(preference.centralized, name)
+        assert name in preference.__all__
+    assert comlrl.trainers.preference.centralized.__all__ == sorted(names)
 
 
 # ------------------------------------------------------------------------------ pairs
@@ -106,11 +119,11 @@ def test_the_loss_and_gradient_are_single_agent_dpo_on_the_joint_response(tmp_pa
         )
 
     madpo.pairs = [pair("no, ok", "bad"), pair("zz", "ab, cd")]
-    temperature, beta = madpo.sampling.temperature, madpo.args.dpo_beta
+    assert madpo.sampling.temperature != 1  # the loss's log-probs are temperature 1 all the same
+    beta = madpo.args.dpo_beta
     margins = torch.stack(
         [
-            joint_logp(model, p.prompt_ids[0], p.chosen_ids[0], temperature)
-            - joint_logp(model, p.prompt_ids[0], p.rejected_ids[0], temperature)
+            joint_logp(model, p.prompt_ids[0], p.chosen_ids[0]) - joint_logp(model, p.prompt_ids[0], p.rejected_ids[0])
             for p in madpo.pairs
         ]
     )

@@ -145,6 +145,47 @@ def test_the_reference_margins_are_the_sampling_policys(tmp_path):
     torch.testing.assert_close(stored, margins(madpo_trainer, pairs), atol=1e-4, rtol=0)
 
 
+def hand_logp(model, prompt_ids, completion_ids):
+    """By hand: the summed log-prob of every completion token after the prompt, from the raw
+    logits (temperature 1, as 1.4.3's log_softmax and TRL's DPO)."""
+    ids = torch.cat([prompt_ids, completion_ids]).unsqueeze(0)
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompt_ids) - 1 : -1]
+    return torch.log_softmax(logits.float(), dim=-1).gather(1, completion_ids.unsqueeze(1)).sum()
+
+
+def hand_deltas(madpo_trainer, pairs):
+    """(agents, pairs) chosen-minus-rejected log-probs of the agents as they are, by hand."""
+    return torch.tensor(
+        [
+            [
+                hand_logp(agent, p.prompt_ids[i], p.chosen_ids[i])
+                - hand_logp(agent, p.prompt_ids[i], p.rejected_ids[i])
+                for p in pairs
+            ]
+            for i, agent in enumerate(madpo_trainer.agents)
+        ]
+    )
+
+
+@pytest.mark.parametrize("reference", ["none", "initial"])
+def test_the_dpo_log_probs_are_the_raw_logits_whatever_the_sampling_temperature(tmp_path, reference):
+    madpo_trainer = trainer(tmp_path, args=config(tmp_path, temperature=0.6, dpo_reference=reference))
+    madpo_trainer.prepare(None)
+    pairs = madpo_trainer.pairs[:2]
+    by_hand = hand_deltas(madpo_trainer, pairs)
+    if reference == "initial":  # the stored reference margins: the initial policy's, at temperature 1 too
+        stored = torch.tensor([pair.reference_deltas for pair in pairs]).T
+        torch.testing.assert_close(stored, by_hand, atol=1e-4, rtol=0)
+        by_hand = by_hand - stored
+    metrics = madpo_trainer.step([0, 1]).metrics  # before its update
+    loss = -torch.nn.functional.logsigmoid(0.1 * by_hand.sum(dim=0)).mean()
+    assert metrics["dpo/loss"] == pytest.approx(loss.item(), abs=1e-6)
+    assert metrics["dpo/margin"] == pytest.approx(by_hand.sum(dim=0).mean().item(), abs=1e-4)
+    if reference == "none":  # margins at the sampling temperature would be another number
+        assert abs(metrics["dpo/margin"]) > 1e-2
+
+
 # ------------------------------------------------------------------------------ a step
 @pytest.mark.parametrize("reference", ["none", "initial"])
 def test_a_step_raises_the_chosen_log_probs_relative_to_the_rejected(tmp_path, reference):
@@ -235,6 +276,23 @@ def test_resume_continues_exactly(tmp_path):
         assert straight_pair.reference_deltas == resumed_pair.reference_deltas
     for name, lines in logs.items():
         assert log_lines(tmp_path / "run", name) == lines
+
+
+def test_a_second_train_is_refused_before_anything_is_cleared_and_resuming_still_works(tmp_path):
+    # 1.4.3 sampled new pairs on every train(); training again on the first call's would mean something else
+    args = config(tmp_path, num_train_epochs=1, save_steps=1, overwrite_output_dir=True)
+    madpo_trainer = trainer(tmp_path, args=args)
+    madpo_trainer.train()
+    logged, step = log_lines(tmp_path / "run", "metrics.jsonl"), madpo_trainer.global_step
+    with pytest.raises(
+        RuntimeError,
+        match=r"MADPOTrainer.train\(\) was already called on this trainer: its preference pairs came from the policy "
+        r"as it was before that first call.* use MADPOIterTrainer .*a new MADPOTrainer.*resume_from_checkpoint",
+    ):
+        madpo_trainer.train()
+    assert log_lines(tmp_path / "run", "metrics.jsonl") == logged  # overwrite_output_dir cleared nothing
+    madpo_trainer.train(resume_from_checkpoint=str(tmp_path / "run" / f"checkpoint-{step - 1}"))
+    assert madpo_trainer.global_step == step
 
 
 def test_lora_agents_on_one_base_train_only_their_adapters(tmp_path):

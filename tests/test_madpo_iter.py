@@ -350,6 +350,9 @@ def test_rounds_train_in_one_run_and_log_each_round(tmp_path):
     found = sorted(p.name for p in (tmp_path / "run").glob("checkpoint-*"))
     assert found == sorted(f"checkpoint-{step}" for step in (per_round[0], sum(per_round)))
     assert (tmp_path / "run" / "preference_replay" / "iteration_0002.json").is_file()
+    with pytest.raises(RuntimeError, match=r"MADPOIterTrainer.train\(\) was already called.*larger num_iterations"):
+        madpo.train()  # 1.4.3 started over from the trained policy; this run's rounds and schedules are spent
+    assert log_lines(tmp_path / "run", "metrics.jsonl") == lines
 
 
 def test_one_comparator_model_writes_every_agents_part(tmp_path, monkeypatch):

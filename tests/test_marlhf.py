@@ -152,6 +152,17 @@ def test_fitting_ranks_a_separable_set():
     assert model.head.bias.item() == 0.0  # Bradley-Terry cannot tell a shared offset: it is not trained
 
 
+@pytest.mark.parametrize("second", [True, False, 0.5, "tok"])
+def test_1_4_3s_positional_freeze_backbone_is_refused_naming_the_new_signature(second):
+    # 1.4.3: JointRewardModel(backbone, freeze_backbone=False); the tokenizer goes second now
+    with pytest.raises(
+        TypeError,
+        match=r"JointRewardModel's second argument is the tokenizer, got .*JointRewardModel\(backbone, tokenizer, "
+        r"freeze_backbone=False, max_length=None\).*write JointRewardModel\(backbone, tokenizer, freeze_backbone=",
+    ):
+        JointRewardModel(tiny_llama(char_tokenizer()), second)
+
+
 def test_a_frozen_backbone_trains_the_head_only():
     model = JointRewardModel(tiny_llama(char_tokenizer()), char_tokenizer(), freeze_backbone=True)
     assert model.trainable_parameters() == [model.head.weight]  # not the bias, which Bradley-Terry cannot tell
@@ -284,6 +295,19 @@ def test_training_scores_with_the_reward_model_raw_and_evaluation_with_the_task_
     assert evaluation["eval/reward_mean"] == pytest.approx(10 * raw)  # the task reward, processed
 
 
+def test_a_second_train_is_refused_before_overwrite_output_dir_clears_the_reward_model(trained, monkeypatch):
+    marlhf_trainer, tmp_path, _ = trained
+    monkeypatch.setattr(marlhf_trainer.rl_trainer.args, "overwrite_output_dir", True)
+    logged = log_lines(tmp_path / "run", "metrics.jsonl")
+    with pytest.raises(
+        RuntimeError,
+        match=r"MARLHFTrainer.train\(\) was already called on this trainer: its preference pairs and reward model came "
+        r"from the policy as it was before that first call.*use MARLHFIterTrainer .*or build a new MARLHFTrainer",
+    ):
+        marlhf_trainer.train()  # 1.4.3 fitted a new reward model to new pairs of the trained policy
+    assert (tmp_path / "run" / "reward_model").is_dir() and log_lines(tmp_path / "run", "metrics.jsonl") == logged
+
+
 def test_save_model_writes_the_reward_model_beside_the_agents(trained, tmp_path):
     marlhf_trainer, _, _ = trained
     folders = marlhf_trainer.save_model(str(tmp_path / "saved"))
@@ -310,12 +334,33 @@ def test_a_resumed_run_reads_its_reward_model_back_and_continues_exactly(trained
     torch.testing.assert_close(resumed.reward_model.head.weight, straight.reward_model.head.weight)
 
 
-def test_iac_trains_on_the_reward_model_with_its_critics(tmp_path, model_folder):
+def test_iac_without_a_critic_has_separate_critics_from_the_agents_model_as_1_4_3(tmp_path, model_folder):
+    # 1.4.3's MARLHFConfig.use_separate_critic defaulted to True: critics loaded from the agents' model
     args = config(tmp_path, reward_model_name=model_folder, rl_algorithm="iac", num_generations=1)
+    assert args.use_separate_critic is True and args.rl_config().use_separate_critic is True
+    iac = MARLHFTrainer(agent_model=model_folder, train_dataset=DATA, reward_func=content_score, args=args)
+    assert [critic.agent for critic in iac.rl_trainer.critics] == [None, None]  # separate critic models
+    with pytest.raises(
+        ValueError,
+        match=r"critic_model_name is None and the agents were given as model objects.*use_separate_critic=False",
+    ):
+        trainer(tmp_path, model_folder, args=args)  # no model name to load the critics from: said, with both ways out
+    heads = config(
+        tmp_path, reward_model_name=model_folder, rl_algorithm="iac", num_generations=1, use_separate_critic=False
+    )
+    iac = MARLHFTrainer(agent_model=model_folder, train_dataset=DATA, reward_func=content_score, args=heads)
+    assert [critic.agent for critic in iac.rl_trainer.critics] == [0, 1]  # an explicit False: value heads
+    assert MARLHFConfig(rl_algorithm="maac", num_generations=1).use_separate_critic is None  # iac's default only
+
+
+def test_iac_trains_on_the_reward_model_with_its_critics(tmp_path, model_folder):
+    args = config(
+        tmp_path, reward_model_name=model_folder, rl_algorithm="iac", num_generations=1, use_separate_critic=False
+    )
     iac = trainer(tmp_path, model_folder, args=args)
     before = weights(iac)
     iac.train()
-    assert iac.global_step == 2 and len(iac.rl_trainer.critics) == 2  # value heads on the agents
+    assert iac.global_step == 2 and [c.agent for c in iac.rl_trainer.critics] == [0, 1]  # value heads on the agents
     assert all(not torch.equal(a, b) for a, b in zip(before, weights(iac)))
     lines = log_lines(tmp_path / "run", "metrics.jsonl")
     assert "reward_model/accuracy" in lines[0]

@@ -111,6 +111,13 @@ def test_importable_from_1_4_3s_paths():
 
     assert comlrl.MARLHFIterTrainer is from_preference is marlhf_iter.MARLHFIterTrainer
     assert comlrl.trainers.MARLHFIterConfig is MARLHFIterConfig
+    # 1.4.3 defined both in comlrl.trainers.preference.iterative (here looked up there lazily)
+    from comlrl.trainers.preference.iterative import MARLHFIterConfig as config_1_4_3
+    from comlrl.trainers.preference.iterative import MARLHFIterTrainer as trainer_1_4_3
+
+    assert (config_1_4_3, trainer_1_4_3) == (MARLHFIterConfig, MARLHFIterTrainer)
+    with pytest.raises(AttributeError, match=r"module 'comlrl.trainers.preference.iterative' has no attribute 'Nope'"):
+        comlrl.trainers.preference.iterative.Nope  # noqa: B018
 
 
 # ------------------------------------------------------------------------------ the rounds
@@ -136,6 +143,10 @@ def test_each_round_fits_a_fresh_reward_model_to_its_own_pairs(folder, monkeypat
     assert steps == [1, 2, 3, 4]  # the global step carries across rounds, the reward model scores every step
     for name in ("iteration_0001.json", "iteration_0002.json"):
         assert (folder / "run" / "preference_replay" / name).is_file()
+    with pytest.raises(
+        RuntimeError, match=r"MARLHFIterTrainer.train\(\) was already called.*reward model.*larger num_iterations"
+    ):
+        run.train()
 
 
 @pytest.mark.parametrize("scoring", ["task", "reward_model"])
@@ -196,10 +207,13 @@ def test_round_1_without_pairs_is_an_error(folder):
 
 
 def test_iac_goes_through_the_rounds_with_its_critics(folder):
-    run = trainer(folder, args=config(folder, rl_algorithm="iac", num_generations=1))
+    # 1.4.3's default use_separate_critic=True: separate critic models (here named by critic_model_name)
+    args = config(folder, rl_algorithm="iac", num_generations=1, critic_model_name=str(folder / "model"))
+    assert args.use_separate_critic is True
+    run = trainer(folder, args=args)
     before = weights(run)
     run.train()
-    assert run.global_step == 4 and len(run.rl_trainer.critics) == 2
+    assert run.global_step == 4 and [c.agent for c in run.rl_trainer.critics] == [None, None]
     assert all(not torch.equal(a, b) for a, b in zip(before, weights(run)))
     assert [
         line["iter/current_iteration"]

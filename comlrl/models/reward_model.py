@@ -58,6 +58,20 @@ def last_real_token(attention_mask: Tensor) -> Tensor:
     return (positions * attention_mask.bool()).amax(dim=1)
 
 
+def check_tokenizer_argument(tokenizer: Any) -> None:
+    """comlrl 1.4.3's ``JointRewardModel(backbone, freeze_backbone=False)`` took the flag
+    second, where the tokenizer goes now: a 1.4.3 call such as ``JointRewardModel(backbone,
+    True)`` would otherwise fail deep inside with an unrelated AttributeError."""
+    if tokenizer is None or hasattr(tokenizer, "pad_token_id"):
+        return
+    raise TypeError(
+        f"JointRewardModel's second argument is the tokenizer, got {tokenizer!r}: the signature is "
+        "JointRewardModel(backbone, tokenizer, freeze_backbone=False, max_length=None) (comlrl 1.4.3's was "
+        "(backbone, freeze_backbone)); write JointRewardModel(backbone, tokenizer, freeze_backbone=...) with "
+        "the backbone's tokenizer (or None, loaded from the backbone's name_or_path)"
+    )
+
+
 class JointRewardModel(nn.Module):
     """A transformer's base model plus ``Linear(hidden, 1)`` (with bias) on the final hidden
     state of each input's last real token.
@@ -79,6 +93,7 @@ class JointRewardModel(nn.Module):
         self, backbone: nn.Module, tokenizer: Any, freeze_backbone: bool = False, max_length: int | None = None
     ):
         super().__init__()
+        check_tokenizer_argument(tokenizer)
         self.backbone = getattr(backbone, "base_model", backbone)
         self.tokenizer = resolve_tokenizers(tokenizer, [self.backbone], role="reward model")[0]
         self.freeze_backbone = freeze_backbone
@@ -206,6 +221,7 @@ class RewardModelFunction:
     """
 
     __name__ = "reward_model"  # metrics read reward/reward_model/mean
+    reward_call = "batch"  # it scores every joint action of a call, each from its own history
 
     def __init__(self, model: JointRewardModel | None, batch_size: int | None = None):
         self.model = model

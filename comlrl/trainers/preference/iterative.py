@@ -38,6 +38,20 @@ from comlrl.trainers.preference.rounds import InRounds, PreferenceRounds
 
 __all__ = ["MADPOIterConfig", "MADPOIterTrainer"]
 
+MARLHF_ITER_NAMES = ("MARLHFIterConfig", "MARLHFIterTrainer")
+"""comlrl 1.4.3 defined these here too; they live in :mod:`comlrl.trainers.preference.marlhf_iter`."""
+
+
+def __getattr__(name: str) -> Any:
+    """1.4.3's ``from comlrl.trainers.preference.iterative import MARLHFIterTrainer``: looked
+    up when asked for, since ``marlhf_iter`` imports this module (a direct import here would
+    be circular)."""
+    if name in MARLHF_ITER_NAMES:
+        from comlrl.trainers.preference import marlhf_iter
+
+        return getattr(marlhf_iter, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 def respell(config: Any, name: str, spellings: dict[str, str]) -> None:
     """``config.<name>`` as its canonical name when it is one of comlrl 1.4.3's spellings."""
@@ -382,10 +396,13 @@ class MADPOIterTrainer(InRounds, MADPOTrainer):
         self.rounds = PreferenceRounds(self, self.args, self.comparator_adapter)
         """The rounds: every round's pairs, the round in progress, the comparator."""
 
+    rounds_alternative = (
+        "more rounds in one run (a larger num_iterations; each round samples fresh pairs of the current policy)"
+    )
+
     def prepare(self, checkpoint: str | None) -> dict[str, float]:
         """A new run starts round 1 (its metrics are returned); a resumed one reads its rounds back."""
         if checkpoint is None:
-            self.pairs = None
             self.rounds.reset()
         return super().prepare(checkpoint)
 

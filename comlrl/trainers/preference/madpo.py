@@ -42,6 +42,7 @@ from comlrl.models.placement import map_agents
 from comlrl.rollout.prompts import Formatter
 from comlrl.rollout.tree import RolloutTree
 from comlrl.trainers.base import MultiAgentTrainer
+from comlrl.trainers.loop import TrainResult
 from comlrl.trainers.preference.config import MADPOConfig
 from comlrl.trainers.preference.pairs import (
     PreferencePair,
@@ -61,6 +62,11 @@ from comlrl.trainers.reinforce.centralized import (
 from comlrl.trainers.update import Estimate, learner_key, micro_batches
 
 __all__ = ["MADPOConfig", "MADPOTrainer", "PreferencePair"]
+
+DPO_TEMPERATURE = 1.0
+"""The DPO loss's log-probs (policy and reference) come from the raw logits, as in comlrl
+1.4.3 and TRL's DPO: DPO's implicit reward is beta * log(pi / pi_ref) of the model itself;
+the sampling temperature only decides which candidates the pairs hold."""
 
 PAIRS_FILE = "preference_pairs.pt"
 """The pairs a checkpoint holds: the policy that sampled them is gone once training starts."""
@@ -102,12 +108,17 @@ class MADPOTrainer(MultiAgentTrainer):
     ``eval_logger`` gets ``[role][row][turn]`` texts, ``metrics_callback`` one sample per role;
     ``save_model(dir)`` writes the one model to ``dir/agent_0``.
 
+    The DPO log-probs (the policy's and, with ``dpo_reference="initial"``, the reference's)
+    are those of the raw logits, temperature 1, as in comlrl 1.4.3 and TRL's DPO: the
+    sampling ``temperature`` only shapes which candidates are drawn, not the loss.
+
+    ``train()`` runs once per trainer (or resumes a checkpoint): a second call is an error,
+    since the pairs came from the policy before the first call (see :meth:`train`).
+
     Differences from 1.4.3's MADPO: every completion token counts, the last (EOS) included;
-    the pairs hold the tokens as sampled, never re-tokenized text; log-probs are taken at the
-    sampling temperature (the policy is the distribution the agents sample from, as in every
-    comlrl trainer); the loss, accuracy and margins are logged; a reference policy is
-    available (``dpo_reference``); and the pairs are kept in checkpoints, so a resumed run
-    continues exactly.
+    the pairs hold the tokens as sampled, never re-tokenized text; the loss, accuracy and
+    margins are logged; a reference policy is available (``dpo_reference``); and the pairs
+    are kept in checkpoints, so a resumed run continues exactly.
     """
 
     config_class = MADPOConfig
@@ -223,6 +234,30 @@ class MADPOTrainer(MultiAgentTrainer):
         self.parallel.broadcast_parameters(p for group in parameters for p in group)
         self.pending_learners.append((names, parameters, learning_rates))
 
+    def train(
+        self,
+        resume_from_checkpoint: bool | str | None = None,
+        checkpoint_dir: str | None = None,
+        checkpoint_interval: int | None = None,
+        checkpoint_total_limit: int | None = None,
+    ) -> TrainResult:
+        """Make the pairs and train on them (see :meth:`MultiAgentTrainer.train
+        <comlrl.trainers.base.MultiAgentTrainer.train>` for the arguments). Once per trainer,
+        unless resuming a checkpoint: a second call would train on the first call's pairs,
+        not on new ones of the trained policy as comlrl 1.4.3's did, so it is an error, raised
+        before ``overwrite_output_dir`` clears anything."""
+        self.refuse_second_train(resume_from_checkpoint)
+        return super().train(resume_from_checkpoint, checkpoint_dir, checkpoint_interval, checkpoint_total_limit)
+
+    rounds_alternative = "MADPOIterTrainer (fresh pairs of the current policy every round, num_iterations rounds)"
+    """What to use for pairs of the trained policy, named in the second ``train()``'s error."""
+
+    def refuse_second_train(self, resume_from_checkpoint: bool | str | None) -> None:
+        """A ``train()`` that is not a resume, on a trainer whose pairs are made: an error
+        (:func:`raise_second_train`), before the loop claims (and may clear) ``output_dir``."""
+        if not resume_from_checkpoint and self.pairs is not None:
+            raise_second_train(type(self).__name__, "preference pairs", self.rounds_alternative)
+
     def prepare(self, checkpoint: str | None) -> dict[str, float]:
         """The pairs: read from ``checkpoint`` when resuming, else made now (once per trainer);
         then the optimizers and schedules. Returns the pair-building metrics."""
@@ -330,8 +365,9 @@ class MADPOTrainer(MultiAgentTrainer):
 
     def sequence_logps(self, model: torch.nn.Module, batch: SequenceBatch, pairs: slice) -> tuple[Tensor, Tensor]:
         """``(p,)`` summed log-probs of the chosen and of the rejected completions of the
-        pairs ``pairs`` of ``batch``, at the sampling temperature, in one forward: every
-        completion token counts, EOS included, padding never."""
+        pairs ``pairs`` of ``batch``, in one forward: every completion token counts, EOS
+        included, padding never. Temperature 1 (:data:`DPO_TEMPERATURE`), whatever the
+        sampling temperature, so the loss is comlrl 1.4.3's and TRL's DPO."""
         num_pairs = len(batch.prompt_ids) // 2
         index = torch.arange(num_pairs)[pairs]
         rows = torch.cat([index, index + num_pairs])
@@ -339,7 +375,7 @@ class MADPOTrainer(MultiAgentTrainer):
         prompt_ids, prompt_mask, completion_ids, completion_mask = (part[rows].to(device) for part in batch)
         with self.agents.precision(model):
             token_logps = completion_logprobs(
-                model, prompt_ids, prompt_mask, completion_ids, completion_mask, temperature=self.sampling.temperature
+                model, prompt_ids, prompt_mask, completion_ids, completion_mask, temperature=DPO_TEMPERATURE
             )
         chosen, rejected = (token_logps * completion_mask).sum(dim=1).chunk(2)
         return chosen, rejected
@@ -433,6 +469,20 @@ class MADPOTrainer(MultiAgentTrainer):
                 f"has {self.args.dpo_reference!r}: make them agree"
             )
         return pairs
+
+
+def raise_second_train(trainer: str, made: str, alternative: str) -> None:
+    """The error of a second ``train()`` on ``trainer``, which made its ``made`` (its pairs,
+    its reward model) from the policy as it was before the first call. comlrl 1.4.3 made
+    them again from the trained policy on every call; training again on the old ones would
+    silently mean something else, so the caller is told what to write instead."""
+    raise RuntimeError(
+        f"{trainer}.train() was already called on this trainer: its {made} came from the policy as it was "
+        f"before that first call, and a second train() would train on them again (comlrl 1.4.3 made new ones "
+        f"from the trained policy). For new {made} from the trained policy use {alternative}, or build a new "
+        f"{trainer} (agents=<the trained agents>, e.g. trainer.agents[i] or save_model() folders); to continue a "
+        "run from a checkpoint, pass train(resume_from_checkpoint=...)"
+    )
 
 
 def check_candidate_budget(config: MADPOConfig, num_agents: int) -> None:

@@ -43,7 +43,7 @@ from comlrl.trainers.config import (
 )
 from comlrl.trainers.loop import TrainResult
 from comlrl.trainers.preference.config import MADPOConfig
-from comlrl.trainers.preference.madpo import check_candidate_budget, sample_preference_pairs
+from comlrl.trainers.preference.madpo import check_candidate_budget, raise_second_train, sample_preference_pairs
 from comlrl.trainers.preference.pairs import PreferencePair
 from comlrl.trainers.reinforce import (
     CentralizedMAGRPOConfig,
@@ -135,8 +135,9 @@ class MARLHFConfig(MADPOConfig):
     critic_type: str = "v"
     """``v``: the critic values the prompts; ``q``: the prompts and completions."""
     use_separate_critic: bool | None = None
-    """iac: critics as separate models (True) or value heads on the agents (False); None: separate
-    when a critic is given (``critic_model``, ``critics``, ``critic_model_name``)."""
+    """iac: critics as separate models (True) or value heads on the agents (False); None: True
+    with iac (comlrl 1.4.3's MARLHF default: critics loaded from ``critic_model`` / ``critics`` /
+    ``critic_model_name``, else from the agents' model), set so in ``__post_init__``."""
     value_head_hidden_dim: int | None = None
     """Width of a Tanh hidden layer in value heads on the agents (iac); None: one linear map."""
     critic_value_head_hidden_dim: int | None = None
@@ -164,6 +165,7 @@ class MARLHFConfig(MADPOConfig):
             self.rl_algorithm = RL_ALGORITHM_ALIASES.get(name, name)
         super().__post_init__()
         check_choice(self, "rl_algorithm", RL_ALGORITHMS)
+        self._resolve_separate_critic()
         family = self.rl_algorithm in MAGRPO_BASELINES
         if self.collaboration_mode == "centralized" and not family:
             raise ValueError(
@@ -188,6 +190,14 @@ class MARLHFConfig(MADPOConfig):
                     f"leave it at {default!r}, or choose rl_algorithm='iac' or 'maac'"
                 )
         self.rl_config()  # the RL trainer's own checks, now rather than when the trainer is built
+
+    def _resolve_separate_critic(self) -> None:
+        """With iac, None is comlrl 1.4.3's MARLHF default, True: separate critic models (from
+        the agents' model when no critic is named), never value heads unless asked for with
+        ``use_separate_critic=False``. IACConfig's own None (separate only when a critic is
+        given) would put value heads on the agents where a 1.4.3 script had critic models."""
+        if self.rl_algorithm == "iac" and self.use_separate_critic is None:
+            self.use_separate_critic = True
 
     def _check_advantage_mode(self) -> None:
         """comlrl 1.4.3's ``advantage_mode`` may only repeat what ``rl_algorithm`` chooses."""
@@ -350,6 +360,9 @@ class RewardModelStage:
     the reward function of its training rollouts (``function``, raw reward-model scores).
     Under data parallelism every rank fits the same reward model together (the trainer's ranks)."""
 
+    rounds_alternative = "MARLHFIterTrainer (a reward model fitted to fresh pairs of the current policy every round)"
+    """What to use for a reward model of the trained policy, named in a second ``train()``'s error."""
+
     def __init__(self, args: MARLHFConfig, source: str, model_kwargs: dict[str, Any]):
         self.args = args
         self.source = source
@@ -368,8 +381,9 @@ class RewardModelStage:
         return self.function.model
 
     def prepare(self, trainer: Any, checkpoint: str | None) -> dict[str, float]:
-        """The reward model: read from ``checkpoint`` when resuming (by every rank), kept when
-        this trainer already fitted one, else fitted now; returns the metrics of pairs and fit."""
+        """The reward model: read from ``checkpoint`` when resuming (by every rank), else
+        fitted now (a second ``train()`` is refused before it gets here: see
+        :meth:`RewardModelTraining.train`); returns the metrics of pairs and fit."""
         if checkpoint is not None:
             folder = os.path.join(checkpoint, REWARD_MODEL_FOLDER)
             if not os.path.isdir(folder):
@@ -378,8 +392,6 @@ class RewardModelStage:
                 )
             model = JointRewardModel.load(folder, self.device(trainer), self.model_kwargs)
             self.function.model = frozen_model(model)
-            return {}
-        if self.reward_model is not None:
             return {}
         return self.fit(trainer)
 
@@ -478,6 +490,29 @@ class RewardModelTraining:
         self.algorithm_name = f"{stage.args.trainer_name}-{stage.args.rl_algorithm.upper()}"
         super().__init__(*args, train_reward_func=stage.function, **kwargs)
 
+    def train(
+        self,
+        resume_from_checkpoint: bool | str | None = None,
+        checkpoint_dir: str | None = None,
+        checkpoint_interval: int | None = None,
+        checkpoint_total_limit: int | None = None,
+    ) -> TrainResult:
+        """Once per trainer, unless resuming a checkpoint: a second call would train on the
+        first call's reward model, not on one fitted to new pairs of the trained policy as
+        comlrl 1.4.3's did, so it is an error, raised before ``overwrite_output_dir`` clears
+        anything (``output_dir/reward_model/`` included)."""
+        self.refuse_second_train(resume_from_checkpoint)
+        return super().train(resume_from_checkpoint, checkpoint_dir, checkpoint_interval, checkpoint_total_limit)
+
+    def refuse_second_train(self, resume_from_checkpoint: bool | str | None) -> None:
+        """A ``train()`` that is not a resume, once pairs or a reward model exist: an error
+        (:func:`raise_second_train`), before the loop claims (and may clear) ``output_dir``."""
+        stage = self.stage
+        if not resume_from_checkpoint and (stage.pairs is not None or stage.reward_model is not None):
+            raise_second_train(
+                f"{stage.args.trainer_name}Trainer", "preference pairs and reward model", stage.rounds_alternative
+            )
+
     def prepare(self, checkpoint: str | None) -> dict[str, float]:
         return {**super().prepare(checkpoint), **self.stage.prepare(self, checkpoint)}
 
@@ -523,9 +558,10 @@ RL_ALGORITHMS: dict[str, RLAlgorithm] = {
 """``rl_algorithm`` -> its RL trainer and config (the REINFORCE variants differ by config only)."""
 
 
-def model_name(name: str | None, agent_model: Any, agents: Any, field: str) -> str:
+def model_name(name: str | None, agent_model: Any, agents: Any, field: str, other_choice: str = "") -> str:
     """``name`` if set, else the agents' model: ``agent_model``, or the one folder or hub id
-    every entry of ``agents`` names. ``field`` is the setting named in the error."""
+    every entry of ``agents`` names. ``field`` is the setting named in the error, and
+    ``other_choice`` (", or ...") any other way out it offers."""
     if name is not None:
         return name
     if isinstance(agent_model, str | os.PathLike):
@@ -537,7 +573,7 @@ def model_name(name: str | None, agent_model: Any, agents: Any, field: str) -> s
     given = f"as different models {names}" if named else "as model objects"
     raise ValueError(
         f"{field} is None and the agents were given {given}, so there is no one model name to load it from: "
-        f"set MARLHFConfig({field}=<folder or hub id>)"
+        f"set MARLHFConfig({field}=<folder or hub id>){other_choice}"
     )
 
 
@@ -680,8 +716,9 @@ class MARLHFTrainer:
 
     def critic_source(self, critic_model: Any, critics: Any, agent_model: Any, agents: Any) -> Any:
         """The separate critics' model: ``critic_model`` or ``critics`` as given, else
-        ``critic_model_name``, else, where a separate critic is needed (maac; iac with
-        ``use_separate_critic=True``), the agents' model; None: value heads on the agents (iac)."""
+        ``critic_model_name``, else, where a separate critic is needed (maac; iac unless
+        ``use_separate_critic=False``, as comlrl 1.4.3's), the agents' model; None: value heads
+        on the agents (iac with ``use_separate_critic=False``)."""
         args = self.args
         if critic_model is not None or critics is not None:
             if args.critic_model_name is not None:
@@ -691,7 +728,8 @@ class MARLHFTrainer:
                 )
             return critic_model
         if args.critic_model_name is not None or args.rl_algorithm == "maac" or args.use_separate_critic:
-            return model_name(args.critic_model_name, agent_model, agents, "critic_model_name")
+            heads = ", or use_separate_critic=False for value heads on the agents" if args.rl_algorithm == "iac" else ""
+            return model_name(args.critic_model_name, agent_model, agents, "critic_model_name", heads)
         return None
 
     # ----------------------------------------------------------------------------------------
@@ -705,7 +743,9 @@ class MARLHFTrainer:
         checkpoint_total_limit: int | None = None,
     ) -> TrainResult:
         """Phases 1-4 (see :meth:`MultiAgentTrainer.train <comlrl.trainers.base.MultiAgentTrainer.train>`
-        for the arguments); the pairs' and the reward model's metrics are logged at step 0."""
+        for the arguments); the pairs' and the reward model's metrics are logged at step 0.
+        Once per trainer, unless resuming a checkpoint: a second call is an error, since the
+        reward model came from the policy before the first call (comlrl 1.4.3 fitted a new one)."""
         return self.rl_trainer.train(
             resume_from_checkpoint, checkpoint_dir, checkpoint_interval, checkpoint_total_limit
         )

@@ -83,6 +83,9 @@ class RoundsRewardModelStage(RewardModelStage):
     fresh reward model fitted to them."""
 
     args: MARLHFIterConfig
+    rounds_alternative = (
+        "more rounds in one run (a larger num_iterations; each round fits a reward model to fresh pairs)"
+    )
 
     def prepare(self, trainer: Any, checkpoint: str | None) -> dict[str, float]:
         """Resuming: the reward model and the rounds read back from ``checkpoint``; a new run
