@@ -357,3 +357,19 @@ def test_metric_names_are_143s(tmp_path):
     assert {"turn_1/reward_mean", "turn_1/expected_return", "turn_1/nodes"} <= set(trained)
     assert {"eval/turn_1/reward_mean", "eval/turn_1/expected_return"} <= set(evaluated)
     assert not [key for key in [*trained, *evaluated] if re.search(r"turn\d", key)]
+
+
+def test_a_functions_own_reward_call_attribute_wins_over_the_configs():
+    calls = []
+
+    def wrapper(completions1, completions2, batch_items=None):
+        calls.append(len(completions1))
+        return [item["target"] for item in batch_items]
+
+    wrapper.reward_call = "batch"  # as the library's own wrappers (reward models, role splitting) say
+    reward = JointReward(wrapper, num_agents=2, call="auto")
+    score_rows(reward, ["p", "q"], [["a", "b"], ["c", "d"]], [0, 1])
+    assert calls == [2] and reward.calls == ["batch"]
+    wrapper.reward_call = "sometimes"
+    with pytest.raises(ValueError, match="reward_func wrapper has reward_call='sometimes'; it must be one of 'auto'"):
+        JointReward(wrapper, num_agents=2)

@@ -32,6 +32,8 @@ function that gets ``batch_items`` or ``prompts``, at the first call whose joint
 different rows or prompts, which a 1.4.3 function may read at ``[0]`` for all): the same
 rewards make it a batch function, others a 1.4.3 one (warned, as above). A function settled
 as a batch one is called so from then on (a single value is then an error, not a switch).
+A callable with a ``reward_call`` attribute is called as it says, whatever the config's (the
+library's own wrappers, such as a reward model, say ``batch``).
 
 Several reward functions can be given with weights; the joint reward is their weighted
 sum, then the optional processor is applied to each value.
@@ -313,9 +315,16 @@ class JointReward:
             context_parameters(func) + reward_keywords(func, pass_prompts)
             for func, pass_prompts in zip(funcs, self.pass_prompts)
         )
-        self.calls = [call] * len(funcs)
-        """How each function is called: ``call``, until ``auto`` settles on ``batch`` or
-        ``per_joint_action`` for a function (for the rest of the run)."""
+        self.calls = [getattr(func, "reward_call", call) for func in funcs]
+        for func, own in zip(funcs, self.calls):
+            if own not in REWARD_CALLS:
+                raise ValueError(
+                    f"reward_func {describe(func)} has reward_call={own!r}; it must be one of "
+                    f"{', '.join(map(repr, REWARD_CALLS))}"
+                )
+        """How each function is called: ``call`` (or the function's own ``reward_call``
+        attribute: the library's wrappers, which are batch functions), until ``auto`` settles on
+        ``batch`` or ``per_joint_action`` for a function (for the rest of the run)."""
         # How errors name each function; the position tells apart functions with the same name.
         self._sources = [
             f"reward_func {describe(func)}" + (f" (position {j})" if len(funcs) > 1 else "")

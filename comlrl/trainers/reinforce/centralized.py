@@ -233,6 +233,8 @@ class RoleReward:
     ``reward_processor`` are applied by the trainer's reward, once, to what this returns.
     """
 
+    reward_call = "batch"  # the trainer's reward calls it in batch; the user's function is called as `call` says
+
     def __init__(self, func: Callable, collaboration: CentralizedCollaboration, call: str):
         self.roles = JointReward(func, collaboration.num_roles, call=call)
         self.collaboration = collaboration
