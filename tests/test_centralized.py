@@ -216,7 +216,9 @@ def test_a_malformed_response_scores_as_empty_roles(tmp_path):
 
     trainer = centralized(tmp_path, reward, centralized_adapter=TAGGED)
     scored = score(trainer, ["no tags here", "<agent_0>ok</agent_0>"], [DATA[0], DATA[1]])
-    assert seen == [(["", "ok"], ["", ""])]
+    # one batch call; then, 2 values for 2 joint actions of 2 roles being ambiguous under
+    # reward_call="auto", one call per joint action that settles it as a batch function
+    assert seen == [(["", "ok"], ["", ""]), ([""], [""]), (["ok"], [""])]
     assert scored.raw.flatten().tolist() == [0.0, 2.0]
 
 

@@ -17,7 +17,9 @@ COMPLETIONS = [["a0", "a1"], ["b0", "b1"]]  # N = 2 agents, K = 2 joint actions
 ROWS = [5, 7]
 
 
-def score(func, processor=None, num_agents=2, weights=None, call="auto"):
+def score(func, processor=None, num_agents=2, weights=None, call="batch"):
+    """One batch call (``auto`` would also call a function once per joint action here, K = N = 2
+    values being ambiguous: tested with ``auto``'s other choices below)."""
     return JointReward(func, num_agents, processor, weights, call=call)(PROMPTS, COMPLETIONS, ROWS)
 
 
@@ -107,7 +109,7 @@ def test_arguments_are_plain_lists():
         seen.extend(lists)
         return [0.0, 0.0]
 
-    JointReward(record, 2)(tuple(PROMPTS), (tuple(COMPLETIONS[0]), tuple(COMPLETIONS[1])), ROWS)
+    JointReward(record, 2, call="batch")(tuple(PROMPTS), (tuple(COMPLETIONS[0]), tuple(COMPLETIONS[1])), ROWS)
     assert seen == COMPLETIONS and all(type(x) is list for x in seen)
 
 
@@ -298,7 +300,7 @@ def second_reward(c1, c2):
 
 
 def test_two_functions_weighted():
-    reward = JointReward([first_reward, second_reward], 2, weights=[0.5, 2.0])
+    reward = JointReward([first_reward, second_reward], 2, weights=[0.5, 2.0], call="batch")
     batch = reward(PROMPTS, COMPLETIONS, ROWS)
     # joint action 0: 0.5 * 1 + 2 * 3 = 6.5; joint action 1: 0.5 * -2 + 2 * 0.25 = -0.5
     assert batch.raw.tolist() == [[6.5, 6.5], [-0.5, -0.5]]
@@ -341,7 +343,7 @@ def test_each_function_has_its_own_calling_convention_and_fresh_lists():
         seen.append(c1)
         return [10.0, 20.0]
 
-    reward = JointReward([takes_prompts_and_edits, completions_only_records], 2)
+    reward = JointReward([takes_prompts_and_edits, completions_only_records], 2, call="batch")
     assert reward.pass_prompts == (True, False)
     batch = reward(PROMPTS, COMPLETIONS, ROWS)
     assert seen == [["a0", "a1"]]  # the first function's edit did not reach the second
@@ -627,8 +629,9 @@ CONTEXT = {
 }
 
 
-def score_all(func, call="auto", num_agents=2):
-    """``func`` scored on the two joint actions with every keyword value the trainer gives."""
+def score_all(func, call="batch", num_agents=2):
+    """``func`` scored on the two joint actions with every keyword value the trainer gives, in
+    one call."""
     return JointReward(func, num_agents, call=call)(PROMPTS, COMPLETIONS, ROWS, CONTEXT, BATCH_ITEMS)
 
 
@@ -691,7 +694,7 @@ def test_rows_edited_by_one_function_reach_neither_the_next_nor_the_dataset():
         seen.append(batch_items[0]["tests"])
         return [0.0, 0.0]
 
-    JointReward([edits, reads], 2)(PROMPTS, COMPLETIONS, ROWS, batch_items=rows)
+    JointReward([edits, reads], 2, call="batch")(PROMPTS, COMPLETIONS, ROWS, batch_items=rows)
     assert seen == [["t"]] and rows[0]["tests"] == ["t"]
 
 
@@ -815,7 +818,8 @@ def test_a_batch_call_that_raises_hints_at_per_joint_action(call):
 
 
 def test_auto_settles_on_batch_after_a_full_answer():
-    answers = iter([[1.0, 2.0], [3.0]])
+    # K = N = 2 values are checked once per joint action ([1.0], [2.0]: the same rewards)
+    answers = iter([[1.0, 2.0], [1.0], [2.0], [3.0]])
     reward = JointReward(lambda c1, c2: next(answers), 2)
     assert reward(PROMPTS, COMPLETIONS, ROWS).raw[:, 0].tolist() == [1.0, 2.0]
     assert reward.calls == ["batch"]

@@ -373,3 +373,16 @@ def test_a_functions_own_reward_call_attribute_wins_over_the_configs():
     wrapper.reward_call = "sometimes"
     with pytest.raises(ValueError, match="reward_func wrapper has reward_call='sometimes'; it must be one of 'auto'"):
         JointReward(wrapper, num_agents=2)
+
+
+def test_a_batch_reward_that_cannot_score_one_joint_action_alone_stays_a_batch_one():
+    def ranks(completions1, completions2):  # ranks the joint actions against each other: needs them all
+        assert len(completions1) > 1, "one joint action has nothing to be ranked against"
+        lengths = [len(a) + len(b) for a, b in zip(completions1, completions2)]
+        return [float(sorted(lengths).index(n)) for n in lengths]
+
+    reward = JointReward(ranks, num_agents=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        values = reward(["p", "p"], [["a", "bbb"], ["cc", "dddd"]], [0, 0]).raw
+    assert values[:, 0].tolist() == [0.0, 1.0] and reward.calls == ["batch"]

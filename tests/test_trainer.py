@@ -105,7 +105,12 @@ def test_reward_with_prompts_first_gets_agent_zeros_prompts(tmp_path):
         seen.extend(prompts)
         return [1.0] * len(a)
 
-    trainer = make_trainer(tmp_path, reward_func=reward, formatters=lambda row: "Q: " + row["prompt"])
+    trainer = make_trainer(
+        tmp_path,
+        reward_func=reward,
+        formatters=lambda row: "Q: " + row["prompt"],
+        args=small_config(tmp_path, reward_call="batch"),  # "auto" also checks it once per joint action
+    )
     trainer.rollout(trainer.train_prompts, [1, 2])
     assert seen == ["Q: a cat"] * 2 + ["Q: tell me, why?"] * 2  # as comlrl 1.4.3: the formatted prompt
 

@@ -262,6 +262,10 @@ class JointActions:
         return JointActions([c[k : k + 1] for c in self.completions], self.row_ids[k : k + 1], keywords)
 
 
+class RewardFunctionError(RuntimeError):
+    """A reward function raised: the error names it, the call and the joint action."""
+
+
 # How many distinct dataset rows an error lists before "...": a batch can hold hundreds.
 _ROWS_SHOWN = 10
 # When a batch call and per-joint-action calls agree (``auto``): batched arithmetic, such as a
@@ -455,9 +459,13 @@ class JointReward:
 
     def _settle(self, j: int, actions: JointActions, values: Tensor, doubt: str) -> Tensor:
         """Function ``j`` called once per joint action too, to tell a batch function (the same
-        rewards, up to float rounding of batched arithmetic) from a comlrl 1.4.3 one (others, or an
-        error that says what such a list means). K more calls, once per function and run."""
-        each = self._score_each(j, actions)
+        rewards, up to float rounding of batched arithmetic, or an error of its own: 1.4.3 called
+        its functions so) from a comlrl 1.4.3 one (other rewards, or an error that says what
+        such a list means). K more calls, once per function and run."""
+        try:
+            each = self._score_each(j, actions)
+        except RewardFunctionError:
+            each = values
         if torch.allclose(each, values, rtol=_SETTLE_RTOL, atol=_SETTLE_ATOL):
             self.calls[j] = "batch"
             return values
@@ -532,7 +540,7 @@ class JointReward:
             return self.funcs[j](*args, **kwargs)
         except Exception as error:
             sizes = ", ".join(str(len(a)) for a in args)
-            raise RuntimeError(
+            raise RewardFunctionError(
                 f"{self._sources[j]} raised {type(error).__name__}: {error} "
                 f"(called with {len(args)} lists of sizes [{sizes}]"
                 f"{', prompts first' if self.pass_prompts[j] else ''}{', for ' + where if where else ''}){hint}"
