@@ -252,11 +252,15 @@ class MADPOTrainer(MultiAgentTrainer):
     rounds_alternative = "MADPOIterTrainer (fresh pairs of the current policy every round, num_iterations rounds)"
     """What to use for pairs of the trained policy, named in the second ``train()``'s error."""
 
+    train_started = False
+    """Whether ``train()`` was called on this trainer (pairs given before the first call count not)."""
+
     def refuse_second_train(self, resume_from_checkpoint: bool | str | None) -> None:
-        """A ``train()`` that is not a resume, on a trainer whose pairs are made: an error
+        """A ``train()`` that is not a resume, on a trainer already trained: an error
         (:func:`raise_second_train`), before the loop claims (and may clear) ``output_dir``."""
-        if not resume_from_checkpoint and self.pairs is not None:
+        if not resume_from_checkpoint and self.train_started:
             raise_second_train(type(self).__name__, "preference pairs", self.rounds_alternative)
+        self.train_started = True
 
     def prepare(self, checkpoint: str | None) -> dict[str, float]:
         """The pairs: read from ``checkpoint`` when resuming, else made now (once per trainer);

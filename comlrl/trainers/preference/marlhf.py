@@ -504,14 +504,18 @@ class RewardModelTraining:
         self.refuse_second_train(resume_from_checkpoint)
         return super().train(resume_from_checkpoint, checkpoint_dir, checkpoint_interval, checkpoint_total_limit)
 
+    train_started = False
+    """Whether ``train()`` was called on this trainer."""
+
     def refuse_second_train(self, resume_from_checkpoint: bool | str | None) -> None:
-        """A ``train()`` that is not a resume, once pairs or a reward model exist: an error
+        """A ``train()`` that is not a resume, on a trainer already trained: an error
         (:func:`raise_second_train`), before the loop claims (and may clear) ``output_dir``."""
         stage = self.stage
-        if not resume_from_checkpoint and (stage.pairs is not None or stage.reward_model is not None):
+        if not resume_from_checkpoint and self.train_started:
             raise_second_train(
                 f"{stage.args.trainer_name}Trainer", "preference pairs and reward model", stage.rounds_alternative
             )
+        self.train_started = True
 
     def prepare(self, checkpoint: str | None) -> dict[str, float]:
         return {**super().prepare(checkpoint), **self.stage.prepare(self, checkpoint)}
