@@ -320,15 +320,15 @@ class JointReward:
             for func, pass_prompts in zip(funcs, self.pass_prompts)
         )
         self.calls = [getattr(func, "reward_call", call) for func in funcs]
+        """How each function is called: ``call`` (or the function's own ``reward_call``
+        attribute: the library's wrappers, which are batch functions), until ``auto`` settles on
+        ``batch`` or ``per_joint_action`` for a function (for the rest of the run)."""
         for func, own in zip(funcs, self.calls):
             if own not in REWARD_CALLS:
                 raise ValueError(
                     f"reward_func {describe(func)} has reward_call={own!r}; it must be one of "
                     f"{', '.join(map(repr, REWARD_CALLS))}"
                 )
-        """How each function is called: ``call`` (or the function's own ``reward_call``
-        attribute: the library's wrappers, which are batch functions), until ``auto`` settles on
-        ``batch`` or ``per_joint_action`` for a function (for the rest of the run)."""
         # How errors name each function; the position tells apart functions with the same name.
         self._sources = [
             f"reward_func {describe(func)}" + (f" (position {j})" if len(funcs) > 1 else "")
