@@ -386,8 +386,15 @@ class MultiAgentTrainer(abc.ABC):
         ``save_steps`` steps a checkpoint is written; SIGINT or SIGTERM during training
         writes one after the current step and returns early (a second signal stops at once).
         """
+        self.start_training(resume_from_checkpoint)
         plan = CheckpointPlan.resolve(self.args, checkpoint_dir, checkpoint_interval, checkpoint_total_limit)
         return TrainingLoop(self, resume_from_checkpoint, plan).run()
+
+    def start_training(self, resume_from_checkpoint: bool | str | None) -> None:
+        """Called first by ``train()``, before the output folder is claimed (and maybe cleared):
+        a trainer that may train only once (its pairs or reward model come from the policy it
+        started from) refuses a second call here. MAGRPO and actor-critic train on."""
+        return None
 
     def step(self, row_ids: list[int]) -> StepResult:
         """Sample, score and update every agent on this rank's dataset rows ``row_ids``."""

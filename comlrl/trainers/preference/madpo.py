@@ -42,7 +42,6 @@ from comlrl.models.placement import map_agents
 from comlrl.rollout.prompts import Formatter
 from comlrl.rollout.tree import RolloutTree
 from comlrl.trainers.base import MultiAgentTrainer
-from comlrl.trainers.loop import TrainResult
 from comlrl.trainers.preference.config import MADPOConfig
 from comlrl.trainers.preference.pairs import (
     PreferencePair,
@@ -234,30 +233,17 @@ class MADPOTrainer(MultiAgentTrainer):
         self.parallel.broadcast_parameters(p for group in parameters for p in group)
         self.pending_learners.append((names, parameters, learning_rates))
 
-    def train(
-        self,
-        resume_from_checkpoint: bool | str | None = None,
-        checkpoint_dir: str | None = None,
-        checkpoint_interval: int | None = None,
-        checkpoint_total_limit: int | None = None,
-    ) -> TrainResult:
-        """Make the pairs and train on them (see :meth:`MultiAgentTrainer.train
-        <comlrl.trainers.base.MultiAgentTrainer.train>` for the arguments). Once per trainer,
-        unless resuming a checkpoint: a second call would train on the first call's pairs,
-        not on new ones of the trained policy as comlrl 1.4.3's did, so it is an error, raised
-        before ``overwrite_output_dir`` clears anything."""
-        self.refuse_second_train(resume_from_checkpoint)
-        return super().train(resume_from_checkpoint, checkpoint_dir, checkpoint_interval, checkpoint_total_limit)
-
     rounds_alternative = "MADPOIterTrainer (fresh pairs of the current policy every round, num_iterations rounds)"
     """What to use for pairs of the trained policy, named in the second ``train()``'s error."""
 
     train_started = False
     """Whether ``train()`` was called on this trainer (pairs given before the first call count not)."""
 
-    def refuse_second_train(self, resume_from_checkpoint: bool | str | None) -> None:
-        """A ``train()`` that is not a resume, on a trainer already trained: an error
-        (:func:`raise_second_train`), before the loop claims (and may clear) ``output_dir``."""
+    def start_training(self, resume_from_checkpoint: bool | str | None) -> None:
+        """Once per trainer, unless resuming a checkpoint: a second ``train()`` would train on
+        the first call's pairs, not on new ones of the trained policy as comlrl 1.4.3's did, so
+        it is an error (:func:`raise_second_train`), raised before ``overwrite_output_dir``
+        clears anything."""
         if not resume_from_checkpoint and self.train_started:
             raise_second_train(type(self).__name__, "preference pairs", self.rounds_alternative)
         self.train_started = True

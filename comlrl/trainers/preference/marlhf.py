@@ -490,26 +490,14 @@ class RewardModelTraining:
         self.algorithm_name = f"{stage.args.trainer_name}-{stage.args.rl_algorithm.upper()}"
         super().__init__(*args, train_reward_func=stage.function, **kwargs)
 
-    def train(
-        self,
-        resume_from_checkpoint: bool | str | None = None,
-        checkpoint_dir: str | None = None,
-        checkpoint_interval: int | None = None,
-        checkpoint_total_limit: int | None = None,
-    ) -> TrainResult:
-        """Once per trainer, unless resuming a checkpoint: a second call would train on the
-        first call's reward model, not on one fitted to new pairs of the trained policy as
-        comlrl 1.4.3's did, so it is an error, raised before ``overwrite_output_dir`` clears
-        anything (``output_dir/reward_model/`` included)."""
-        self.refuse_second_train(resume_from_checkpoint)
-        return super().train(resume_from_checkpoint, checkpoint_dir, checkpoint_interval, checkpoint_total_limit)
-
     train_started = False
     """Whether ``train()`` was called on this trainer."""
 
-    def refuse_second_train(self, resume_from_checkpoint: bool | str | None) -> None:
-        """A ``train()`` that is not a resume, on a trainer already trained: an error
-        (:func:`raise_second_train`), before the loop claims (and may clear) ``output_dir``."""
+    def start_training(self, resume_from_checkpoint: bool | str | None) -> None:
+        """Once per trainer, unless resuming a checkpoint: a second ``train()`` would train on
+        the first call's reward model, not on one fitted to new pairs of the trained policy as
+        comlrl 1.4.3's did, so it is an error (:func:`raise_second_train`), raised before
+        ``overwrite_output_dir`` clears anything (``output_dir/reward_model/`` included)."""
         stage = self.stage
         if not resume_from_checkpoint and self.train_started:
             raise_second_train(

@@ -359,7 +359,7 @@ def sampling_with(trainer: Any, backend: GenerationBackend, stream: torch.Genera
 class InRounds:
     """A trainer whose ``train()`` goes through every round's epochs (``RoundLoop``); it
     must have ``rounds`` (:class:`PreferenceRounds`), ``start_epoch(epoch)`` and
-    ``refuse_second_train(resume_from_checkpoint)`` (MADPO's, MARLHF's RL trainer's)."""
+    ``start_training(resume_from_checkpoint)`` (MADPO's, MARLHF's RL trainer's)."""
 
     def train(
         self,
@@ -372,8 +372,8 @@ class InRounds:
         <comlrl.trainers.base.MultiAgentTrainer.train>`, except that ``checkpoint_interval``
         counts rounds (comlrl 1.4.3's meaning for the iterative trainers), and
         ``checkpoint_dir`` alone writes a checkpoint after every round. Once per trainer,
-        unless resuming a checkpoint (see ``refuse_second_train``)."""
-        self.refuse_second_train(resume_from_checkpoint)
+        unless resuming a checkpoint (see ``start_training``)."""
+        self.start_training(resume_from_checkpoint)
         plan = CheckpointPlan.resolve(self.args, checkpoint_dir, checkpoint_interval, checkpoint_total_limit)
         return RoundLoop(self, resume_from_checkpoint, plan).run()
 
