@@ -486,6 +486,9 @@ def killable_trainer(output_dir: str):
         save_steps=1,
         save_total_limit=2,
         output_dir=output_dir,
+        # A worker killed before its first checkpoint was complete left outputs but nothing to
+        # resume: the next one starts afresh over them (a resume never clears anything).
+        overwrite_output_dir=True,
     )
     return make_trainer(
         Path(output_dir).parent, agents=[tiny_llama(tok, seed=i) for i in range(2)], tokenizer=tok, args=args
