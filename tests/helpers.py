@@ -283,21 +283,23 @@ def marlhf_pairs() -> list[PreferencePair]:
     for row, prompt in enumerate(record["prompt"] for record in ROWS):
         texts = [([f"{prompt} yes", "good good"], [f"{prompt} no", "bad"])]
         texts += [([f"yes {prompt}", "good"], [f"no {prompt}", "bad bad"])] if row % 2 == 0 else []
-        for chosen, rejected in texts:
-            pairs.append(
-                PreferencePair(
-                    row=row,
-                    prompts=[prompt, prompt],
-                    prompt_ids=[],
-                    chosen_ids=[],
-                    rejected_ids=[],
-                    chosen_texts=chosen,
-                    rejected_texts=rejected,
-                    chosen_reward=1.0,
-                    rejected_reward=0.0,
-                )
-            )
+        pairs += [text_pair(row, prompt, chosen, rejected) for chosen, rejected in texts]
     return pairs
+
+
+def text_pair(row: int, prompt: str, chosen: list[str], rejected: list[str]) -> PreferencePair:
+    """A pair of two agents' texts (no token ids: enough for a reward model), ``chosen`` scored 1."""
+    return PreferencePair(
+        row=row,
+        prompts=[prompt, prompt],
+        prompt_ids=[],
+        chosen_ids=[],
+        rejected_ids=[],
+        chosen_texts=chosen,
+        rejected_texts=rejected,
+        chosen_reward=1.0,
+        rejected_reward=0.0,
+    )
 
 
 class GivenPairsStage(RewardModelStage):

@@ -13,7 +13,6 @@ from comlrl.algorithms import bradley_terry_loss, pair_accuracy
 from comlrl.models.reward_model import JointRewardModel, joint_reward_text, last_real_token
 from comlrl.trainers import MARLHFConfig, MARLHFTrainer
 from comlrl.trainers.preference import marlhf
-from comlrl.trainers.preference.pairs import PreferencePair
 from comlrl.trainers.reinforce import MAREINFORCEConfig, MARLOOConfig
 
 from .helpers import (
@@ -25,6 +24,7 @@ from .helpers import (
     content_score,
     load_example,
     log_lines,
+    text_pair,
     tiny_gpt2,
     tiny_llama,
     unsplittable,
@@ -126,17 +126,7 @@ def test_the_lm_head_is_never_run():
 
 
 def pair(row, chosen, rejected):
-    return PreferencePair(
-        row=row,
-        prompts=["say:", "say:"],
-        prompt_ids=[],
-        chosen_ids=[],
-        rejected_ids=[],
-        chosen_texts=chosen,
-        rejected_texts=rejected,
-        chosen_reward=1.0,
-        rejected_reward=0.0,
-    )
+    return text_pair(row, "say:", chosen, rejected)
 
 
 def test_fitting_ranks_a_separable_set():
