@@ -4,6 +4,7 @@
     .venv/bin/python benchmarks/bench_ours.py --threads 2 --model DIR
     .venv/bin/python benchmarks/bench_ours.py --smoke            # 1 prompt, 2 generations, 4 tokens
     .venv/bin/python benchmarks/bench_ours.py --precision bf16   # bf16 rollout copies, autocast updates
+    .venv/bin/python benchmarks/bench_ours.py --max-grad-norm none   # no gradient clipping (the original's)
 
 Config: one epoch, 2 dataset rows per step (``per_device_train_batch_size=2``: one optimizer
 step per agent per 2 prompts, as the original's rollout buffer of 2), rows in dataset order (the
@@ -42,6 +43,7 @@ def build_trainer(
     precision: str = "fp32",
     learning_seed: int | None = None,
     reward: object = wl.length_ratio_reward,
+    max_grad_norm: float | None = 1.0,
 ) -> MAGRPOTrainer:
     """The timed run, or with ``learning_seed`` the learning run (free lengths, its epochs and seed)."""
     learning = learning_seed is not None
@@ -58,6 +60,7 @@ def build_trainer(
         top_k=wl.TOP_K,
         generation_kwargs={} if learning else {"min_new_tokens": work.max_new_tokens},
         seed=learning_seed if learning else wl.SEED,
+        max_grad_norm=max_grad_norm,
         logging_steps=1,
         output_dir=output_dir,
     )
@@ -80,6 +83,12 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default=None, help="model folder (default: the embedded SmolLM2-135M-Instruct)")
     parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16"], help="the config's precision")
+    parser.add_argument(
+        "--max-grad-norm",
+        type=lambda value: None if value == "none" else float(value),
+        default=1.0,
+        help="the config's gradient clipping, 'none' for none as the original (default: %(default)s)",
+    )
     measure.add_learning_arg(parser)
     measure.add_common_args(parser)
     args = parser.parse_args(argv)
@@ -92,11 +101,13 @@ def main(argv=None) -> None:
     if args.learning_seed is not None:
         recorder = wl.RecordedReward()
         with tempfile.TemporaryDirectory(prefix="learn_ours_") as output_dir:
-            trainer = build_trainer(args.model, work, output_dir, args.precision, args.learning_seed, recorder)
+            trainer = build_trainer(
+                args.model, work, output_dir, args.precision, args.learning_seed, recorder, args.max_grad_norm
+            )
             measure.run_learning(f"ours-{args.precision}", args.learning_seed, recorder, trainer.train)
         return
     with tempfile.TemporaryDirectory(prefix="bench_ours_") as output_dir:
-        trainer = build_trainer(args.model, work, output_dir, args.precision)
+        trainer = build_trainer(args.model, work, output_dir, args.precision, max_grad_norm=args.max_grad_norm)
         gflops = measure.matmul_gflops()
         with contextlib.redirect_stdout(sys.stderr):
             started = time.perf_counter()

@@ -7,6 +7,7 @@ each side, each run in a fresh process (benchmarks/bench_original.py and bench_o
     benchmarks/setup_original.sh                                        # once
     .venv/bin/python benchmarks/learning_vs_original.py                 # 5 seeds: original, ours fp32, ours bf16
     .venv/bin/python benchmarks/learning_vs_original.py --seeds 3 --sides ours-fp32 ours-bf16 --json out.json
+    .venv/bin/python benchmarks/learning_vs_original.py --sides ours-fp32-unclipped   # max_grad_norm=None
 
 Printed per run: each epoch's mean reward x100 and the gain from the first epoch to the last;
 per side, the mean gain over seeds and its standard deviation (the spread between seeds is
@@ -28,6 +29,7 @@ SIDES = {
     "original-bf16": ("original", ["--dtype", "bf16"]),
     "ours-fp32": ("ours", ["--precision", "fp32"]),
     "ours-bf16": ("ours", ["--precision", "bf16"]),
+    "ours-fp32-unclipped": ("ours", ["--precision", "fp32", "--max-grad-norm", "none"]),
 }
 
 
