@@ -43,7 +43,7 @@ def build_trainer(
     precision: str = "fp32",
     learning_seed: int | None = None,
     reward: object = wl.length_ratio_reward,
-    max_grad_norm: float | None = 1.0,
+    max_grad_norm: float | None = MAGRPOConfig.max_grad_norm,
 ) -> MAGRPOTrainer:
     """The timed run, or with ``learning_seed`` the learning run (free lengths, its epochs and seed)."""
     learning = learning_seed is not None
@@ -86,7 +86,7 @@ def main(argv=None) -> None:
     parser.add_argument(
         "--max-grad-norm",
         type=lambda value: None if value == "none" else float(value),
-        default=1.0,
+        default=MAGRPOConfig.max_grad_norm,
         help="the config's gradient clipping, 'none' for none as the original (default: %(default)s)",
     )
     measure.add_learning_arg(parser)
