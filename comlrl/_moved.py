@@ -4,15 +4,15 @@ module named" (the migration guide, "Migrating from comlrl 1.4.3", has the whole
 
 Modules are caught by a finder placed last on ``sys.meta_path`` (so it sees only names no
 real module answers); names by the packages' module ``__getattr__``, which calls
-:func:`moved_name`. Both raise ImportError, not AttributeError: ``from package import name``
-would replace an AttributeError's message with its own generic one.
+:func:`moved_name`.
 """
 
 from __future__ import annotations
 
+import dis
 import importlib.abc
 import sys
-from typing import NoReturn
+from typing import Any, NoReturn
 
 _VALUE_HEADS = (
     "value heads are not a model class here: pass plain causal LMs as agents (and critics); IACTrainer "
@@ -88,13 +88,30 @@ MOVED_NAMES = {
 """Package or module -> {1.4.3 public name it had -> what to use instead}."""
 
 
+class MovedNameError(AttributeError):
+    """A name comlrl 1.4.3 had and this library does not; the message says what to use instead."""
+
+
 def moved_name(module: str, name: str) -> NoReturn:
-    """A module ``__getattr__``'s answer for ``name``: the ImportError naming its replacement
-    when 1.4.3 had it, else the usual AttributeError."""
+    """A module ``__getattr__``'s answer for ``name`` (call it from there): for a name 1.4.3
+    had, a :class:`MovedNameError` naming its replacement, so that ``hasattr`` is False and
+    ``getattr(module, name, None)`` None, as for any missing attribute; else the usual
+    AttributeError.
+
+    ``from module import name`` turns any AttributeError into its own "cannot import name",
+    which would drop the replacement: there the answer is an ImportError carrying it."""
     instead = MOVED_NAMES.get(module, {}).get(name)
     if instead is None:
-        raise AttributeError(f"module {module!r} has no attribute {name!r}")
-    raise ImportError(f"{module}.{name} was comlrl 1.4.3's; {instead}", name=module)
+        raise AttributeError(f"module {module!r} has no attribute {name!r}", name=name)
+    message = f"{module}.{name} was comlrl 1.4.3's; {instead}"
+    if _importing_from(sys._getframe(2)):  # the frame that asked the module's __getattr__
+        raise ImportError(message, name=module)
+    raise MovedNameError(message, name=name)
+
+
+def _importing_from(frame: Any) -> bool:
+    """Whether ``frame`` is executing a ``from ... import ...`` (its IMPORT_FROM instruction)."""
+    return dis.opname[frame.f_code.co_code[frame.f_lasti]] == "IMPORT_FROM"
 
 
 class _MovedModules(importlib.abc.MetaPathFinder):

@@ -1,11 +1,18 @@
 """Pytest fixtures shared by the test modules; the helpers they build on live in tests/helpers.py."""
 
+import os
 import sys
 import types
 
 import pytest
+import torch
 
 from tests.helpers import char_tokenizer, tiny_llama
+
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
+    # `make test` runs one pytest worker per core: each takes its share of the cores, rather
+    # than every worker running torch's default of one thread per core (oversubscribed, slower).
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
 
 
 @pytest.fixture

@@ -59,14 +59,7 @@ def test_checkpoint_holds_hugging_face_folders_and_data_only(tmp_path):
     trainer = make_trainer(tmp_path, args=config(tmp_path, save_steps=1, save_total_limit=2))
     trainer.train()
     run = tmp_path / "run"
-    assert sorted(os.listdir(run)) == [
-        ".comlrl-run.lock",
-        "checkpoint-3",
-        "checkpoint-4",
-        "metrics.jsonl",
-        "samples.jsonl",
-    ]
-    assert (run / ".comlrl-run.lock").read_text() == ""  # released
+    assert sorted(os.listdir(run)) == ["checkpoint-3", "checkpoint-4", "metrics.jsonl", "samples.jsonl"]  # no lock left
     files = set(os.listdir(run / "checkpoint-4"))
     assert files == {"agent_0", "agent_1", "optimizer.pt", "rng_state.pt", "trainer_state.json", "manifest.json"}
     assert {"model.safetensors", "config.json", "tokenizer.json"} <= set(os.listdir(run / "checkpoint-4" / "agent_0"))

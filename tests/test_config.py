@@ -1,5 +1,7 @@
 """MAGRPOConfig: defaults that make the tutorial work, and one clear error per bad field."""
 
+from pathlib import Path
+
 import pytest
 
 from comlrl.rollout.decoding import decoding_settings
@@ -107,3 +109,35 @@ def test_one_generation_is_allowed_for_plain_reinforce():
     assert MAGRPOConfig(num_generations=1, advantage_mode="raw", advantage_normalization=False).num_generations == 1
     with pytest.raises(ValueError, match="advantage_normalization=True"):
         MAGRPOConfig(num_generations=1, advantage_mode="raw")
+
+
+def all_config_classes():
+    """Every trainer config class of the package (TrainerConfig and its subclasses, at any depth)."""
+    import comlrl  # noqa: F401  (imports every trainer module)
+    from comlrl.trainers.config import TrainerConfig
+
+    found, pending = [], [TrainerConfig]
+    while pending:
+        cls = pending.pop()
+        found.append(cls)
+        pending.extend(cls.__subclasses__())
+    return sorted(set(found), key=lambda cls: cls.__name__)
+
+
+@pytest.mark.parametrize("config_class", all_config_classes(), ids=lambda cls: cls.__name__)
+def test_an_unknown_keyword_names_the_closest_field_and_the_docs(config_class):
+    with pytest.raises(TypeError) as caught:
+        config_class(termination_threshold=0.5, zzz=1)
+    message = str(caught.value)
+    assert message.startswith(f"{config_class.__name__} has no field 'termination_threshold' (did you mean ")
+    assert "'early_termination_threshold'?), 'zzz';" in message  # nothing close: no guess
+    assert f"help({config_class.__name__})" in message and "docs/reference/" in message
+    page = message.rsplit("(", 1)[1].rstrip(")")
+    assert (Path(__file__).resolve().parents[1] / page).is_file()
+
+
+def test_a_misspelled_143_name_is_answered_with_the_name_it_became():
+    with pytest.raises(TypeError, match=r"no field 'lerning_rate' \(did you mean 'agent_learning_rate'\?\)"):
+        MAGRPOConfig(lerning_rate=1e-5)
+    with pytest.raises(TypeError, match=r"no field 'generations' \(did you mean 'num_generations'\?\)"):
+        MAGRPOConfig(generations=4)

@@ -20,7 +20,7 @@ import torch
 
 import comlrl.checkpoint.files as checkpoint_files
 from comlrl.checkpoint import complete_checkpoints
-from comlrl.checkpoint.run_folder import LOCK_FILE, RunFolderLock
+from comlrl.checkpoint.run_folder import RunFolderLock
 
 from .helpers import (
     DATA,
@@ -207,7 +207,7 @@ def test_a_full_disk_during_a_save_keeps_the_previous_checkpoint(tmp_path, monke
         OSError, match=r"checkpoint .*checkpoint-2 could not be written .* GiB free.*checkpoint-1, is kept"
     ):
         make_trainer(tmp_path, args=small_config(tmp_path, save_steps=1)).train()
-    assert sorted(os.listdir(tmp_path / "run")) == [LOCK_FILE, "checkpoint-1", "metrics.jsonl", "samples.jsonl"]
+    assert sorted(os.listdir(tmp_path / "run")) == ["checkpoint-1", "metrics.jsonl", "samples.jsonl"]
 
 
 def test_enospc_names_the_disk(tmp_path, monkeypatch):

@@ -1,4 +1,6 @@
 """Metric sinks: JSONL always; W&B and TensorBoard only when asked (and only then imported).
+The console line and the progress bar say which reward they show; a run whose groups all
+have zero spread is measured and warned about.
 
 The W&B and TensorBoard tests write real runs and read them back from disk the way those tools do."""
 
@@ -7,8 +9,14 @@ import struct
 import sys
 
 import pytest
+import torch
 
 from comlrl.metrics import JsonlSink, MetricsLogger, TensorBoardSink, WandbSink
+from comlrl.metrics.alerts import ZeroSpreadWatch
+from comlrl.metrics.rollout import format_metrics, rollout_metrics, zero_spread
+from comlrl.metrics.stats import finish
+from comlrl.rollout import AgentRollout
+from comlrl.rollout.tree import RolloutTree, Turn
 from comlrl.trainers.loop import progress_postfix
 
 # Completions are raw model text: newlines, pipes and Markdown characters must survive every sink.
@@ -188,3 +196,71 @@ def test_tensorboard_event_files_hold_scalars_and_samples_table(tmp_path):
     assert header in shown and shown.count("<tr>") == 4  # the header and one row per sample
     # The completion shows verbatim (its newline as a line break); a missing key is an empty cell.
     assert "<td>x | *y*<br>z &lt;em&gt;w&lt;/em&gt; &amp;amp;</td>\n<td>0.5</td>\n<td></td>" in shown
+
+
+# ------------------------------------------------------------------ the reward's scale, said
+def test_console_line_calls_the_processed_reward_processed():
+    scaled = {"reward/mean": 68.25, "reward/raw_mean": 0.6825, "agent0/loss": 0.5, "time/step_s": 2.0}
+    assert (
+        format_metrics(4, scaled)
+        == "step 4 | reward 68.25 (processed) | raw reward 0.6825 | agent0 loss 0.5 | 2.0 s/step"
+    )
+    same = {"reward/mean": 0.5, "reward/raw_mean": 0.5, "agent0/loss": 0.5}
+    assert format_metrics(4, same) == "step 4 | reward 0.5 | agent0 loss 0.5"
+    evaluation = {"eval/reward_mean": 50.0, "eval/raw_reward_mean": 0.5, "eval/turn_1/reward_mean": 50.0}
+    assert format_metrics(4, evaluation) == (
+        "step 4 | eval/reward_mean 50 (processed) | eval/raw_reward_mean 0.5 | eval/turn_1/reward_mean 50"
+    )
+
+
+# ------------------------------------------------------------------ groups with nothing to learn from
+def two_agent_tree(rewards):
+    """A one-turn aligned tree of 2 agents, 2 rows and G = 2 with ``rewards`` ``(B, J, N)``."""
+
+    def agent():
+        return AgentRollout(
+            prompt_ids=torch.zeros(4, 1, dtype=torch.long), prompt_mask=torch.ones(4, 1, dtype=torch.long),
+            completion_ids=torch.zeros(4, 2, dtype=torch.long), completion_mask=torch.ones(4, 2, dtype=torch.bool),
+            texts=["a", "b", "c", "d"], truncated=torch.zeros(4, dtype=torch.bool),
+        )  # fmt: skip
+
+    prompts = [["p", "q"], ["p", "q"]]
+    turn = Turn(1, [0, 1], prompts, [[["p"], ["p"]], [["q"], ["q"]]], [[[], []], [[], []]], [agent(), agent()],
+                rewards, rewards, rewards.unsqueeze(0), children=torch.full((2, 2), -1))  # fmt: skip
+    return RolloutTree([turn], torch.arange(2).unsqueeze(1).expand(2, 2), 2, ["score"], transition_calls=0)
+
+
+def test_zero_spread_groups_by_hand():
+    groups = torch.tensor([[1.0, 1.0, 1.0], [1.0, 2.0, 1.0], [0.0, 0.0, -0.0]])
+    assert zero_spread(groups).tolist() == [True, False, True]
+    tenths = torch.full((1, 3), 0.1, dtype=torch.float64)
+    assert tenths.std() > 0 and zero_spread(tenths).tolist() == [True]  # std's rounding is no spread
+    assert zero_spread(torch.tensor([[4.0], [5.0]])).tolist() == [True, True]  # one sample: nothing to compare
+
+
+def test_the_zero_spread_fraction_counts_every_agents_groups():
+    # agent 0: row 0 spread [1, 3], row 1 flat [2, 2]; agent 1: both rows flat
+    rewards = torch.tensor([[[1.0, 5.0], [3.0, 5.0]], [[2.0, 0.1], [2.0, 0.1]]])  # (B=2, J=2, N=2)
+    credits = rewards.permute(2, 0, 1)  # (N, B, G): aligned, joint action j is sample j of each agent
+    advantages = [[torch.zeros(4)], [torch.zeros(4)]]
+    metrics = finish(rollout_metrics(two_agent_tree(rewards), [rewards], [credits], advantages))
+    assert (metrics["agent0/zero_std_group_frac"], metrics["agent1/zero_std_group_frac"]) == (0.5, 1.0)
+    assert metrics["reward/zero_std_group_frac"] == 0.75
+
+
+def test_the_zero_spread_warning_comes_after_patience_flat_steps_and_once():
+    flat, learning, dpo = {"reward/zero_std_group_frac": 1.0}, {"reward/zero_std_group_frac": 0.5}, {"dpo/loss": 0.6}
+    watch = ZeroSpreadWatch(patience=3)
+    # a step with some spread starts the count again; a step that samples nothing does not count
+    assert [watch.check(m) for m in [flat, flat, learning, flat, dpo, flat]] == [None] * 6
+    warning = watch.check(flat)
+    assert warning.startswith("warning: in each of the last 3 steps every group's rewards were all equal")
+    for knob in ["reward_func", "num_generations", "temperature"]:
+        assert knob in warning
+    assert [watch.check(m) for m in [flat, learning, flat, flat, flat]] == [None] * 5  # said once
+    # A critic's baseline (or advantage_mode="raw") leaves advantages to learn from: no warning.
+    critic = {**flat, "agent0/advantage_mean": 0.0, "agent0/advantage_std": 0.0, "agent1/advantage_mean": -0.3}
+    watch = ZeroSpreadWatch(patience=1)
+    assert watch.check(critic) is None and watch.check({**critic, "agent1/advantage_mean": 0.0}) is not None
+    with pytest.raises(ValueError, match=r"patience must be an int >= 1 \(steps\), got 0"):
+        ZeroSpreadWatch(patience=0)

@@ -1,4 +1,5 @@
-"""The plot command: a PNG from a small metrics log, corrupt lines skipped and said."""
+"""The plot command: a PNG from a small metrics log, corrupt lines skipped and said, every
+panel either drawn or explained, overlapping curves told apart, the processed reward so called."""
 
 import json
 import os
@@ -6,7 +7,7 @@ import os
 import pytest
 
 from comlrl.__main__ import main
-from comlrl.metrics.plot import moving_average, plot_run, read_metrics, training_steps, without_copies_of_joint
+from comlrl.metrics.plot import merge_identical, moving_average, plot_run, read_metrics, training_steps
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -183,13 +184,18 @@ def test_read_only_run_folder_with_out(tmp_path, capsys):
 
 
 # ---------------------------------------------------------------- pictures people can read
-def test_a_shared_reward_is_drawn_once():
-    shared = [(1, 0.5), (2, 0.7)]
-    assert without_copies_of_joint({"joint": shared, "agent 0": shared, "agent 1": list(shared)}) == {
+def test_identical_curves_are_drawn_once_and_named_so():
+    shared, other = [(1, 0.5), (2, 0.7)], [(1, 0.1), (2, 0.2)]
+    assert merge_identical({"joint": shared, "agent 0": shared, "agent 1": list(shared)}) == {
         "joint (= every agent's)": shared
     }
-    different = {"joint": shared, "agent 0": shared, "agent 1": [(1, 0.1), (2, 0.2)]}
-    assert without_copies_of_joint(different) == different
+    assert merge_identical({"joint": shared, "agent 0": shared, "agent 1": other}) == {
+        "agent 0 = joint (identical)": shared,
+        "agent 1": other,
+    }
+    # MADPO: every agent logs the joint DPO loss
+    assert merge_identical({"agent 0": other, "agent 1": list(other)}) == {"agent 0 = agent 1 (identical)": other}
+    assert merge_identical({"agent 0": shared, "agent 1": other}) == {"agent 0": shared, "agent 1": other}
 
 
 def testmoving_average_by_hand():
@@ -198,7 +204,8 @@ def testmoving_average_by_hand():
     assert moving_average([1.0, 3.0]) == [1.0, 2.0]
 
 
-def test_steps_axis_labels_and_title(run_dir):
+def drawn_figure(run_dir, monkeypatch):
+    """The figure ``plot_run`` saves, kept for its axes to be read."""
     from matplotlib.figure import Figure
 
     drawn = {}
@@ -208,16 +215,65 @@ def test_steps_axis_labels_and_title(run_dir):
         drawn["figure"] = figure
         return real_savefig(figure, *args, **kwargs)
 
-    Figure.savefig = keep
-    try:
-        with pytest.warns(UserWarning):
-            plot_run(run_dir)
-    finally:
-        Figure.savefig = real_savefig
-    figure = drawn["figure"]
+    monkeypatch.setattr(Figure, "savefig", keep)
+    plot_run(run_dir)
+    return drawn["figure"]
+
+
+def test_steps_axis_labels_and_title(run_dir, monkeypatch):
+    with pytest.warns(UserWarning):
+        figure = drawn_figure(run_dir, monkeypatch)
     assert figure.get_suptitle().endswith(": 3 training steps")
-    reward, length, loss = figure.axes
-    assert "after reward_processor" in reward.get_ylabel() and length.get_ylabel() == "tokens per completion"
+    reward, length, loss = figure.axes  # no raw reward in the log: no right-hand axis
+    assert reward.get_ylabel() == "mean reward" and length.get_ylabel() == "tokens per completion"
     assert all(axes.get_xlabel() == "training step" for axes in figure.axes)
     assert all(float(tick).is_integer() for tick in reward.get_xticks())
-    assert training_steps(read_metrics(run_dir / "metrics.jsonl")) == 3
+    with pytest.warns(UserWarning, match="unreadable"):
+        assert training_steps(read_metrics(run_dir / "metrics.jsonl")) == 3
+
+
+def write_records(run_dir, records: list[dict]):
+    return write_log(run_dir, [json.dumps(r).encode() for r in records])
+
+
+def test_a_madpo_log_explains_its_empty_panels_and_merges_its_agents_loss(tmp_path, monkeypatch):
+    # the keys a MADPO run logs: its pairs once at step 0, then DPO steps that sample nothing
+    pairs = {"step": 0, "preference/num_pairs": 6.0, "preference/candidate_reward_mean": 5.8}
+    steps = [
+        {"step": s, "agent0/loss": loss, "agent1/loss": loss, "dpo/loss": loss, "dpo/accuracy": 0.5,
+         "agent0/grad_norm": 0.9, "agent1/grad_norm": 0.8, "time/step_s": 0.03}
+        for s, loss in [(1, 0.62), (2, 0.52), (3, 0.74)]
+    ]  # fmt: skip
+    figure = drawn_figure(write_records(tmp_path, [pairs, *steps]), monkeypatch)
+    reward, length, loss = figure.axes
+    for axes, title in [(reward, "reward"), (length, "completion length")]:
+        assert not axes.get_lines()
+        assert [t.get_text() for t in axes.texts] == [f"MADPO trains on stored pairs:\nno per-step {title}"]
+    assert [line.get_label() for line in loss.get_lines()] == ["agent 0 = agent 1 (identical)"]
+    assert figure.get_suptitle().endswith(": 3 training steps")
+
+
+def test_a_log_without_steps_says_so_in_every_panel(tmp_path, monkeypatch):
+    figure = drawn_figure(write_records(tmp_path, [{"step": 0, "preference/num_pairs": 6.0}]), monkeypatch)
+    assert [[t.get_text() for t in axes.texts] for axes in figure.axes] == [
+        ["no reward in the log yet"],
+        ["no completion length in the log yet"],
+        ["no loss in the log yet"],
+    ]
+
+
+def test_curves_of_one_panel_differ_in_line_style_and_marker(run_dir, monkeypatch):
+    with pytest.warns(UserWarning):
+        figure = drawn_figure(run_dir, monkeypatch)
+    first, second = figure.axes[2].get_lines()  # the two agents' losses
+    assert first.get_linestyle() != second.get_linestyle() and first.get_marker() != second.get_marker()
+
+
+def test_a_processed_reward_is_called_processed_and_the_raw_one_drawn_beside_it(tmp_path, monkeypatch):
+    records = [{"step": s, "reward/mean": 10.0 * s, "reward/raw_mean": 0.1 * s, "agent0/loss": 0.1} for s in (1, 2)]
+    figure = drawn_figure(write_records(tmp_path, records), monkeypatch)
+    reward, _, _, raw = figure.axes  # the right-hand axis comes last
+    assert reward.get_ylabel() == "mean reward, processed (after reward_processor)"
+    assert raw.get_ylabel() == "mean reward, raw (before reward_processor)"
+    assert [text.get_text() for text in reward.get_legend().get_texts()] == ["joint", "joint, raw (right axis)"]
+    assert [y for _, y in raw.get_lines()[0].get_xydata()] == pytest.approx([0.1, 0.2])

@@ -95,4 +95,7 @@ def test_tutorial_code_runs_and_saves_loadable_agents(tmp_path, monkeypatch):
         trained = agents[i].state_dict()
         for name, tensor in reloaded.state_dict().items():
             assert (tensor == trained[name]).all(), name
-    assert (tmp_path / "comlrl_output" / "metrics.jsonl").exists()
+    # The config names no output_dir: the run got a folder of its own, which latest points at.
+    (run,) = [p for p in (tmp_path / "comlrl_output").iterdir() if p.name != "latest"]
+    assert run.name.startswith("magrpo-") and (run / "metrics.jsonl").exists()
+    assert (tmp_path / "comlrl_output" / "latest").resolve() == run.resolve()

@@ -74,6 +74,9 @@ class TrainerState:
     """The run's config, for reading."""
     trainer: str | None = None
     """The algorithm that wrote it (a trainer's ``algorithm_name``; None: a checkpoint older than this field)."""
+    output_dir: str | None = None
+    """The absolute folder of the run's logs: a resumed run whose config names no
+    ``output_dir`` goes on writing there (None: a checkpoint older than this field)."""
 
 
 def describe_agent(agent: torch.nn.Module) -> dict[str, Any]:

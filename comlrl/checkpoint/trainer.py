@@ -39,6 +39,7 @@ class Checkpointable(Protocol):
 
     args: Any
     algorithm_name: str
+    output_dir: str
     parallel: Any
     agents: Any
     learners: Any
@@ -68,6 +69,7 @@ def save_trainer(
         generators = rank_generator_states([tensors for _, tensors in gathered])
         generators["data_order"] = epoch_order_state
         progress.config = config_record(trainer.args)
+        progress.output_dir = os.path.abspath(trainer.output_dir)
         folder = save_checkpoint(
             checkpoint_dir, trainer.write_models, trainer.learners.state_dict(), generators, progress, total_limit
         )
@@ -102,7 +104,7 @@ def resume_trainer(
     trainer.global_step = state.global_step
     # Lines the stopped run wrote after its checkpoint would otherwise appear twice.
     for log in LOGS if trainer.parallel.is_main else ():
-        truncate_log(os.path.join(trainer.args.output_dir, log), state.global_step)
+        truncate_log(os.path.join(trainer.output_dir, log), state.global_step)
     return state
 
 

@@ -1,4 +1,5 @@
 """Curves of a run from its ``metrics.jsonl``: reward, completion length and loss per agent.
+A panel the log has nothing for says why in place of the curves.
 
 python -m comlrl plot RUN_DIR            # writes RUN_DIR/metrics.png
 python -m comlrl plot RUN_DIR --out FILE # for a run folder that is read-only
@@ -12,17 +13,37 @@ import os
 import re
 import warnings
 from pathlib import Path
+from typing import NamedTuple
 
+from comlrl.metrics.rollout import reward_was_processed
 from comlrl.utils.text import short_repr
+
+
+class Panel(NamedTuple):
+    """One plot of the figure: a metric per agent, and the joint one beside it."""
+
+    title: str
+    ylabel: str
+    pattern: str
+    """The per-agent metric's key, with the agent index as a group."""
+    joint_key: str | None = None
+    raw_key: str | None = None
+    """The joint metric before the reward processor: drawn on a right-hand axis where it differs."""
+    sampled: bool = True
+    """Measured on the step's samples: a step that trains on stored pairs logs none."""
+
 
 AGENT_LOSS = r"agent(\d+)/loss"
 """Every trainer logs each agent's loss at every training step."""
-# (panel title, y-axis label, metric key pattern with the agent index as a group, joint key drawn too)
 PANELS = [
-    ("reward", "mean reward, as trained (after reward_processor)", r"agent(\d+)/reward_mean", "reward/mean"),
-    ("completion length", "tokens per completion", r"agent(\d+)/completion_length", None),
-    ("loss", "loss per optimizer step", AGENT_LOSS, None),
+    Panel("reward", "mean reward", r"agent(\d+)/reward_mean", "reward/mean", raw_key="reward/raw_mean"),
+    Panel("completion length", "tokens per completion", r"agent(\d+)/completion_length"),
+    Panel("loss", "loss per optimizer step", AGENT_LOSS, sampled=False),
 ]
+STORED_PAIRS_KEY = "dpo/loss"
+"""Logged by a step that trains on stored preference pairs (MADPO, MADPOIter) and samples nothing."""
+LINE_STYLES = ["-", "--", ":", "-."]  # one per curve of a panel, with MARKERS: curves that overlap stay apart
+MARKERS = ["o", "s", "^", "D", "v"]
 SMOOTH_FROM = 20  # points in a curve from which a moving average is drawn over the faint raw points
 SHOWN = 10  # items a warning lists before "and N more", so a badly damaged log gives one short line
 VALUE_REPR = 40  # characters of a skipped value a warning shows
@@ -82,12 +103,13 @@ def _plottable(value) -> bool:
         return False
 
 
-def _series(records: list[dict], pattern: str, joint_key: str | None, bad: list[str]) -> dict:
-    """One panel's points by label; a value that is not plottable goes to ``bad`` instead."""
+def _series(records: list[dict], pattern: str | None, joint_key: str | None, bad: list[str]) -> dict:
+    """One panel's points by label (per agent from ``pattern``, "joint" from ``joint_key``); a
+    value that is not plottable goes to ``bad`` instead."""
     series: dict[str, list[tuple[int, float]]] = {}
     for record in records:
         for key, value in record.items():
-            match = re.fullmatch(pattern, key)
+            match = re.fullmatch(pattern, key) if pattern else None
             if not (match or key == joint_key):
                 continue
             if not _plottable(value):
@@ -98,13 +120,23 @@ def _series(records: list[dict], pattern: str, joint_key: str | None, bad: list[
     return series
 
 
-def without_copies_of_joint(series: dict[str, list[tuple[int, float]]]) -> dict[str, list[tuple[int, float]]]:
-    """With a shared reward every agent's curve is the joint one: keep one line, named so."""
-    joint = series.get("joint")
-    agents = [label for label in series if label != "joint"]
-    if joint is None or not agents or any(series[label] != joint for label in agents):
-        return series
-    return {"joint (= every agent's)": joint}
+def merge_identical(series: dict[str, list[tuple[int, float]]]) -> dict[str, list[tuple[int, float]]]:
+    """Curves with the same points drawn once and named after each curve they stand for: drawn
+    apart, the last would hide the others. With a shared reward every agent's curve is the
+    joint one; MADPO's agents all log the joint DPO loss."""
+    groups: dict[tuple, list[str]] = {}
+    for label, points in series.items():
+        groups.setdefault(tuple(points), []).append(label)
+    merged = {}
+    for points, labels in groups.items():
+        if len(labels) == 1:
+            name = labels[0]
+        elif "joint" in labels and len(labels) == len(series):
+            name = "joint (= every agent's)"
+        else:
+            name = " = ".join(sorted(labels)) + " (identical)"
+        merged[name] = list(points)
+    return merged
 
 
 def moving_average(values: list[float]) -> list[float]:
@@ -113,13 +145,49 @@ def moving_average(values: list[float]) -> list[float]:
     return [sum(values[max(0, i - window + 1) : i + 1]) / (i + 1 - max(0, i - window + 1)) for i in range(len(values))]
 
 
-def _draw(axes, label: str, points: list[tuple[int, float]]) -> None:
+def _draw(axes, label: str, points: list[tuple[int, float]], index: int, color: str | None = None) -> None:
+    """Curve ``index`` of a panel, in a line style and marker of its own (None: the next colour)."""
     steps, values = zip(*points)
+    style = {"linestyle": LINE_STYLES[index % len(LINE_STYLES)], "color": color}
+    marker = MARKERS[index % len(MARKERS)]
     if len(points) < SMOOTH_FROM:
-        axes.plot(steps, values, marker="o", markersize=3, label=label)
+        axes.plot(steps, values, marker=marker, markersize=3, label=label, **style)
         return
-    (line,) = axes.plot(steps, moving_average(list(values)), label=f"{label} (moving average)")
-    axes.plot(steps, values, linestyle="none", marker=".", markersize=3, alpha=0.3, color=line.get_color())
+    (line,) = axes.plot(steps, moving_average(list(values)), label=f"{label} (moving average)", **style)
+    axes.plot(steps, values, linestyle="none", marker=marker, markersize=3, alpha=0.3, color=line.get_color())
+
+
+def empty_note(panel: Panel, records: list[dict]) -> str:
+    """What a panel without curves says in their place, so that no empty panel is a puzzle."""
+    if panel.sampled and any(STORED_PAIRS_KEY in record for record in records):
+        return f"MADPO trains on stored pairs:\nno per-step {panel.title}"
+    return f"no {panel.title} in the log yet"
+
+
+def _draw_panel(axes, panel: Panel, records: list[dict], bad: list[str]) -> None:
+    """One panel's curves, or the note saying why there are none. Where the reward processor
+    changed the reward, the left axis says processed and the raw joint reward gets a
+    right-hand axis of its own: a x100 scale leaves both curves readable."""
+    from matplotlib.ticker import MaxNLocator  # matplotlib is an optional extra: imported when drawing
+
+    series = merge_identical(_series(records, panel.pattern, panel.joint_key, bad))
+    for index, (label, points) in enumerate(sorted(series.items())):
+        _draw(axes, label, points, index)
+    axes.set(title=panel.title, xlabel="training step", ylabel=panel.ylabel)
+    axes.xaxis.set_major_locator(MaxNLocator(integer=True))
+    raw = _series(records, None, panel.raw_key, bad).get("joint") if panel.raw_key else None
+    all_axes = [axes]
+    if raw and any(reward_was_processed(record, panel.joint_key, panel.raw_key) for record in records):
+        axes.set_ylabel(f"{panel.ylabel}, processed (after reward_processor)")
+        all_axes.append(axes.twinx())
+        _draw(all_axes[1], "joint, raw (right axis)", raw, len(series), color="black")
+        all_axes[1].set_ylabel(f"{panel.ylabel}, raw (before reward_processor)")
+    if series:
+        handles, labels = (sum(column, []) for column in zip(*(a.get_legend_handles_labels() for a in all_axes)))
+        axes.legend(handles, labels)
+    else:  # no ticks either: a scale of nothing would read as data
+        axes.set(xticks=[], yticks=[])
+        axes.text(0.5, 0.5, empty_note(panel, records), transform=axes.transAxes, ha="center", va="center")
 
 
 def training_steps(records: list[dict]) -> int:
@@ -164,20 +232,12 @@ def draw_run(run_dir: str | Path, out: str | Path | None = None) -> tuple[Path, 
     records = read_metrics(log)
     if not records:
         raise ValueError(f"{log} holds no readable metrics yet")
-    from matplotlib.ticker import MaxNLocator
-
     figure = Figure(figsize=(5 * len(PANELS), 4), layout="constrained")
     steps = training_steps(records)
     figure.suptitle(f"{Path(run_dir).resolve().name}: {steps} training steps")
     bad: list[str] = []
-    for axes, (title, ylabel, pattern, joint_key) in zip(figure.subplots(1, len(PANELS)), PANELS):
-        series = without_copies_of_joint(_series(records, pattern, joint_key, bad))
-        for label, points in sorted(series.items()):
-            _draw(axes, label, points)
-        axes.set(title=title, xlabel="training step", ylabel=ylabel)
-        axes.xaxis.set_major_locator(MaxNLocator(integer=True))
-        if series:
-            axes.legend()
+    for axes, panel in zip(figure.subplots(1, len(PANELS)), PANELS):
+        _draw_panel(axes, panel, records, bad)
     if bad:
         listed = "; ".join(bad[:SHOWN]) + _more(bad)
         warnings.warn(f"{log}: skipped {len(bad)} value(s) that are not numbers: {listed}", stacklevel=2)

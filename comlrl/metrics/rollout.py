@@ -13,6 +13,16 @@ from comlrl.rollout.prompts import PromptTable
 from comlrl.rollout.tree import RolloutTree
 
 _AGENT_KEY = re.compile(r"^agent(\d+)/")
+ZERO_SPREAD_KEY = "reward/zero_std_group_frac"
+"""The fraction of every agent's groups (G samples of one history) whose returns are all equal."""
+
+
+def zero_spread(groups: torch.Tensor) -> torch.Tensor:
+    """``(num_groups, G)`` returns -> ``(num_groups,)`` bools: True where every return of the
+    group is the same, so that no sample did better than another and a group baseline leaves
+    each advantage at 0. Exact equality, not ``std == 0``: the std of three float64 0.1s is
+    1.7e-17. A group of one sample has no spread."""
+    return (groups == groups[:, :1]).all(dim=1)
 
 
 def rollout_metrics(
@@ -50,19 +60,21 @@ def rollout_metrics(
         metrics[f"turn_{turn.number}/reward_mean"] = stats.mean_of(turn.rewards)
         metrics[f"turn_{turn.number}/expected_return"] = stats.mean_of(turn_returns)
         metrics[f"turn_{turn.number}/nodes"] = stats.total(turn.num_nodes)
+    flat_groups = []
     for i in range(rewards.shape[1]):
         lengths = torch.cat([t.agents[i].lengths for t in turns]).float()
         agent_advantages = torch.cat(advantages[i])
         metrics[f"agent{i}/reward_mean"] = stats.mean_of(rewards[:, i])
         metrics[f"agent{i}/advantage_mean"] = stats.mean_of(agent_advantages)
         metrics[f"agent{i}/advantage_std"] = stats.std_of(agent_advantages)
-        groups = torch.cat([c[i] for c in credits])  # (groups, G)
-        flat = (groups.std(dim=1) == 0) if groups.shape[-1] > 1 else torch.ones(groups.shape[0], dtype=torch.bool)
-        metrics[f"agent{i}/zero_std_group_frac"] = stats.mean_of(flat.float())
+        flat_groups.append(zero_spread(torch.cat([c[i] for c in credits])))
+        metrics[f"agent{i}/zero_std_group_frac"] = stats.mean_of(flat_groups[-1].float())
         metrics[f"agent{i}/completion_length"] = stats.mean_of(lengths)
         metrics[f"agent{i}/completion_length_min"] = stats.minimum(lengths)
         metrics[f"agent{i}/completion_length_max"] = stats.maximum(lengths)
         metrics[f"agent{i}/truncated_frac"] = stats.mean_of(torch.cat([t.agents[i].truncated for t in turns]).float())
+    # TRL's frac_reward_zero_std, over every agent's groups: at 1 the step had nothing to learn from
+    metrics[ZERO_SPREAD_KEY] = stats.mean_of(torch.cat(flat_groups).float())
     return metrics
 
 
@@ -89,16 +101,39 @@ def completion_samples(
     return samples
 
 
+def reward_was_processed(metrics: dict[str, float], key: str = "reward/mean", raw_key: str = "reward/raw_mean") -> bool:
+    """Whether the reward processor changed the mean reward: ``key`` (after the processor,
+    what the advantages come from) differs from ``raw_key`` (what ``reward_func`` returned)."""
+    return key in metrics and raw_key in metrics and metrics[key] != metrics[raw_key]
+
+
+def reward_fields(metrics: dict[str, float], digits: int) -> dict[str, str]:
+    """The mean reward as the console line and the progress bar show it: ``reward/mean``,
+    called processed when the reward processor changed it, and then the raw mean beside it,
+    so that a x100 scale never passes for the 0..1 the summaries and the task speak."""
+    shown = {"reward": f"{metrics['reward/mean']:.{digits}g}"}
+    if reward_was_processed(metrics):
+        shown["reward"] += " (processed)"
+        shown["raw reward"] = f"{metrics['reward/raw_mean']:.{digits}g}"
+    return shown
+
+
+def _eval_field(key: str, metrics: dict[str, float]) -> str:
+    processed = reward_was_processed(metrics, "eval/reward_mean", "eval/raw_reward_mean") and key == "eval/reward_mean"
+    return f"{key} {metrics[key]:.4g}" + (" (processed)" if processed else "")
+
+
 def format_metrics(step: int, metrics: dict[str, float]) -> str:
-    """The console's line for a logging step: the step, the reward, each agent's loss and
-    completion length, seconds per step; for an evaluation, its ``eval/`` metrics. The full
-    set is in ``metrics.jsonl``."""
+    """The console's line for a logging step: the step, the reward (see :func:`reward_fields`),
+    each agent's loss and completion length, seconds per step; for an evaluation, its ``eval/``
+    metrics (``eval/reward_mean`` called processed where it differs from the raw one). The
+    full set is in ``metrics.jsonl``."""
     if any(key.startswith("eval/") for key in metrics):
-        shown = [f"{key} {value:.4g}" for key, value in metrics.items() if key.startswith("eval/")]
+        shown = [_eval_field(key, metrics) for key in metrics if key.startswith("eval/")]
         return " | ".join([f"step {step}"] + shown)
     shown = [f"step {step}"]
     if "reward/mean" in metrics:
-        shown.append(f"reward {metrics['reward/mean']:.4g}")
+        shown += [f"{name} {value}" for name, value in reward_fields(metrics, 4).items()]
     agents = sorted({int(match.group(1)) for key in metrics if (match := _AGENT_KEY.match(key))})
     for i in agents:
         loss, length = metrics.get(f"agent{i}/loss"), metrics.get(f"agent{i}/completion_length")

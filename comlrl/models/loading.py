@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 import warnings
@@ -9,6 +10,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 import torch
+from huggingface_hub import constants, model_info, try_to_load_from_cache
+from huggingface_hub.errors import RepositoryNotFoundError
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from comlrl.utils.per_agent import per_agent
@@ -22,7 +25,7 @@ class ModelConfig(NamedTuple):
     tokenizer_kwargs: dict[str, Any]
     """``from_pretrained`` keyword arguments of the tokenizers loaded by name."""
     special_tokens: dict[str, Any]
-    """``add_special_tokens`` argument applied to every agent's tokenizer."""
+    """``add_special_tokens`` argument applied to every agent's tokenizer (see :func:`add_special_tokens`)."""
 
 
 def split_model_config(model_config: dict[str, Any] | None) -> ModelConfig:
@@ -51,24 +54,115 @@ def split_model_config(model_config: dict[str, Any] | None) -> ModelConfig:
     return ModelConfig(**sections)
 
 
+class TokenizedModel(NamedTuple):
+    """A model and the tokenizer it reads with, as :func:`fit_embeddings` checks them."""
+
+    role: str
+    """What it is, as errors name it: "agent", "critic"."""
+    index: int
+    model: torch.nn.Module
+    tokenizer: Any
+    loaded: bool
+    """The trainer loaded it from a folder or hub id, so it may resize it; a model passed in
+    as an object is the user's, and is left as it is."""
+
+
+def embedding_rows(model: torch.nn.Module) -> int:
+    return model.get_input_embeddings().weight.shape[0]
+
+
+def models_to_resize(members: Sequence[TokenizedModel]) -> list[TokenizedModel]:
+    """The members whose model has fewer embedding rows than its tokenizer has tokens (every
+    one of them loaded by name), or a ValueError naming the culprit.
+
+    Members sharing one tokenizer object are checked together: once it outgrows one of their
+    models, their models must have the same number of rows (two vocabularies cannot both be
+    one tokenizer's, and a new token id would land on a fresh row in one model and an old row
+    in the other), and none of the models it outgrows may have been passed in.
+    """
+    groups: dict[int, list[TokenizedModel]] = {}
+    for member in members:
+        groups.setdefault(id(member.tokenizer), []).append(member)
+    short: list[TokenizedModel] = []
+    for group in groups.values():
+        size = len(group[0].tokenizer)
+        lacking = [m for m in group if embedding_rows(m.model) < size]
+        if not lacking:
+            continue
+        rows = embedding_rows(lacking[0].model)
+        other = next((m for m in group if embedding_rows(m.model) != rows), None)
+        if other is not None:
+            first, second = sorted((lacking[0], other), key=lambda m: m.index)
+            role = first.role
+            raise ValueError(
+                f"{role}s {first.index} and {second.index} share a tokenizer but have {embedding_rows(first.model)} "
+                f"and {embedding_rows(second.model)} embedding rows; model_config's special_tokens grow it to "
+                f"{size} tokens, past {role} {lacking[0].index}'s rows, and one tokenizer cannot be grown into two "
+                f"vocabularies: give each {role} its own tokenizer (a list with one per {role}, or None to load "
+                "each one's own)"
+            )
+        given = next((m for m in lacking if not m.loaded), None)
+        if given is not None:
+            raise ValueError(
+                f"{given.role} {given.index}'s tokenizer holds {size} tokens with model_config's special_tokens, "
+                f"beyond its model's {rows} embedding rows, and that model was passed in as an object, which the "
+                "trainer does not change: add the tokens and resize it first (tokenizer.add_special_tokens(...), "
+                "then model.resize_token_embeddings(len(tokenizer))), or pass its folder or hub id to have the "
+                "trainer load and resize it"
+            )
+        short += lacking
+    return short
+
+
+def resize_embeddings(model: torch.nn.Module, size: int) -> None:
+    """``model.resize_token_embeddings(size)``, as transformers documents it: a tied output head
+    grows with the input embeddings, and the new rows of both are drawn close to the mean of
+    the old ones. They are drawn under seed 0, the caller's random state left as it was, so
+    that every data-parallel rank adds the same rows (frozen ones, under LoRA adapters or in a
+    reference, are never broadcast) and a run does not depend on when the tokens were added."""
+    device = model.get_input_embeddings().weight.device  # a GPU only under a device_map
+    on_gpu = device.type == "cuda"
+    with torch.random.fork_rng(devices=[device.index] if on_gpu else []):
+        torch.random.default_generator.manual_seed(0)
+        if on_gpu:
+            with torch.cuda.device(device):
+                torch.cuda.manual_seed(0)
+        model.resize_token_embeddings(size)
+
+
+def fit_embeddings(members: Sequence[TokenizedModel]) -> None:
+    """Resize the models loaded by name that their tokenizers outgrew to ``len(tokenizer)``
+    (:func:`resize_embeddings`). A model shared by several members (one base under adapters)
+    is resized once, to the longest of their tokenizers. Everything is checked
+    (:func:`models_to_resize`) before any model changes."""
+    models: dict[int, torch.nn.Module] = {}
+    sizes: dict[int, int] = {}
+    for member in models_to_resize(members):
+        key = id(member.model)
+        models[key] = member.model
+        sizes[key] = max(sizes.get(key, 0), len(member.tokenizer))
+    for key, size in sizes.items():
+        resize_embeddings(models[key], size)
+
+
 def add_special_tokens(
-    tokenizers: Sequence[Any], models: Sequence[torch.nn.Module], special_tokens: dict[str, Any]
+    tokenizers: Sequence[Any],
+    models: Sequence[torch.nn.Module],
+    special_tokens: dict[str, Any],
+    loaded: Sequence[bool],
 ) -> None:
     """``tokenizer.add_special_tokens(special_tokens)`` for each distinct tokenizer (as
-    comlrl 1.4.3's ``model_config["special_tokens"]``); a token id beyond its model's
-    embedding rows is an error here rather than an index error in the first forward."""
+    comlrl 1.4.3's ``model_config["special_tokens"]``), then the agents' models that
+    the trainer loaded (``loaded[i]``) resized to their tokenizers (:func:`fit_embeddings`).
+    1.4.3 resized nothing, and failed at the first new token; a model passed in is refused
+    here rather than failing so. Call it before adapters are attached (a LoRA wrapper,
+    ``modules_to_save`` included, then sees the grown vocabulary) and before references
+    are copied."""
     if not special_tokens:
         return
     for tokenizer in {id(t): t for t in tokenizers}.values():
         tokenizer.add_special_tokens(special_tokens)
-    for i, (tokenizer, model) in enumerate(zip(tokenizers, models)):
-        rows = model.get_input_embeddings().weight.shape[0]
-        if len(tokenizer) > rows:
-            raise ValueError(
-                f"model_config special_tokens {special_tokens} grow agent {i}'s tokenizer to {len(tokenizer)} tokens, "
-                f"beyond its model's {rows} embedding rows: resize the model first "
-                "(model.resize_token_embeddings(len(tokenizer))) and pass it in agents=, or use existing tokens"
-            )
+    fit_embeddings([TokenizedModel("agent", i, *member) for i, member in enumerate(zip(models, tokenizers, loaded))])
 
 
 # A hub id is ``name`` or ``namespace/name`` (letters, digits, ``-``, ``_``, ``.``); anything else
@@ -111,6 +205,44 @@ def check_model_source(value: str, argument: str) -> str:
             "pass an existing folder written by model.save_pretrained(folder), or a hub id"
         )
     return value
+
+
+def check_model_available(value: str, argument: str) -> str:
+    """:func:`check_model_source`, and also a hub id must be loadable: in the local Hugging Face
+    cache, or on a hub that answers. A ValueError in one line says what is wrong otherwise: a path
+    that does not exist (with a folder of a close name beside it, if any), or a hub id that is
+    neither a folder here, nor cached, nor reachable (``HF_HUB_OFFLINE`` set, or no network).
+
+    For command lines, before any model loads: transformers answers a missing folder with "Repo id
+    must be in the form ..." and an unknown hub id offline with a connection error after about
+    20 s of retries. It asks the hub (one request, 10 s at most) only for a hub id not cached.
+    """
+    folder = os.path.expanduser(value)
+    near = ""
+    if not os.path.exists(folder):
+        parent, name = os.path.split(os.path.abspath(folder))
+        siblings = os.listdir(parent) if os.path.isdir(parent) else []
+        close = difflib.get_close_matches(name, [n for n in siblings if os.path.isdir(os.path.join(parent, n))], n=1)
+        near = f" (did you mean {os.path.join(os.path.dirname(value), close[0])}?)" if close else ""
+        if looks_like_path(value):
+            raise ValueError(f"{argument} {value}: no such folder{near}")
+    source = check_model_source(value, argument)
+    if os.path.isdir(source) or isinstance(try_to_load_from_cache(value, "config.json"), str):
+        return source
+    if constants.HF_HUB_OFFLINE:
+        why = "HF_HUB_OFFLINE is set, so the hub was not asked"
+    else:
+        try:
+            model_info(value, timeout=10)
+            return source
+        except RepositoryNotFoundError:
+            why = "the hub has no such model (a private one needs `hf auth login`)"
+        except Exception as error:  # the HTTP client's own errors (httpx or requests, by huggingface_hub version)
+            why = f"the hub did not answer ({type(error).__name__}: {' '.join(str(error).split())})"
+    raise ValueError(
+        f"{argument} {value}: no such folder{near}, not in the local Hugging Face cache, and {why}; "
+        f"pass {argument} <a local model folder>, or load it once where the hub can be reached"
+    )
 
 
 def load_agents(

@@ -1,8 +1,10 @@
-"""Where each agent lives (``agent_devices``), and running per-agent work concurrently when
-the agents sit on different GPUs, or share the CPU's cores."""
+"""Where each agent lives (``agent_devices``) and its frozen reference (``reference_devices``),
+and running per-agent work concurrently when the agents sit on different GPUs, or share the
+CPU's cores."""
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
@@ -13,7 +15,7 @@ T = TypeVar("T")
 
 
 def resolve_agent_devices(
-    spec: str | Sequence[str] | None, num_agents: int, local_rank: int | None = None
+    spec: str | Sequence[str] | None, num_agents: int, local_rank: int | None = None, field: str = "agent_devices"
 ) -> list[torch.device] | None:
     """One device per agent from ``agent_devices``, or None to leave the agents where they are.
 
@@ -24,6 +26,8 @@ def resolve_agent_devices(
             device per agent.
         num_agents: N.
         local_rank: this process's rank on its machine under data parallelism, else None.
+        field: the config field ``spec`` came from, which the errors name (``reference_devices``
+            is read the same way).
     """
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if spec is None or spec == "auto":
@@ -37,12 +41,11 @@ def resolve_agent_devices(
     names = [spec] * num_agents if isinstance(spec, str) else list(spec)
     if len(names) != num_agents:
         raise ValueError(
-            f"agent_devices lists {len(names)} devices for {num_agents} agents; give one per agent, one for all, "
-            "or 'auto'"
+            f"{field} lists {len(names)} devices for {num_agents} agents; give one per agent, one for all, or 'auto'"
         )
     devices = []
     for i, name in enumerate(names):
-        where = "agent_devices" if isinstance(spec, str) else f"agent_devices[{i}]"
+        where = field if isinstance(spec, str) else f"{field}[{i}]"
         try:
             device = torch.device(name)
         except (RuntimeError, TypeError) as error:
@@ -70,6 +73,32 @@ def place_agents(agents: Sequence[torch.nn.Module], spec: str | Sequence[str] | 
             )
         agent.to(device)
     return True
+
+
+def same_device(a: torch.device, b: torch.device) -> bool:
+    """``cuda`` and ``cuda:<current>`` are one device."""
+
+    def index(device: torch.device) -> int:
+        if device.index is not None:
+            return device.index
+        return torch.cuda.current_device() if device.type == "cuda" else 0
+
+    return a.type == b.type and index(a) == index(b)
+
+
+def frozen_copy_on(model: torch.nn.Module, device: torch.device | None) -> torch.nn.Module:
+    """A copy of ``model`` in eval mode without gradient, on ``device`` (None: beside ``model``).
+
+    Each weight and buffer is copied straight onto ``device`` (through ``deepcopy``'s memo):
+    copying the whole model where it is and then moving it would hold a second copy on the
+    model's device for a while, the memory a reference placed elsewhere is there to spare.
+    Tied weights stay tied: one copy per tensor.
+    """
+    memo: dict[int, torch.Tensor] = {}
+    if device is not None:
+        memo = {id(p): torch.nn.Parameter(p.detach().to(device, copy=True)) for p in model.parameters()}
+        memo.update({id(b): b.detach().to(device, copy=True) for b in model.buffers()})
+    return copy.deepcopy(model, memo).eval().requires_grad_(False)
 
 
 def map_agents(agents: Sequence[torch.nn.Module], work: Callable[[int], T], cpu_threads: bool = False) -> list[T]:

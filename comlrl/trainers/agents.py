@@ -9,7 +9,7 @@ needs to know about them beside it. It imports nothing of the trainers above it.
 from __future__ import annotations
 
 import contextlib
-import copy
+import os
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -27,7 +27,7 @@ from comlrl.models.loading import (
 )
 from comlrl.models.lora import attach_adapters, is_peft_model, merged_copy, save_adapter, trainable_parameters
 from comlrl.models.modes import disable_dropout, frozen
-from comlrl.models.placement import place_agents
+from comlrl.models.placement import frozen_copy_on, place_agents, resolve_agent_devices, same_device
 
 
 class Agents(Sequence[torch.nn.Module]):
@@ -37,8 +37,9 @@ class Agents(Sequence[torch.nn.Module]):
         tokenizers: one per agent.
         adapters: per agent, its adapter's name in a shared base model, or None.
         parameters: per agent, what its optimizer trains.
-        references: per agent, a frozen copy of its initial weights for the KL terms, or None
-            (no KL term, or an adapter: its base model without the adapter is the reference).
+        references: per agent, a frozen copy of its initial weights for the KL terms (on its
+            ``reference_devices`` entry, else beside the agent), or None (no KL term, or an
+            adapter: its base model without the adapter is the reference).
         placed: whether ``agent_devices`` (or torchrun on GPUs) chose the devices.
     """
 
@@ -50,6 +51,7 @@ class Agents(Sequence[torch.nn.Module]):
         placed: bool,
         with_references: bool,
         mixed_precision: str | None,
+        reference_devices: Sequence[torch.device] | None = None,
     ):
         self.models = list(models)
         self.tokenizers = list(tokenizers)
@@ -57,9 +59,10 @@ class Agents(Sequence[torch.nn.Module]):
         self.placed = placed
         self.mixed_precision = mixed_precision
         self.parameters = [trainable_parameters(m, a) for m, a in zip(self.models, self.adapters)]
+        devices = reference_devices or [None] * len(self.models)
         self.references = [
-            copy.deepcopy(model).eval().requires_grad_(False) if with_references and not is_peft_model(model) else None
-            for model in self.models
+            frozen_copy_on(model, device) if with_references and not is_peft_model(model) else None
+            for model, device in zip(self.models, devices)
         ]
 
     @classmethod
@@ -86,15 +89,22 @@ class Agents(Sequence[torch.nn.Module]):
         count = num_agents if num_agents is not None else args.num_agents
         model_kwargs = model_config.model_kwargs
         if agents is not None:
-            agents = model_sources(agents, agent_model, model_kwargs)
+            given = agents
+            agents = model_sources(given, agent_model, model_kwargs)
             if count is not None and len(agents) != count:
                 raise ValueError(f"agents holds {len(agents)} models but num_agents={count}: make them agree")
+            loaded = [isinstance(entry, str | os.PathLike) for entry in given]
         else:
             count = 2 if count is None else count
             # With adapters, one base model serves every agent.
             agents = load_agents(agent_model, 1 if peft_config is not None else count, model_kwargs)
             agents = agents * count if peft_config is not None else agents
+            loaded = [True] * count
         models = check_agents(agents, shared_base_allowed=peft_config is not None)
+        tokenizers = resolve_tokenizers(tokenizer, models, model_config.tokenizer_kwargs)
+        # Before adapters and references: a LoRA wrapper and the reference copies (made in
+        # __init__) must see the grown vocabulary.
+        add_special_tokens(tokenizers, models, model_config.special_tokens, loaded)
         placed = place_agents(models, args.agent_devices, local_rank)
         adapters: list[str | None] = [None] * len(models)
         if peft_config is not None:
@@ -104,11 +114,10 @@ class Agents(Sequence[torch.nn.Module]):
                 enable_activation_checkpointing(model)
             if args.disable_dropout:
                 disable_dropout(model)
-        tokenizers = resolve_tokenizers(tokenizer, models, model_config.tokenizer_kwargs)
-        add_special_tokens(tokenizers, models, model_config.special_tokens)
         with_references = args.beta > 0 or args.reference_kl_enabled
         autocast = "bf16" if args.precision == "bf16" else None
-        return cls(models, tokenizers, adapters, placed, with_references, autocast)
+        references = reference_placement(args.reference_devices, models, local_rank)
+        return cls(models, tokenizers, adapters, placed, with_references, autocast, references)
 
     def __len__(self) -> int:
         return len(self.models)
@@ -168,6 +177,27 @@ class Agents(Sequence[torch.nn.Module]):
     def load(self, checkpoint: str) -> None:
         """The weights :meth:`write` put into ``checkpoint/agent_{i}``, loaded in place."""
         load_weights(checkpoint, self.models, self.adapters)
+
+
+def reference_placement(
+    spec: str | Sequence[str] | None, models: Sequence[torch.nn.Module], local_rank: int | None
+) -> list[torch.device] | None:
+    """One device per agent's reference from ``reference_devices``, read as ``agent_devices``
+    is; None: each reference beside its agent. An adapter's reference is its base model with
+    the adapter disabled, the agent's own module, so it cannot live anywhere else."""
+    if spec is None:
+        return None
+    devices = resolve_agent_devices(spec, len(models), local_rank, field="reference_devices")
+    for i, (model, device) in enumerate(zip(models, devices)):
+        agent_device = next(model.parameters()).device
+        if is_peft_model(model) and not same_device(device, agent_device):
+            where = "reference_devices" if isinstance(spec, str) else f"reference_devices[{i}]"
+            raise ValueError(
+                f"{where} puts agent {i}'s reference on {device}, but agent {i} is a LoRA adapter on {agent_device}: "
+                "its reference is its own base model with the adapter disabled, which lives where the agent does; "
+                f"leave reference_devices=None (or name {agent_device})"
+            )
+    return devices
 
 
 def unique(models: Sequence[torch.nn.Module]) -> list[torch.nn.Module]:

@@ -117,7 +117,8 @@ class MultiAgentTrainer(abc.ABC):
         model_config: ``from_pretrained`` keyword arguments used with ``agent_model`` (e.g.
             ``{"dtype": "bfloat16", "attn_implementation": "sdpa"}``), and the original
             library's sections ``model_kwargs``, ``tokenizer_kwargs`` and ``special_tokens``
-            (added to every agent's tokenizer).
+            (added to every agent's tokenizer; a model loaded by name that its tokenizer
+            outgrows is resized to it, one passed in is an error).
         wandb_config: turns on W&B logging: ``wandb.init`` arguments (``project``,
             ``entity``, ``name``, ...). Needs ``pip install 'comlrl[wandb]'``.
         eval_logger: evaluation hook, called with the keyword arguments it names among
@@ -147,7 +148,11 @@ class MultiAgentTrainer(abc.ABC):
     config_class: type[TrainerConfig] = TrainerConfig
     """The config class: built when ``args`` is not given, and what ``args`` must be."""
     algorithm_name = "train"
-    """Shown on the progress bar."""
+    """Shown on the progress bar; names the run folders of configs without an ``output_dir``."""
+    output_dir: str | None
+    """The folder of the latest ``train()`` call's run: the config's ``output_dir``, or the
+    new ``comlrl_output/<algorithm>-<time>`` one when the config names none (before the
+    first call: the config's, None when it names none)."""
     progress_metric = ("reward", "reward/mean")
     """The step metric the progress bar shows: its label and its key."""
     collaboration: Any = None
@@ -183,6 +188,7 @@ class MultiAgentTrainer(abc.ABC):
         train_reward_func: RewardFunction | None = None,
     ):
         self.args = args = self.accept_config(args)
+        self.output_dir = args.output_dir
         if reward_func is None:
             raise ValueError("reward_func is required")
         if train_dataset is None:
@@ -595,9 +601,9 @@ class MultiAgentTrainer(abc.ABC):
 
     def sinks(self) -> list:
         """Where metrics go: ``metrics.jsonl`` always, W&B and TensorBoard when asked."""
-        sinks: list = [JsonlSink(os.path.join(self.args.output_dir, "metrics.jsonl"))]
+        sinks: list = [JsonlSink(os.path.join(self.output_dir, "metrics.jsonl"))]
         if self.wandb_config is not None:
             sinks.append(WandbSink(self.wandb_config, config_record(self.args)))
         if self.args.log_tensorboard:
-            sinks.append(TensorBoardSink(os.path.join(self.args.output_dir, "tensorboard")))
+            sinks.append(TensorBoardSink(os.path.join(self.output_dir, "tensorboard")))
         return sinks

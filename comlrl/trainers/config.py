@@ -4,9 +4,12 @@ fields of its own objective and checks them in its ``__post_init__``, after thes
 
 from __future__ import annotations
 
+import difflib
 import math
 import numbers
+import os
 import warnings
+from collections.abc import Sequence
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, ClassVar
 
@@ -84,6 +87,17 @@ def check_bool(config: Any, *names: str) -> None:
             raise ValueError(f"{name} must be True or False, got {getattr(config, name)!r}")
 
 
+def check_devices(config: Any, name: str) -> None:
+    """``config.<name>`` must be None, a device name or a non-empty list of them; whether each
+    names a device this machine has is checked where the models are placed."""
+    devices = getattr(config, name)
+    listed = isinstance(devices, list | tuple) and devices and all(isinstance(d, str) for d in devices)
+    if not (devices is None or isinstance(devices, str) or listed):
+        raise ValueError(
+            f"{name} must be None, 'auto', a device name or a list of device names (one per model), got {devices!r}"
+        )
+
+
 def check_choice(config: Any, name: str, allowed: Any) -> None:
     if getattr(config, name) not in allowed:
         raise ValueError(f"{name}={getattr(config, name)!r}; expected one of {sorted(allowed)}")
@@ -146,9 +160,35 @@ def apply_renamed_fields(config: Any) -> None:
         setattr(config, spec.name, None)
 
 
+def unknown_fields_error(config_class: type, names: Sequence[str]) -> TypeError:
+    """The error for keyword arguments ``names`` that ``config_class`` has no field for: each
+    with the closest field's name when one is close (a typo, a dropped prefix), and where the
+    fields are documented."""
+    # A close 1.4.3 name (a renamed field) is suggested as the name it became.
+    known = {spec.name: spec.metadata.get("renamed_to", spec.name) for spec in fields(config_class) if spec.init}
+    problems = []
+    for name in names:
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.6) or [k for k in known if name in k][:1]
+        problems.append(f"{name!r}" + (f" (did you mean {known[close[0]]!r}?)" if close else ""))
+    return TypeError(
+        f"{config_class.__name__} has no field {', '.join(problems)}; its fields, each with a line of doc, are in "
+        f"help({config_class.__name__}) and in the API reference ({config_class.reference_page})"
+    )
+
+
 @dataclass
 class TrainerConfig:
     """The fields every trainer's config has. Every field is checked in ``__post_init__``."""
+
+    reference_page: ClassVar[str] = "docs/reference/trainers.md"
+    """Where the API reference documents the config's fields (named in the unknown-field error)."""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> TrainerConfig:
+        # Before the dataclass's __init__, whose TypeError would name no field meant.
+        unknown = [name for name in kwargs if name not in {spec.name for spec in fields(cls) if spec.init}]
+        if unknown:
+            raise unknown_fields_error(cls, unknown)
+        return super().__new__(cls)
 
     # --- schedule -------------------------------------------------------------------------
     num_train_epochs: int = 20
@@ -255,17 +295,21 @@ class TrainerConfig:
     episode's policy gradient) or ``sequence`` (all turns' sequences pooled: wider turns weigh more)."""
 
     agent_devices: str | list[str] | None = None
-    """Where each agent (and its reference model) lives: ``None`` leaves them where they are
-    (under torchrun on GPUs: the rank's GPU), ``"auto"`` spreads them over the visible GPUs
-    (the CPU without one), one device for all (``"cuda:1"``), or a list with one per agent.
-    Agents on different GPUs generate and update at the same time; a separate critic goes
-    with its agent (MAAC's with agent 0)."""
+    """Where each agent (and its reference model, unless ``reference_devices`` says otherwise)
+    lives: ``None`` leaves them where they are (under torchrun on GPUs: the rank's GPU),
+    ``"auto"`` spreads them over the visible GPUs (the CPU without one), one device for all
+    (``"cuda:1"``), or a list with one per agent. Agents on different GPUs generate and update
+    at the same time; a separate critic goes with its agent (MAAC's with agent 0)."""
     parallel_training: str = "none"
     """comlrl 1.4.3's switch for agents on several devices: ``"mp"`` requires ``agent_devices``
     (agents on different GPUs then generate and update at the same time, as here whenever they
     are placed so); ``"none"``: as ``agent_devices`` says."""
     reference_devices: str | list[str] | None = None
-    """Where reference models live: ``None`` or the agents' devices (a frozen copy lives with its agent)."""
+    """Where each agent's frozen reference (for ``beta`` and ``reference_kl_enabled``) lives, as
+    comlrl 1.4.3 had it: ``None`` beside its agent, or a device of its own to spare the agent's
+    memory, read as ``agent_devices`` is (one for all, ``"cpu"`` or ``"cuda:1"``, a list with one
+    per agent, or ``"auto"``); its log-probs are computed there. An adapter's reference is its
+    own base model, so with LoRA only the agent's device is allowed."""
     precision: str = "fp32"
     """``"bf16"``: sample from a bf16 copy of each agent (refreshed from the learner before
     every sampling call) and run the update's forward passes under bf16 autocast, while the
@@ -303,10 +347,13 @@ class TrainerConfig:
     """Sample evaluation completions with the training settings; False decodes greedily."""
 
     # --- output ---------------------------------------------------------------------------
-    output_dir: str = "comlrl_output"
-    """Where the run writes (``train()`` prints it when it starts): ``metrics.jsonl``,
-    ``samples.jsonl``, ``checkpoint-{step}/``, ``tensorboard/``. One run at a time: ``train()``
-    locks it, and refuses a folder holding another run unless resuming or overwriting."""
+    output_dir: str | None = None
+    """Where the run writes (``train()`` prints it when it starts; ``TrainResult.output_dir``):
+    ``metrics.jsonl``, ``samples.jsonl``, ``checkpoint-{step}/``, ``tensorboard/``. ``None``:
+    every ``train()`` writes to a new folder ``comlrl_output/<algorithm>-<YYYYmmdd-HHMMSS>``
+    (``comlrl_output/latest`` links to the newest; resuming continues the newest run of the
+    trainer's algorithm). A folder named here holds one run at a time: ``train()`` locks it,
+    and refuses it when it holds another run unless resuming or overwriting."""
     overwrite_output_dir: bool = False
     """Let a new run replace an earlier run's checkpoints and logs in ``output_dir`` (else it stops)."""
     logging_steps: int = 50
@@ -452,18 +499,8 @@ class TrainerConfig:
             raise ValueError(
                 f"early_termination_threshold must be a number or None (off), got {self.early_termination_threshold!r}"
             )
-        devices = self.agent_devices
-        listed = isinstance(devices, list | tuple) and devices and all(isinstance(d, str) for d in devices)
-        if not (devices is None or isinstance(devices, str) or listed):
-            raise ValueError(
-                "agent_devices must be None, 'auto', a device name or a list of device names (one per agent), "
-                f"got {devices!r}"
-            )
-        if self.reference_devices is not None and self.reference_devices != self.agent_devices:
-            raise ValueError(
-                f"reference_devices={self.reference_devices!r}: a reference model lives on its agent's device "
-                f"here (agent_devices={self.agent_devices!r}); leave reference_devices=None"
-            )
+        check_devices(self, "agent_devices")
+        check_devices(self, "reference_devices")
         check_choice(self, "reward_call", REWARD_CALLS)
         normalise_spelling(self, "joint_mode", JOINT_MODE_SPELLINGS)  # 1.4.3's spellings mean the same modes
         check_choice(self, "joint_mode", JOINT_MODES)
@@ -472,5 +509,9 @@ class TrainerConfig:
             raise ValueError(f"vllm_gpu_memory_utilization must be in (0, 1), got {self.vllm_gpu_memory_utilization!r}")
         check_choice(self, "loss_type", LOSS_AGGREGATIONS)
         check_choice(self, "turn_weighting", TURN_WEIGHTINGS)
-        if not isinstance(self.output_dir, str) or not self.output_dir:
-            raise ValueError(f"output_dir must be a non-empty path string, got {self.output_dir!r}")
+        if isinstance(self.output_dir, os.PathLike):
+            self.output_dir = os.fspath(self.output_dir)
+        if self.output_dir is not None and (not isinstance(self.output_dir, str) or not self.output_dir):
+            raise ValueError(
+                f"output_dir must be a non-empty path string or None (a new folder per run), got {self.output_dir!r}"
+            )

@@ -14,17 +14,24 @@ from __future__ import annotations
 import os
 import signal
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 from tqdm.auto import tqdm
 
 from comlrl.checkpoint.files import find_checkpoint, verify_checkpoint
-from comlrl.checkpoint.run_folder import RunFolderLock, check_new_run
+from comlrl.checkpoint.run_folder import (
+    DEFAULT_ROOT,
+    RunFolderLock,
+    check_new_run,
+    default_run_folder,
+    point_latest,
+)
 from comlrl.checkpoint.trainer import resume_trainer, save_trainer, start_state
 from comlrl.metrics import MetricsLogger
-from comlrl.metrics.rollout import format_metrics
+from comlrl.metrics.alerts import ZeroSpreadWatch
+from comlrl.metrics.rollout import format_metrics, reward_fields
 from comlrl.trainers.config import require_int
 from comlrl.utils.run_control import StopOnSignal, seed_everything
 
@@ -33,8 +40,8 @@ from comlrl.utils.run_control import StopOnSignal, seed_everything
 class CheckpointPlan:
     """Where checkpoints go, how often, how many are kept."""
 
-    folder: str
-    """The folder of the ``checkpoint-{step}`` folders."""
+    folder: str | None
+    """The folder of the ``checkpoint-{step}`` folders; None: the run's ``output_dir``."""
     every_steps: int | None
     """A checkpoint every this many steps (the config's ``save_steps``), or None."""
     every_epochs: int | None
@@ -101,19 +108,19 @@ class TrainResult:
     """Wall time of ``train()``."""
     interrupted: bool = False
     """SIGINT or SIGTERM stopped training early, after writing a checkpoint."""
+    output_dir: str | None = None
+    """The absolute folder the run wrote to (its logs and checkpoints)."""
 
 
 def progress_postfix(metrics: dict[str, float], progress_metric: tuple[str, str], epoch: int) -> dict[str, str]:
     """The progress bar's fields after a step: the epoch and the trainer's progress metric;
-    for the reward, also what the reward function returned when a reward processor changed
-    it (the bar would otherwise show, say, the reward x100 while the summaries speak 0..1)."""
+    the reward as the console line shows it (processed, with the raw one beside it, when a
+    reward processor changed it: the bar would otherwise show, say, the reward x100 while
+    the summaries speak 0..1)."""
     label, key = progress_metric
-    postfix = {"epoch": str(epoch), label: f"{metrics[key]:.3g}"}
-    raw = metrics.get("reward/raw_mean")
-    if key == "reward/mean" and raw is not None and raw != metrics[key]:
-        postfix[label] = f"{metrics[key]:.3g} (processed)"
-        postfix["raw reward"] = f"{raw:.3g}"
-    return postfix
+    if key == "reward/mean":
+        return {"epoch": str(epoch), **reward_fields(metrics, 3)}
+    return {"epoch": str(epoch), label: f"{metrics[key]:.3g}"}
 
 
 class TrainingLoop:
@@ -121,20 +128,40 @@ class TrainingLoop:
 
     def __init__(self, trainer: Any, resume_from_checkpoint: bool | str | None, checkpoints: CheckpointPlan):
         self.trainer, self.args = trainer, trainer.args
-        self.checkpoints = checkpoints
         self.main = trainer.parallel.is_main
+        self.output_dir = trainer.output_dir = self.run_folder(resume_from_checkpoint, checkpoints.folder)
+        self.checkpoints = replace(checkpoints, folder=checkpoints.folder or self.output_dir)
         self.data_order = torch.Generator()
         self.locks = self.claim_folders(bool(resume_from_checkpoint)) if self.main else []
+        if self.main:
+            tqdm.write(f"{trainer.algorithm_name}: this run writes to {os.path.abspath(self.output_dir)}")
         try:
             self.start(resume_from_checkpoint)
         except BaseException:
             self.release_folders()
             raise
 
+    def run_folder(self, resume_from_checkpoint: bool | str | None, checkpoint_dir: str | None) -> str:
+        """The config's ``output_dir``, or when it names none the folder rank 0 chose for every
+        rank (:func:`default_run_folder`; an error there is raised on every rank)."""
+        if self.args.output_dir is not None:
+            return self.args.output_dir
+        chosen: tuple[str | None, BaseException | None] = (None, None)
+        if self.main:
+            try:
+                chosen = (default_run_folder(self.trainer.algorithm_name, resume_from_checkpoint, checkpoint_dir), None)
+            except (OSError, ValueError) as error:
+                chosen = (None, error)
+        folder, error = self.trainer.parallel.gather(chosen)[0]
+        if error is not None:
+            raise error
+        return folder
+
     def claim_folders(self, resuming: bool) -> list[RunFolderLock]:
         """Lock the run's folders (which also shows they can be written) before anything slow,
-        and, for a new run, make sure they hold no earlier run (or clear it, when told to)."""
-        folders = {os.path.realpath(self.args.output_dir): (self.args.output_dir, "output_dir")}
+        and, for a new run, make sure they hold no earlier run (or clear it, when told to). A
+        folder chosen for a config without ``output_dir`` becomes ``comlrl_output/latest``."""
+        folders = {os.path.realpath(self.output_dir): (self.output_dir, "output_dir")}
         folders.setdefault(os.path.realpath(self.checkpoints.folder), (self.checkpoints.folder, "checkpoint_dir"))
         locks: list[RunFolderLock] = []
         try:
@@ -147,6 +174,8 @@ class TrainingLoop:
             for lock in locks:
                 lock.release()
             raise
+        if self.args.output_dir is None:
+            point_latest(DEFAULT_ROOT, self.output_dir)
         return locks
 
     def release_folders(self) -> None:
@@ -171,6 +200,7 @@ class TrainingLoop:
             self.progress = resume_trainer(trainer, checkpoint, self.data_order, say, checkpoints.folder)
         self.save_every = checkpoints.cadence(trainer.steps_per_epoch)
         self.logger = MetricsLogger(trainer.sinks() if self.main else [])
+        self.zero_spread = ZeroSpreadWatch()
         if start_metrics:
             self.log_once(start_metrics, trainer.global_step)
         self.logger.add_window(self.progress.metrics_window)
@@ -183,8 +213,6 @@ class TrainingLoop:
             disable=not self.main,
         )
         self.evaluates = trainer.eval_prompts is not None and self.main
-        if self.main:
-            self.bar.write(f"{trainer.algorithm_name}: this run writes to {os.path.abspath(self.args.output_dir)}")
         self.interrupted = False
 
     def run(self) -> TrainResult:
@@ -259,6 +287,8 @@ class TrainingLoop:
             progress.step_rewards.append(result.metrics["reward/mean"])
             progress.step_raw_rewards.append(result.metrics["reward/raw_mean"])
         self.logger.add(result.metrics, trainer.global_step)
+        if (warning := self.zero_spread.check(result.metrics)) and self.main:
+            self.bar.write(warning)
         self.bar.update(1)
         self.bar.set_postfix(progress_postfix(result.metrics, trainer.progress_metric, epoch + 1))
         if self.due(self.args.logging_steps):
@@ -312,4 +342,5 @@ class TrainingLoop:
             progress.epoch_raw_reward_means,
             time.perf_counter() - started,
             self.interrupted,
+            os.path.abspath(self.output_dir),
         )

@@ -223,14 +223,16 @@ class PolicyUpdate:
 
     def frozen_logprobs(self, tree: RolloutTree, reference: bool) -> list[list[Tensor]]:
         """``[agent][turn]`` log-probs of each agent's completions without gradient: under the
-        agent as it is now, or under its frozen reference (its base model, for an adapter)."""
+        agent as it is now, or under its frozen reference (its base model, for an adapter). They
+        are computed where the model lives and returned on the agent's device, beside the
+        loss's log-probs (a reference may live elsewhere: ``reference_devices``)."""
 
         def agent_logprobs(i: int) -> list[Tensor]:
             with self.agents.frozen(i, reference) as model:
                 return [
                     torch.cat(
                         [self.logprobs(model, turn.agents[i], rows) for rows in self.micro_batches(turn.agents[i])]
-                    )
+                    ).to(self.agents.device(i))
                     for turn in tree.turns
                 ]
 
@@ -242,14 +244,16 @@ class PolicyUpdate:
     def logprobs(
         self, model: torch.nn.Module, rollout: AgentRollout, rows: Rows, with_entropy: bool = False
     ) -> Tensor | tuple[Tensor, Tensor]:
-        """Log-probs (and entropies) of the completions ``rows`` at the sampling temperature."""
+        """Log-probs (and entropies) of the completions ``rows`` at the sampling temperature,
+        on ``model``'s device (the rollout's tensors are on the agent's)."""
+        device = next(model.parameters()).device
         with self.agents.precision(model):
             return completion_logprobs(
                 model,
-                rollout.prompt_ids[rows],
-                rollout.prompt_mask[rows],
-                rollout.completion_ids[rows],
-                rollout.completion_mask[rows],
+                rollout.prompt_ids[rows].to(device),
+                rollout.prompt_mask[rows].to(device),
+                rollout.completion_ids[rows].to(device),
+                rollout.completion_mask[rows].to(device),
                 temperature=self.sampling.temperature,
                 with_entropy=with_entropy,
             )

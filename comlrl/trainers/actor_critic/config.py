@@ -4,12 +4,14 @@ the PPO updates and the critics."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from comlrl.trainers.config import (
     TrainerConfig,
     check_bool,
     check_choice,
     check_coefficient,
+    check_devices,
     check_fraction,
     check_int,
     check_learning_rate,
@@ -27,6 +29,8 @@ CRITIC_TYPE_SPELLINGS = {None: "v", "v": "v", "q": "q"}
 @dataclass
 class ActorCriticConfig(TrainerConfig):
     """Everything that shapes an IAC or MAAC run. Every field is checked in ``__post_init__``."""
+
+    reference_page: ClassVar[str] = "docs/reference/actor-critic.md"
 
     num_train_epochs: int = 40
     """Passes over the training dataset (40, comlrl 1.4.3's IAC and MAAC default)."""
@@ -96,7 +100,7 @@ class ActorCriticConfig(TrainerConfig):
         check_bool(self, "advantage_normalization")
         if self.use_separate_critic is not None:
             check_bool(self, "use_separate_critic")
-        self._check_critic_devices()
+        check_devices(self, "critic_devices")  # the form; the placement is checked once the agents are placed
         self._resolve_critic_learning_rate()
         if self.value_clip_range is not None and not (is_real(self.value_clip_range) and self.value_clip_range > 0):
             raise ValueError(f"value_clip_range must be > 0 or None (off), got {self.value_clip_range!r}")
@@ -173,16 +177,6 @@ class ActorCriticConfig(TrainerConfig):
             "train with their agent at agent_learning_rate, as in comlrl 1.4.3; drop critic_learning_rate (set "
             "agent_learning_rate for both), or give separate critics (critic_model=... or critics=[...])"
         )
-
-    def _check_critic_devices(self) -> None:
-        """Only the form: whether the devices equal the critics' placement is known once the
-        trainer has placed the agents."""
-        devices = self.critic_devices
-        listed = isinstance(devices, list | tuple) and devices and all(isinstance(d, str) for d in devices)
-        if not (devices is None or isinstance(devices, str) or listed):
-            raise ValueError(
-                f"critic_devices must be None, 'auto', a device name or a list of device names, got {devices!r}"
-            )
 
     def value_head_width(self, separate: bool) -> int | None:
         """Hidden width of the value heads of the critic layout in use: ``critic_value_head_hidden_dim``

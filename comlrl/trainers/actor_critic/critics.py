@@ -121,17 +121,6 @@ def critic_device_list(spec: str | Sequence[str], count: int, local_rank: int | 
         raise ValueError(f"critic_devices={spec!r} is not a device or list of devices ({error})") from error
 
 
-def same_device(a: torch.device, b: torch.device) -> bool:
-    """``cuda`` and ``cuda:<current>`` are one device."""
-
-    def index(device: torch.device) -> int:
-        if device.index is not None:
-            return device.index
-        return torch.cuda.current_device() if device.type == "cuda" else 0
-
-    return a.type == b.type and index(a) == index(b)
-
-
 def joint_critic_text(prompts: Sequence[str], completions: Sequence[str] | None = None) -> str:
     """A centralized critic's input: every agent's prompt, then (for a Q-critic) every agent's
     action, laid out as comlrl 1.4.3's MAAC did, so a critic it trained reads what it learnt on."""

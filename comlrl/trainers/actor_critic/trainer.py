@@ -26,8 +26,17 @@ from comlrl.algorithms import per_agent_returns
 from comlrl.algorithms.critic import whiten
 from comlrl.algorithms.returns import tree_lambda_returns, tree_returns
 from comlrl.checkpoint import load_weights
-from comlrl.models.loading import check_agents, enable_activation_checkpointing, load_agents, resolve_tokenizers
+from comlrl.models.loading import (
+    TokenizedModel,
+    check_agents,
+    enable_activation_checkpointing,
+    fit_embeddings,
+    load_agents,
+    resolve_tokenizers,
+    split_model_config,
+)
 from comlrl.models.modes import disable_dropout
+from comlrl.models.placement import same_device
 from comlrl.models.value import ORIGINAL_VALUE_HEAD_FILE, Critic, EncodedInputs, ValueHead, hidden_size, saved_head_file
 from comlrl.optim import per_agent_learning_rates
 from comlrl.rollout.tree import RolloutTree, Turn
@@ -44,7 +53,6 @@ from comlrl.trainers.actor_critic.critics import (
     frozen_values,
     joint_critic_text,
     lacks_tokenizer,
-    same_device,
     split_critic_model_config,
 )
 from comlrl.trainers.base import MultiAgentTrainer
@@ -118,7 +126,8 @@ class ActorCriticTrainer(MultiAgentTrainer):
             **kwargs,
         )
         args = self.args
-        self.critics = self._build_critics(critic_model, critics, critic_tokenizer, critic_config)
+        special_tokens = split_model_config(model_config).special_tokens
+        self.critics = self._build_critics(critic_model, critics, critic_tokenizer, critic_config, special_tokens)
         layout = CentralizedCritic if self.centralized else IndependentCritics
         self.layout: CriticLayout = layout(self.num_agents, args.critic_type)
         self.add_learners(
@@ -174,9 +183,11 @@ class ActorCriticTrainer(MultiAgentTrainer):
         critics: Sequence[str | torch.nn.Module] | None,
         tokenizer: Any,
         config: CriticModelConfig,
+        special_tokens: dict[str, Any],
     ) -> list[Critic]:
         """Value heads on the agents (IAC), or separate critic models from ``critic_model`` /
-        ``critics``, each with a value head that continues the one saved in its folder, if any."""
+        ``critics``, each with a value head that continues the one saved in its folder, if any.
+        ``special_tokens`` (``model_config``'s) grew the agents' tokenizers."""
         separate = self._uses_separate_critics(critic_model is not None or critics is not None)
         width = self._head_width(separate, config.head_width)
         if not separate:
@@ -199,6 +210,8 @@ class ActorCriticTrainer(MultiAgentTrainer):
         ]
         self._prepare_critic_models(models)
         tokenizers = self._critic_tokenizers(models, tokenizer)
+        if special_tokens:
+            self._fit_critic_embeddings(models, tokenizers, sources)
         built = [
             self._critic(f"critic {c}", model, tok, width) for c, (model, tok) in enumerate(zip(models, tokenizers))
         ]
@@ -309,6 +322,23 @@ class ActorCriticTrainer(MultiAgentTrainer):
                 for c, model in enumerate(models)
             ]
         return resolve_tokenizers(tokenizer, models, self.tokenizer_kwargs, role="critic")
+
+    def _fit_critic_embeddings(
+        self, models: list[torch.nn.Module], tokenizers: list[Any], sources: list[str | torch.nn.Module]
+    ) -> None:
+        """A separate critic that reads with an agent's tokenizer (``critic_tokenizer`` is the
+        agents', or a comlrl 1.4.3 critic folder holds none) reads ``model_config``'s special
+        tokens too: its model is resized as the agents' are when loaded by name, and refused
+        when passed in. A critic with a tokenizer of its own is left as it is: the special tokens
+        never reach its tokenizer, which reads them in a prompt as the text they spell."""
+        agent_tokenizers = {id(tok) for tok in self.agents.tokenizers}
+        fit_embeddings(
+            [
+                TokenizedModel("critic", c, model, tok, isinstance(source, str))
+                for c, (model, tok, source) in enumerate(zip(models, tokenizers, sources))
+                if id(tok) in agent_tokenizers
+            ]
+        )
 
     def _load_saved_head(self, critic: Critic, source: str) -> None:
         """A critic (or an agent holding its value head) loaded from a folder that holds a value

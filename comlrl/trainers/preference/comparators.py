@@ -91,10 +91,7 @@ def comparator_devices(spec: str | Sequence[str] | None, agents: Any) -> list[to
     it (``None``: each agent's own device)."""
     if spec is None:
         return [agents.device(i) for i in range(len(agents))]
-    try:
-        return resolve_agent_devices(spec, len(agents))
-    except ValueError as error:
-        raise ValueError(str(error).replace("agent_devices", "comparator_devices")) from error
+    return resolve_agent_devices(spec, len(agents), field="comparator_devices")
 
 
 def frozen_copy(agents: Any, agent: int, device: torch.device) -> torch.nn.Module:

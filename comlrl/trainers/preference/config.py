@@ -29,6 +29,8 @@ UNUSED_SHARED_FIELDS = {
     "beta": "the DPO loss's temperature is dpo_beta, and its reference policy dpo_reference",
     "reference_kl_enabled": "there are no rewards to shape while training on pairs (comlrl 1.4.3 ignored it "
     "too); for a reference policy in the DPO loss set dpo_reference='initial'",
+    "reference_devices": "MADPO keeps no reference model: dpo_reference='initial' takes the sampling policy's "
+    "log-probs once, on the agents",
     "epsilon": "the DPO loss has no ratio to clip",
     "epsilon_high": "the DPO loss has no ratio to clip",
     "entropy_coef": "the DPO loss has no entropy bonus",
@@ -48,6 +50,8 @@ def inert() -> object:
 @dataclass
 class MADPOConfig(TrainerConfig):
     """Everything that shapes a MADPO run. Every field is checked in ``__post_init__``."""
+
+    reference_page: ClassVar[str] = "docs/reference/preference.md"
 
     per_device_train_batch_size: int = 2
     """Dataset rows whose candidates are sampled together (one ``generate`` call per agent)

@@ -450,7 +450,7 @@ class RewardModelStage:
             metrics.update({"reward_model/eval_loss": held.loss, "reward_model/eval_accuracy": held.accuracy})
         metrics["time/reward_model_s"] = time.perf_counter() - started
         if parallel.is_main:
-            write_folders(args.output_dir, [(REWARD_MODEL_FOLDER, model.save)])
+            write_folders(trainer.output_dir, [(REWARD_MODEL_FOLDER, model.save)])
         return metrics
 
     def fresh_reward_model(self, device: str | torch.device) -> JointRewardModel:
@@ -761,6 +761,11 @@ class MARLHFTrainer:
     @property
     def global_step(self) -> int:
         return self.rl_trainer.global_step
+
+    @property
+    def output_dir(self) -> str | None:
+        """The folder of the latest ``train()`` call's run (the RL trainer's)."""
+        return self.rl_trainer.output_dir
 
     @property
     def parallel(self) -> DataParallel:

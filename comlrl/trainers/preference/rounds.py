@@ -190,7 +190,7 @@ class PreferenceRounds:
         self.shards.append(current)
         self.round = round_index
         if parallel.is_main:
-            self.write_shard(round_index, current)
+            self.write_shard(trainer.output_dir, round_index, current)
         chosen = replay_choice(
             args.preference_replay_mode,
             [len(shard) for shard in self.shards],
@@ -209,7 +209,7 @@ class PreferenceRounds:
             }
         )
         if self.reward_range is not None:
-            written_to = args.output_dir if parallel.is_main else None
+            written_to = trainer.output_dir if parallel.is_main else None
             metrics.update(log_reward_distribution(written_to, round_index, self.reward_range, candidates_raw, pairs))
         return pairs, metrics
 
@@ -295,9 +295,10 @@ class PreferenceRounds:
             metrics["iter/comparator_parse_failure_frac"] = self.joint.parse_failure_frac(parallel)
         return pairs, metrics, (current_raw, comparator_raw)
 
-    def write_shard(self, round_index: int, pairs: list[PreferencePair]) -> None:
-        """Round ``round_index``'s pairs to ``iteration_XXXX.json`` (numbered from 1, as 1.4.3), for reading."""
-        folder = self.args.preference_replay_dir or os.path.join(self.args.output_dir, "preference_replay")
+    def write_shard(self, output_dir: str, round_index: int, pairs: list[PreferencePair]) -> None:
+        """Round ``round_index``'s pairs to ``iteration_XXXX.json`` (numbered from 1, as 1.4.3), for reading,
+        in ``preference_replay_dir`` or the run's ``output_dir``."""
+        folder = self.args.preference_replay_dir or os.path.join(output_dir, "preference_replay")
         record = {"iteration": round_index + 1, "num_pairs": len(pairs), "pairs": [pair_record(p) for p in pairs]}
         write_json(os.path.join(folder, f"iteration_{round_index + 1:04d}.json"), record)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 from comlrl.algorithms import BASELINES
 from comlrl.trainers.config import TrainerConfig, check_bool, check_choice, check_fraction, check_int, is_real
@@ -12,6 +13,8 @@ from comlrl.trainers.config import TrainerConfig, check_bool, check_choice, chec
 @dataclass
 class MAGRPOConfig(TrainerConfig):
     """Everything that shapes a MAGRPO run. Every field is checked in ``__post_init__``."""
+
+    reference_page: ClassVar[str] = "docs/reference/reinforce.md"
 
     discount: float = 1.0
     """Weight in [0, 1] of the next turn: a joint action's return is its reward plus
