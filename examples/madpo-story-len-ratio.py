@@ -7,7 +7,9 @@ candidate j of both agents is joint answer j, scored by the reward. Every joint 
 strictly higher reward beats a lower one, the pairs with the largest reward gaps are kept,
 and both agents are trained on them with the joint DPO loss (no reward model, no sampling
 while training). The reward of one sampled answer per prompt is measured before and after.
-Runs offline on the embedded SmolLM2-135M-Instruct in a few minutes on a laptop CPU.
+Runs offline on the embedded SmolLM2-135M-Instruct in a few minutes on a laptop CPU. Each run writes to a new folder,
+comlrl_output/<algorithm>-<time> (``--output-dir`` names one; see examples/_common.py), the
+trained agents included (~1.1 GB; ``--no-save`` skips them).
 
     python examples/madpo-story-len-ratio.py               # W&B off
     python examples/madpo-story-len-ratio.py --wandb --wandb-project my-project
@@ -18,6 +20,7 @@ from __future__ import annotations
 import argparse
 import os
 import runpy
+import sys
 import time
 from pathlib import Path
 
@@ -27,6 +30,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from comlrl.metrics.plot import read_metrics
 from comlrl.trainers.preference import MADPOConfig, MADPOTrainer
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # also when loaded by path (tests, runpy)
+from _common import add_common_flags, model_source, parse, run_config, run_summary, save_models, wandb_config  # noqa: E402
+
 # The tutorial's prompts and reward, from its example (whose main() this does not run).
 TUTORIAL = runpy.run_path(str(Path(__file__).with_name("story-len-ratio.py")))
 PROMPTS: list[str] = TUTORIAL["PROMPTS"]
@@ -35,16 +41,7 @@ proper_length_ratio_reward = TUTORIAL["proper_length_ratio_reward"]
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--model",
-        default=None,
-        help="model folder or hub id for both agents (default: the embedded SmolLM2-135M-Instruct)",
-    )
-    parser.add_argument(
-        "--output-dir",
-        default="./madpo_story_len_ratio_output",
-        help="metrics log here, trained agents in OUTPUT_DIR/models (default: %(default)s)",
-    )
+    add_common_flags(parser, models="both agents")
     parser.add_argument("--epochs", type=int, default=2, help="DPO passes over the pairs (default: %(default)s)")
     parser.add_argument(
         "--num-candidates", type=int, default=6, help="candidates per prompt and agent (default: %(default)s)"
@@ -55,20 +52,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--max-new-tokens", type=int, default=48, help="most tokens per completion (default: %(default)s)"
     )
-    parser.add_argument("--seed", type=int, default=42, help="random seed (default: %(default)s)")
-    parser.add_argument("--wandb", action="store_true", help="log to Weights & Biases (off by default)")
-    parser.add_argument("--wandb-project", default="comlrl", help="W&B project (with --wandb; default: %(default)s)")
-    parser.add_argument("--wandb-entity", default=None, help="W&B entity (with --wandb; default: your default entity)")
-    return parser.parse_args(argv)
+    return parse(parser, argv)
 
 
 def main(argv=None) -> None:
+    started = time.perf_counter()
     args = parse_args(argv)
-    model_name = args.model
-    if model_name is None:
-        from comlrl.models import default_model_path
-
-        model_name = default_model_path()
+    model_name = model_source(args)
 
     prompts = Dataset.from_dict({"prompt": PROMPTS})
     config = MADPOConfig(
@@ -84,13 +74,8 @@ def main(argv=None) -> None:
         eval_interval=0,  # the trainer evaluates after the last step; the run's start is evaluated below
         eval_num_samples=None,
         eval_batch_size=len(PROMPTS),
-        seed=args.seed,
-        output_dir=args.output_dir,
-        overwrite_output_dir=True,  # running the example again replaces its previous run
+        **run_config(args),
     )
-    wandb_config = None
-    if args.wandb:
-        wandb_config = {"project": args.wandb_project, "entity": args.wandb_entity, "name": "madpo-story-len-ratio"}
 
     trainer = MADPOTrainer(
         agents=[AutoModelForCausalLM.from_pretrained(model_name) for _ in range(2)],
@@ -99,24 +84,20 @@ def main(argv=None) -> None:
         eval_dataset=prompts,
         reward_func=proper_length_ratio_reward,
         args=config,
-        wandb_config=wandb_config,
+        wandb_config=wandb_config(args, "madpo-story-len-ratio"),
     )
-    started = time.perf_counter()
     before = trainer.evaluate()["eval/reward_mean"]
     result = trainer.train()
-    models_dir = os.path.join(args.output_dir, "models")
-    trainer.save_model(models_dir)
+    saved = save_models(trainer, result, args)
 
-    log = os.path.abspath(os.path.join(args.output_dir, "metrics.jsonl"))
-    records = read_metrics(log)
+    records = read_metrics(Path(result.output_dir) / "metrics.jsonl")
     after = [r for r in records if "eval/reward_mean" in r][-1]["eval/reward_mean"]
     last = [r for r in records if "dpo/loss" in r][-1]
     print(
         f"\n{len(trainer.pairs)} preference pairs; last step: DPO loss {last['dpo/loss']:.3f}, "
         f"accuracy {last['dpo/accuracy']:.2f}, joint margin {last['dpo/margin']:.2f}\n"
         f"length-ratio reward (0..1) of one sampled answer per prompt: before {before:.3f}, after {after:.3f}\n"
-        f"{result.global_step} steps in {time.perf_counter() - started:.0f} s; "
-        f"agents saved in {os.path.abspath(models_dir)}/agent_0, agent_1; metrics in {log}"
+        f"{run_summary(result, started, saved)}"
     )
 
 

@@ -11,6 +11,10 @@ score head, the Bradley-Terry loss) is fitted to the round's pairs, and both age
 trained with MAGRPO on its scores; the next round samples again from the trained agents.
 The task reward of sampled answers to prompts the training never sees is measured before
 and after. Runs offline on the embedded SmolLM2-135M-Instruct in a few minutes on a laptop CPU.
+Each run writes to a new folder, comlrl_output/<algorithm>-<time> (``--output-dir`` names one;
+see examples/_common.py), the trained agents and last reward model in models/ included (~1.6 GB;
+``--no-save`` skips them; the last reward model as fitted, in reward_model/, ~0.54 GB, is written
+either way).
 
     python examples/marlhf-iter-story-len-ratio.py               # W&B off
     python examples/marlhf-iter-story-len-ratio.py --rounds 3 --comparator history
@@ -21,6 +25,7 @@ from __future__ import annotations
 import argparse
 import os
 import runpy
+import sys
 import time
 from pathlib import Path
 
@@ -28,6 +33,9 @@ from datasets import Dataset
 
 from comlrl.metrics.plot import read_metrics
 from comlrl.trainers.preference import MARLHFIterConfig, MARLHFIterTrainer
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # also when loaded by path (tests, runpy)
+from _common import add_common_flags, model_source, parse, run_config, run_summary, save_models, wandb_config  # noqa: E402
 
 # The tutorial's prompts and reward, from its example (whose main() this does not run), and
 # the held-out prompts of the MADPOIter example.
@@ -41,16 +49,10 @@ HELD_OUT_PROMPTS: list[str] = runpy.run_path(str(Path(__file__).with_name("madpo
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--model",
-        default=None,
-        help="model folder or hub id of both agents and the reward model (default: the embedded SmolLM2-135M-Instruct)",
-    )
-    parser.add_argument(
-        "--output-dir",
-        default="./marlhf_iter_story_len_ratio_output",
-        help="metrics log, each round's pairs and the last reward model here, trained models in OUTPUT_DIR/models "
-        "(default: %(default)s)",
+    add_common_flags(
+        parser,
+        models="both agents and the reward model",
+        writes="preference_replay/ (each round's pairs), reward_model/ (the last round's), ",
     )
     parser.add_argument("--rounds", type=int, default=2, help="rounds of new pairs (default: %(default)s)")
     parser.add_argument(
@@ -71,20 +73,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--samples-per-prompt", type=int, default=2, help="held-out answers per prompt (default: %(default)s)"
     )
-    parser.add_argument("--seed", type=int, default=42, help="random seed (default: %(default)s)")
-    parser.add_argument("--wandb", action="store_true", help="log to Weights & Biases (off by default)")
-    parser.add_argument("--wandb-project", default="comlrl", help="W&B project (with --wandb; default: %(default)s)")
-    parser.add_argument("--wandb-entity", default=None, help="W&B entity (with --wandb; default: your default entity)")
-    return parser.parse_args(argv)
+    return parse(parser, argv)
 
 
 def main(argv=None) -> None:
+    started = time.perf_counter()
     args = parse_args(argv)
-    model_name = args.model
-    if model_name is None:
-        from comlrl.models import default_model_path
-
-        model_name = str(default_model_path())
+    model_name = model_source(args)
 
     held_out = Dataset.from_dict({"prompt": [p for p in HELD_OUT_PROMPTS for _ in range(args.samples_per_prompt)]})
     config = MARLHFIterConfig(
@@ -106,17 +101,8 @@ def main(argv=None) -> None:
         eval_interval=0,  # the trainer evaluates after the last step; the run's start is evaluated below
         eval_num_samples=None,
         eval_batch_size=len(held_out),
-        seed=args.seed,
-        output_dir=args.output_dir,
-        overwrite_output_dir=True,  # running the example again replaces its previous run
+        **run_config(args),
     )
-    wandb_config = None
-    if args.wandb:
-        wandb_config = {
-            "project": args.wandb_project,
-            "entity": args.wandb_entity,
-            "name": "marlhf-iter-story-len-ratio",
-        }
 
     trainer = MARLHFIterTrainer(
         agent_model=model_name,  # two copies; the reward model loads it too (reward_model_name=None)
@@ -124,16 +110,13 @@ def main(argv=None) -> None:
         eval_dataset=held_out,
         reward_func=proper_length_ratio_reward,
         args=config,
-        wandb_config=wandb_config,
+        wandb_config=wandb_config(args, "marlhf-iter-story-len-ratio"),
     )
-    started = time.perf_counter()
     before = trainer.evaluate()["eval/reward_mean"]
     result = trainer.train()
-    models_dir = os.path.join(args.output_dir, "models")
-    trainer.save_model(models_dir)
+    saved = save_models(trainer, result, args)
 
-    log = os.path.abspath(os.path.join(args.output_dir, "metrics.jsonl"))
-    records = read_metrics(log)
+    records = read_metrics(Path(result.output_dir) / "metrics.jsonl")
     after = [r for r in records if "eval/reward_mean" in r][-1]["eval/reward_mean"]
     print()
     for r in (r for r in records if "iter/current_iteration" in r):
@@ -145,9 +128,7 @@ def main(argv=None) -> None:
         )
     print(
         f"held-out length-ratio reward (0..1), {len(held_out)} sampled answers: "
-        f"before {before:.3f}, after {after:.3f}\n"
-        f"{result.global_step} RL steps; {time.perf_counter() - started:.0f} s in all; "
-        f"agents and the last reward model saved in {os.path.abspath(models_dir)}; metrics in {log}"
+        f"before {before:.3f}, after {after:.3f}\n{run_summary(result, started, saved)}"
     )
 
 

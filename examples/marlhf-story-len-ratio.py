@@ -8,7 +8,10 @@ task reward wins), fits a joint reward model to them (the same transformer witho
 head, a linear score head, the Bradley-Terry loss; the pairs of some prompts are held out to
 measure it), then trains both agents with MAGRPO on the reward model's scores. Evaluation
 always uses the task reward: one sampled answer per prompt, before and after. Runs offline
-on the embedded SmolLM2-135M-Instruct in a few minutes on a laptop CPU.
+on the embedded SmolLM2-135M-Instruct in a few minutes on a laptop CPU. Each run writes to a new folder,
+comlrl_output/<algorithm>-<time> (``--output-dir`` names one; see examples/_common.py), the
+trained agents and reward model in models/ included (~1.6 GB; ``--no-save`` skips them; the
+reward model as fitted, in reward_model/, ~0.54 GB, is written either way).
 
     python examples/marlhf-story-len-ratio.py               # W&B off
     python examples/marlhf-story-len-ratio.py --wandb --wandb-project my-project
@@ -19,6 +22,7 @@ from __future__ import annotations
 import argparse
 import os
 import runpy
+import sys
 import time
 from pathlib import Path
 
@@ -26,6 +30,9 @@ from datasets import Dataset
 
 from comlrl.metrics.plot import read_metrics
 from comlrl.trainers.preference import MARLHFConfig, MARLHFTrainer
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # also when loaded by path (tests, runpy)
+from _common import add_common_flags, model_source, parse, run_config, run_summary, save_models, wandb_config  # noqa: E402
 
 # The tutorial's prompts and reward, from its example (whose main() this does not run).
 TUTORIAL = runpy.run_path(str(Path(__file__).with_name("story-len-ratio.py")))
@@ -35,16 +42,7 @@ proper_length_ratio_reward = TUTORIAL["proper_length_ratio_reward"]
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--model",
-        default=None,
-        help="model folder or hub id of both agents and the reward model (default: the embedded SmolLM2-135M-Instruct)",
-    )
-    parser.add_argument(
-        "--output-dir",
-        default="./marlhf_story_len_ratio_output",
-        help="metrics log and reward model here, trained models in OUTPUT_DIR/models (default: %(default)s)",
-    )
+    add_common_flags(parser, models="both agents and the reward model", writes="reward_model/ (as fitted), ")
     parser.add_argument("--epochs", type=int, default=1, help="RL passes over the prompts (default: %(default)s)")
     parser.add_argument(
         "--num-candidates", type=int, default=6, help="candidates per prompt and agent (default: %(default)s)"
@@ -55,20 +53,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--max-new-tokens", type=int, default=48, help="most tokens per completion (default: %(default)s)"
     )
-    parser.add_argument("--seed", type=int, default=42, help="random seed (default: %(default)s)")
-    parser.add_argument("--wandb", action="store_true", help="log to Weights & Biases (off by default)")
-    parser.add_argument("--wandb-project", default="comlrl", help="W&B project (with --wandb; default: %(default)s)")
-    parser.add_argument("--wandb-entity", default=None, help="W&B entity (with --wandb; default: your default entity)")
-    return parser.parse_args(argv)
+    return parse(parser, argv)
 
 
 def main(argv=None) -> None:
+    started = time.perf_counter()
     args = parse_args(argv)
-    model_name = args.model
-    if model_name is None:
-        from comlrl.models import default_model_path
-
-        model_name = str(default_model_path())
+    model_name = model_source(args)
 
     prompts = Dataset.from_dict({"prompt": PROMPTS})
     config = MARLHFConfig(
@@ -88,13 +79,8 @@ def main(argv=None) -> None:
         eval_interval=0,  # the trainer evaluates after the last step; the run's start is evaluated below
         eval_num_samples=None,
         eval_batch_size=len(PROMPTS),
-        seed=args.seed,
-        output_dir=args.output_dir,
-        overwrite_output_dir=True,  # running the example again replaces its previous run
+        **run_config(args),
     )
-    wandb_config = None
-    if args.wandb:
-        wandb_config = {"project": args.wandb_project, "entity": args.wandb_entity, "name": "marlhf-story-len-ratio"}
 
     trainer = MARLHFTrainer(
         agent_model=model_name,  # two copies; the reward model loads it too (reward_model_name=None)
@@ -102,16 +88,13 @@ def main(argv=None) -> None:
         eval_dataset=prompts,
         reward_func=proper_length_ratio_reward,
         args=config,
-        wandb_config=wandb_config,
+        wandb_config=wandb_config(args, "marlhf-story-len-ratio"),
     )
-    started = time.perf_counter()
     before = trainer.evaluate()["eval/reward_mean"]
     result = trainer.train()
-    models_dir = os.path.join(args.output_dir, "models")
-    trainer.save_model(models_dir)
+    saved = save_models(trainer, result, args)
 
-    log = os.path.abspath(os.path.join(args.output_dir, "metrics.jsonl"))
-    records = read_metrics(log)
+    records = read_metrics(Path(result.output_dir) / "metrics.jsonl")
     fit = next(r for r in records if "reward_model/loss" in r)
     after = [r for r in records if "eval/reward_mean" in r][-1]["eval/reward_mean"]
     held_out = (
@@ -124,8 +107,7 @@ def main(argv=None) -> None:
         f"accuracy {fit['reward_model/accuracy']:.2f} on its {fit['reward_model/train_pairs']:.0f} training pairs, "
         f"{held_out}\n"
         f"length-ratio reward (0..1) of one sampled answer per prompt: before {before:.3f}, after {after:.3f}\n"
-        f"{result.global_step} RL steps; {time.perf_counter() - started:.0f} s in all; "
-        f"agents and reward model saved in {os.path.abspath(models_dir)}; metrics in {log}"
+        f"{run_summary(result, started, saved)}"
     )
 
 

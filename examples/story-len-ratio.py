@@ -3,10 +3,13 @@
 Both agents receive the same creative prompt and write independently (the second agent
 does not see the first one's text). The joint reward is 1.0 when the second completion has
 2-3 times more characters than the first, and decays exponentially outside that range.
-This is the tutorial's example; it runs offline on the embedded SmolLM2-135M-Instruct.
+This is the tutorial's example; it runs offline on the embedded SmolLM2-135M-Instruct. Each
+run writes to a new folder, comlrl_output/magrpo-<time> (``--output-dir`` names one; see
+examples/_common.py), the trained agents included (~1.1 GB; ``--no-save`` skips them).
 
     python examples/story-len-ratio.py               # W&B off
     python examples/story-len-ratio.py --wandb --wandb-project my-project
+    python examples/story-len-ratio.py --no-save --threads 1
 """
 
 from __future__ import annotations
@@ -21,9 +24,11 @@ from functools import partial
 from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from comlrl.metrics.plot import plot_run
 from comlrl.trainers.reinforce import MAGRPOConfig, MAGRPOTrainer
 from comlrl.utils.reward_processor import RewardProcessors
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # also when loaded by path (tests, runpy)
+from _common import add_common_flags, model_source, parse, run_config, run_summary, save_models, wandb_config  # noqa: E402
 
 PROMPTS = [
     "Describe a city in the clouds:",
@@ -57,28 +62,9 @@ def proper_length_ratio_reward(completions1, completions2, target_min=2.0, targe
     return rewards
 
 
-def peak_memory() -> str:
-    """ ", peak memory X GiB" (this process's peak resident set so far), where the OS reports it."""
-    try:
-        import resource
-    except ImportError:  # Windows
-        return ""
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
-    return f", peak memory {peak / (2**30 if sys.platform == 'darwin' else 2**20):.1f} GiB"
-
-
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--model",
-        default=None,
-        help="model folder or hub id for both agents (default: the embedded SmolLM2-135M-Instruct)",
-    )
-    parser.add_argument(
-        "--output-dir",
-        default="./magrpo_multi_reward_output",
-        help="metrics log here, trained agents in OUTPUT_DIR/models (default: %(default)s)",
-    )
+    add_common_flags(parser, models="both agents")
     parser.add_argument("--epochs", type=int, default=3, help="passes over the 10 prompts (default: %(default)s)")
     parser.add_argument(
         "--num-generations", type=int, default=8, help="completions per prompt and agent (default: %(default)s)"
@@ -86,20 +72,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--max-new-tokens", type=int, default=128, help="most tokens per completion (default: %(default)s)"
     )
-    parser.add_argument("--seed", type=int, default=42, help="random seed (default: %(default)s)")
-    parser.add_argument("--wandb", action="store_true", help="log to Weights & Biases (off by default)")
-    parser.add_argument("--wandb-project", default="comlrl", help="W&B project (with --wandb; default: %(default)s)")
-    parser.add_argument("--wandb-entity", default=None, help="W&B entity (with --wandb; default: your default entity)")
-    return parser.parse_args(argv)
+    return parse(parser, argv)
 
 
 def main(argv=None) -> None:
+    started = time.perf_counter()
     args = parse_args(argv)
-    model_name = args.model
-    if model_name is None:
-        from comlrl.models import default_model_path
-
-        model_name = default_model_path()
+    model_name = model_source(args)
 
     train_dataset = Dataset.from_dict({"prompt": PROMPTS})
     tokenizer = AutoTokenizer.from_pretrained(model_name)
@@ -112,15 +91,9 @@ def main(argv=None) -> None:
         num_generations=args.num_generations,
         num_turns=1,
         max_new_tokens=args.max_new_tokens,
-        seed=args.seed,
-        output_dir=args.output_dir,
-        overwrite_output_dir=True,  # running the example again replaces its previous run
         micro_batch_size=8,  # 7.8 GiB peak instead of 9.6 (the default 32), as fast at 128 tokens
+        **run_config(args),
     )
-    wandb_config = None
-    if args.wandb:
-        wandb_config = {"project": args.wandb_project, "entity": args.wandb_entity, "name": "story-len-ratio"}
-
     trainer = MAGRPOTrainer(
         agents=agents,
         reward_func=partial(proper_length_ratio_reward, target_min=2, target_max=3),
@@ -128,26 +101,17 @@ def main(argv=None) -> None:
         args=config,
         train_dataset=train_dataset,
         tokenizer=tokenizer,
-        wandb_config=wandb_config,
+        wandb_config=wandb_config(args, "story-len-ratio"),
     )
-    started = time.perf_counter()
     result = trainer.train()
-    models_dir = os.path.join(args.output_dir, "models")
-    trainer.save_model(models_dir)
+    saved = save_models(trainer, result, args)
     if not trainer.parallel.is_main:  # under torchrun, rank 0 reports
         return
 
-    try:
-        curves = f"curves in {plot_run(args.output_dir).resolve()}"
-    except ImportError as error:  # matplotlib is an optional extra
-        curves = f"no curves: {error}"
     first, last = result.epoch_raw_reward_means[0], result.epoch_raw_reward_means[-1]
     print(
         f"\nmean length-ratio reward (0..1, before the x100 scale): first epoch {first:.3f}, "
-        f"last epoch {last:.3f}\n"
-        f"{result.global_step} steps in {time.perf_counter() - started:.0f} s{peak_memory()}; "
-        f"agents saved in {os.path.abspath(models_dir)}/agent_0, agent_1; "
-        f"metrics in {os.path.abspath(os.path.join(args.output_dir, 'metrics.jsonl'))}; {curves}"
+        f"last epoch {last:.3f}\n{run_summary(result, started, saved)}"
     )
 
 

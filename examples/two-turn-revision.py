@@ -12,7 +12,9 @@ plus ``discount`` times the mean reward of the revisions it led to; with ``--tra
 each agent instead learns a value head on its own model and is trained with GAE and PPO
 (independent actor-critic), ``discount`` being GAE's gamma. Held-out topics are
 evaluated before and after training (``eval/turn_1/...``, ``eval/turn_2/...``). Runs offline
-on the embedded SmolLM2-135M-Instruct in a few minutes on a 2-core CPU.
+on the embedded SmolLM2-135M-Instruct in a few minutes on a 2-core CPU. Each run writes to a new
+folder, comlrl_output/<algorithm>-<time> (``--output-dir`` names one; see examples/_common.py),
+the trained agents included (~1.1 GB; ``--no-save`` skips them).
 
     python examples/two-turn-revision.py               # W&B off
     python examples/two-turn-revision.py --wandb --wandb-project my-project
@@ -26,17 +28,19 @@ import json
 import math
 import os
 import re
+import sys
 import time
 from functools import partial
 from pathlib import Path
 
-import torch
 from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from comlrl.metrics.plot import plot_run
 from comlrl.trainers.actor_critic import IACConfig, IACTrainer
 from comlrl.trainers.reinforce import MAGRPOConfig, MAGRPOTrainer
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # also when loaded by path (tests, runpy)
+from _common import add_common_flags, model_source, parse, run_config, run_summary, save_models, wandb_config  # noqa: E402
 
 TRAINERS = {"magrpo": (MAGRPOTrainer, MAGRPOConfig), "iac": (IACTrainer, IACConfig)}
 
@@ -170,7 +174,7 @@ class LastEpisodes:
 
 
 def evaluations(log: Path) -> list[dict]:
-    """The evaluation records of ``log`` (this run's: an earlier run's log was replaced)."""
+    """The evaluation records of ``log`` (this run's: a run's folder holds one run)."""
     with open(log, encoding="utf-8") as file:
         records = [json.loads(line) for line in file if line.strip()]
     return [record for record in records if "eval/turn_1/reward_mean" in record]
@@ -179,16 +183,7 @@ def evaluations(log: Path) -> list[dict]:
 # ------------------------------------------------------------------------------ command line
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--model",
-        default=None,
-        help="model folder or hub id for both agents (default: the embedded SmolLM2-135M-Instruct)",
-    )
-    parser.add_argument(
-        "--output-dir",
-        default="./two_turn_revision_output",
-        help="metrics log here, trained agents in OUTPUT_DIR/models (default: %(default)s)",
-    )
+    add_common_flags(parser, models="both agents")
     parser.add_argument(
         "--epochs", type=int, default=2, help=f"passes over the {len(TRAIN_TOPICS)} topics (default: %(default)s)"
     )
@@ -215,29 +210,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         default="magrpo",
         help="magrpo (group baselines) or iac (a value head on each agent, GAE, PPO) (default: %(default)s)",
     )
-    parser.add_argument("--seed", type=int, default=42, help="random seed (default: %(default)s)")
-    parser.add_argument(
-        "--threads",
-        type=int,
-        default=None,
-        help="torch CPU threads (default: torch's choice; 1 is much faster when other jobs share the CPU)",
-    )
-    parser.add_argument("--wandb", action="store_true", help="log to Weights & Biases (off by default)")
-    parser.add_argument("--wandb-project", default="comlrl", help="W&B project (with --wandb; default: %(default)s)")
-    parser.add_argument("--wandb-entity", default=None, help="W&B entity (with --wandb; default: your default entity)")
-    return parser.parse_args(argv)
+    return parse(parser, argv)
 
 
 def main(argv=None) -> None:
     started = time.perf_counter()
     args = parse_args(argv)
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
-    model_name = args.model
-    if model_name is None:
-        from comlrl.models import default_model_path
-
-        model_name = default_model_path()
+    model_name = model_source(args)
 
     tokenizer = AutoTokenizer.from_pretrained(model_name)
     agents = [AutoModelForCausalLM.from_pretrained(model_name) for _ in range(2)]
@@ -256,18 +235,9 @@ def main(argv=None) -> None:
         joint_mode="aligned",
         eval_interval=total_steps,  # evaluate before the first step and after the last
         eval_num_samples=len(EVAL_TOPICS),
-        seed=args.seed,
-        output_dir=args.output_dir,
-        overwrite_output_dir=True,  # running the example again replaces its previous run
         **objective,
+        **run_config(args),
     )
-    wandb_config = None
-    if args.wandb:
-        wandb_config = {
-            "project": args.wandb_project,
-            "entity": args.wandb_entity,
-            "name": f"two-turn-revision-{args.trainer}",
-        }
 
     episodes = LastEpisodes()
     trainer = trainer_class(
@@ -280,20 +250,14 @@ def main(argv=None) -> None:
         train_dataset=Dataset.from_dict({"prompt": [f"Topic: {topic}" for topic in TRAIN_TOPICS]}),
         eval_dataset=Dataset.from_dict({"prompt": [f"Topic: {topic}" for topic in EVAL_TOPICS]}),
         eval_logger=episodes,
-        wandb_config=wandb_config,
+        wandb_config=wandb_config(args, f"two-turn-revision-{args.trainer}"),
     )
-    log = Path(args.output_dir) / "metrics.jsonl"
     result = trainer.train()
-    models_dir = os.path.join(args.output_dir, "models")
-    trainer.save_model(models_dir)
+    saved = save_models(trainer, result, args)
     if not trainer.parallel.is_main:  # under torchrun, rank 0 reports
         return
 
-    try:
-        curves = f"curves in {plot_run(args.output_dir).resolve()}"
-    except ImportError as error:  # matplotlib is an optional extra
-        curves = f"no curves: {error}"
-    evals = evaluations(log)
+    evals = evaluations(Path(result.output_dir) / "metrics.jsonl")
     before, after = evals[0], evals[-1]
     lines = [f"\nheld-out evaluation ({len(EVAL_TOPICS)} topics, reward 0..1 per turn): before -> after training"]
     for t in (1, 2):
@@ -309,11 +273,10 @@ def main(argv=None) -> None:
             lines.append(f"  turn {t + 1} paragraph: {paragraph[t].strip()!r}")
     first, last = result.epoch_raw_reward_means[0], result.epoch_raw_reward_means[-1]
     lines.append(
-        f"training reward (both turns): first epoch {first:.3f}, last epoch {last:.3f}\n"
-        f"{result.global_step} steps in {result.train_seconds:.0f} s (evaluations included), "
-        f"{time.perf_counter() - started:.0f} s in all; agents saved in {os.path.abspath(models_dir)}/agent_0, "
-        f"agent_1; metrics in {log.resolve()}; {curves}"
+        f"training reward (both turns): first epoch {first:.3f}, last epoch {last:.3f} "
+        "(the training time below includes both evaluations)"
     )
+    lines.append(run_summary(result, started, saved))
     print("\n".join(lines))
 
 

@@ -310,4 +310,5 @@ def test_example_runs_on_a_tiny_model(example, tmp_path, capsys, monkeypatch):
     )
     assert set(saved["before"]["metrics"]) >= {"pass@1", "pass@2", "main/pass@1", "reward", "helper/used"}
     assert not set(saved["train_problems"]) & set(saved["eval_problems"])
-    assert saved["seconds_per_step"] > 0
+    assert saved["seconds_per_step"] > 0 and saved["threads"] >= 1
+    assert f"run folder {out}: metrics.jsonl; curves in metrics.png; the evaluation in code_eval.json;" in printed

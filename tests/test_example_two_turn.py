@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from .helpers import TUTORIAL_FLAGS, char_tokenizer, help_text, load_example, tiny_llama
+from .test_example import RUN_FLAGS, TWO_AGENTS_SAVED
 
 
 @pytest.fixture(scope="module")
@@ -17,7 +18,7 @@ def example():
 
 def test_help_lists_every_flag(example, capsys):
     text = help_text(example, capsys)
-    for flag in [*TUTORIAL_FLAGS, "--discount", "--learning-rate", "--threads", "--trainer"]:
+    for flag in [*TUTORIAL_FLAGS, *RUN_FLAGS, "--discount", "--learning-rate", "--trainer"]:
         assert flag in text
 
 
@@ -135,22 +136,22 @@ def test_short_run_plays_two_turns_and_evaluates_before_and_after(example, tmp_p
     # one transition per training joint action of turn 1 (2 steps x 4) and per eval row (4 x 2)
     assert len(transitions) == 2 * 4 + 4 * 2 and set(transitions) <= set(example.TRAIN_TOPICS + example.EVAL_TOPICS)
     assert "turn 1: reward" in summary and "turn 2: reward" in summary and "turn 2 paragraph:" in summary
-    assert f"curves in {out / 'metrics.png'}" in summary and (out / "metrics.png").stat().st_size > 0
-    assert (out / "models" / "agent_1" / "config.json").exists()
+    assert f"run folder {out}: {TWO_AGENTS_SAVED}" in summary
+    assert (out / "metrics.png").stat().st_size > 0 and (out / "models" / "agent_1" / "config.json").exists()
 
 
-def test_second_run_summarises_only_its_own_evaluations(example, tmp_path, capsys, tiny_model_args):
+def test_a_run_replacing_another_summarises_only_its_own_evaluations(example, tmp_path, capsys, tiny_model_args):
     out = tmp_path / "out"
     out.mkdir()
     stale = {"step": 0, "eval/turn_1/reward_mean": 123.0, "eval/turn_1/expected_return": 0.0,
              "eval/turn_2/reward_mean": 0.0, "eval/turn_2/expected_return": 0.0}  # fmt: skip
     (out / "metrics.jsonl").write_text(json.dumps(stale) + "\n")
-    example.main(tiny_model_args)
+    example.main([*tiny_model_args, "--overwrite", "--no-save"])
     assert "123.000" not in capsys.readouterr().out
 
 
 def test_wandb_flags_reach_wandb_init(example, fake_wandb, tiny_model_args):
-    example.main(tiny_model_args + ["--wandb", "--wandb-project", "proj", "--wandb-entity", "team"])
+    example.main(tiny_model_args + ["--no-save", "--wandb", "--wandb-project", "proj", "--wandb-entity", "team"])
     assert fake_wandb["init"]["project"] == "proj" and fake_wandb["init"]["entity"] == "team"
     assert fake_wandb["init"]["config"]["num_turns"] == 2
     assert fake_wandb["log"] and fake_wandb["finished"]

@@ -464,6 +464,7 @@ def test_the_example_runs_on_a_tiny_model_with_the_w_and_b_flags(tmp_path, fake_
     example.main(flags)
     summary = capsys.readouterr().out
     assert "round 2:" in summary and "before" in summary and "after" in summary
+    assert f"run folder {out}: metrics.jsonl; curves in metrics.png;" in summary and (out / "metrics.png").is_file()
     assert (fake_wandb["init"]["project"], fake_wandb["init"]["entity"]) == ("proj", "team") and fake_wandb["finished"]
     assert (out / "models" / "agent_1" / "model.safetensors").exists()
     assert (out / "preference_replay" / "iteration_0002.json").exists()

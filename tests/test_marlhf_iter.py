@@ -258,6 +258,7 @@ def test_the_example_runs_on_a_tiny_model(tmp_path, capsys):
     example.main(flags)
     summary = capsys.readouterr().out
     assert "round 1:" in summary and "round 2:" in summary and "before" in summary and "after" in summary
+    assert f"run folder {out}: metrics.jsonl; curves in metrics.png;" in summary and (out / "metrics.png").is_file()
     assert (out / "models" / "reward_model" / "reward_head.safetensors").exists()
     assert (out / "preference_replay" / "iteration_0002.json").exists()
 
