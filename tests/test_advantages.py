@@ -213,7 +213,9 @@ def test_groups_of_one_in_raw_mode_without_normalisation_are_the_returns():
 
 @pytest.mark.parametrize("value", [0.0, -1e-2, float("nan"), float("inf"), True, "0.01", None])
 def test_config_std_floor_must_be_a_positive_number(value):
-    with pytest.raises(ValueError, match=r"advantage_std_floor must be a finite number > 0 \(reward units\), got"):
+    with pytest.raises(
+        ValueError, match=r"advantage_std_floor must be a (finite number > 0 \(reward units\)|number), got"
+    ):
         MAGRPOConfig(advantage_std_floor=value)
 
 

@@ -297,6 +297,15 @@ def test_an_answer_without_completions_names_the_agent_prompt_and_count(endpoint
         ask.completions("p", 1, 3, 4, SAMPLING)
 
 
+def test_an_answer_holding_a_lone_surrogate_names_the_answer_agent_and_prompt(endpoint):
+    endpoint.reply = lambda body: (200, {"completions": ["fine", "half an emoji \ud83d"]})  # JSON: "\ud83d"
+    with pytest.raises(
+        ValueError, match=r"answer 1 of the comparator API, asked for agent 1's prompt 3 .* cannot be tokenized: "
+        r"character 14 is '\\ud83d', a lone surrogate"
+    ):  # fmt: skip
+        client(endpoint).completions("p", 1, 3, 2, SAMPLING)
+
+
 def test_timeouts_and_unreachable_endpoints_are_named(endpoint):
     def slow(body):
         threading.Event().wait(1.0)

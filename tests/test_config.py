@@ -72,7 +72,7 @@ def test_top_k_none_leaves_it_to_the_models_generation_config_as_143(model_top_k
         ("weight_decay", -0.1, r"weight_decay must be a finite number in \[0, 1000\]"),
         ("max_grad_norm", 0.0, "max_grad_norm must be > 0 or None"),
         ("temperature", 0.0, r"temperature must be > 0 \(sampling is required\)"),
-        ("temperature", "hot", r"temperature must be > 0"),
+        ("temperature", "hot", r"temperature must be a number, got the string 'hot' \(str\)$"),
         ("top_p", None, r"top_p must be in \(0, 1\]"),
         ("top_p", 1.5, r"top_p must be in \(0, 1\]"),
         ("top_p", 0.0, r"top_p must be in \(0, 1\]"),

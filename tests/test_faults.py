@@ -267,7 +267,7 @@ def test_a_later_turn_past_learned_positions_is_a_clear_error(tmp_path):
         (["fine", "", "ok"], r"agent 0's prompt for train_dataset row 1 is empty"),
         (
             ["fine", "ok", "bad \ud800 text"],
-            r"agent 0's prompt for train_dataset row 2 cannot be tokenized .*surrogate",
+            r"agent 0's prompt for train_dataset row 2 \(the row's 'prompt' column\) cannot be tokenized: .*surrogate",
         ),
     ],
 )

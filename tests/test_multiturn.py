@@ -215,11 +215,15 @@ def test_tree_budget_names_the_numbers_and_the_knobs(tmp_path):
         (
             lambda prompt: 1 / 0,
             RuntimeError,
-            r"raised ZeroDivisionError: division by zero \(after turn 1 on dataset row 1\)",
+            r"raised ZeroDivisionError: division by zero \(after turn 1 on train_dataset row 1\)",
         ),
-        (lambda prompt: ["only one"], ValueError, r"returned 1 prompts after turn 1 on dataset row 1; expected 2"),
-        (lambda prompt: ["ok", 7], TypeError, r"returned int for agent 1 after turn 1 on dataset row 1"),
-        (lambda prompt: "one string", TypeError, r"returned str after turn 1 on dataset row 1"),
+        (
+            lambda prompt: ["only one"],
+            ValueError,
+            r"returned 1 prompts after turn 1 on train_dataset row 1; expected 2",
+        ),
+        (lambda prompt: ["ok", 7], TypeError, r"returned int for agent 1 after turn 1 on train_dataset row 1"),
+        (lambda prompt: "one string", TypeError, r"returned str after turn 1 on train_dataset row 1"),
     ],
 )
 def test_bad_transition_is_named_with_turn_agent_and_row(tmp_path, transition, error, match):

@@ -222,7 +222,7 @@ def test_bad_reward_stops_before_any_update_or_output(tmp_path, reward, error, m
     with pytest.raises(error, match=match):
         trainer.train()
     assert unchanged(before, trainer.agents)
-    assert os.listdir(tmp_path / "run") == [".comlrl-run.lock"]  # claimed before step 1, and nothing written
+    assert os.listdir(tmp_path / "run") == []  # claimed before step 1 (its lock is gone with the run), nothing written
 
 
 def test_non_finite_loss_stops_without_touching_weights(tmp_path, monkeypatch):

@@ -28,7 +28,7 @@ from transformers import AutoModel, AutoTokenizer
 from transformers.utils import logging as transformers_logging
 
 from comlrl.models.forward import padded_forward_kwargs
-from comlrl.models.loading import check_model_source, resolve_tokenizers
+from comlrl.models.loading import check_model_source, load_errors, resolve_tokenizers
 from comlrl.models.modes import frozen
 from comlrl.models.value import hidden_size
 
@@ -126,10 +126,9 @@ class JointRewardModel(nn.Module):
         # transformers would print them as a table of unexpected keys.
         transformers_logging.set_verbosity_error()
         try:
-            backbone = AutoModel.from_pretrained(source, **(model_kwargs or {}))
-            tokenizer = AutoTokenizer.from_pretrained(source)
-        except OSError as error:
-            raise OSError(f"{argument} {source!r} could not be loaded: {error}") from error
+            with load_errors(source, argument):
+                backbone = AutoModel.from_pretrained(source, **(model_kwargs or {}))
+                tokenizer = AutoTokenizer.from_pretrained(source)
         finally:
             transformers_logging.set_verbosity(verbosity)
         if device is not None:

@@ -3,8 +3,9 @@
 Without them a mismatch surfaces deep inside torch in the middle of training: token ids past
 the embedding table (agents with different vocabularies given one tokenizer) as an
 ``IndexError``, a prompt plus ``max_new_tokens`` past a model's learned positions as another
-(or, with rotary positions, as silently worse text), an empty prompt as a reshape error, text
-the tokenizer cannot encode (a lone surrogate) as its own ``TypeError``.
+(or, with rotary positions, as silently worse text), an empty prompt as a reshape error.
+Text no tokenizer can encode (a lone surrogate) is refused where it is made, by
+:func:`check_encodable`: a formatter, the transition, a comparator's answers.
 """
 
 from __future__ import annotations
@@ -76,6 +77,26 @@ def check_vocabulary(model: torch.nn.Module, tokenizer: Any, agent: int) -> None
         )
 
 
+def check_encodable(text: str, what: str) -> None:
+    """``text`` (``what`` in the error: whose text, from where) must be encodable as UTF-8.
+
+    A lone surrogate (``"\\ud800"``; bytes decoded with ``errors="surrogateescape"`` leave
+    such characters, and so does half of a JSON escape pair) is a ``str`` every tokenizer
+    refuses, with a ``TypeError`` or ``UnicodeEncodeError`` many frames down that names neither
+    the text nor its source. Checked wherever text the user gave enters the trainer, before any
+    of it is tokenized.
+    """
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise ValueError(
+            f"{what} cannot be tokenized: character {error.start} is {text[error.start]!r}, a lone surrogate, which "
+            f"no tokenizer can encode (near {text[max(0, error.start - 30) : error.start + 30]!r}); fix the text "
+            "where it is made: decode bytes with errors='replace', or clean a string with "
+            "text.encode('utf-8', 'replace').decode('utf-8')"
+        ) from None
+
+
 def encode_each(tokenizer: Any, prompts: Sequence[str], describe_row: Any) -> list[list[int]]:
     """Every prompt's token ids (no padding); a prompt the tokenizer cannot encode is named."""
     try:
@@ -83,13 +104,9 @@ def encode_each(tokenizer: Any, prompts: Sequence[str], describe_row: Any) -> li
     except Exception:  # find the row, then say what is wrong with it
         for r, prompt in enumerate(prompts):
             try:
-                prompt.encode("utf-8")
                 tokenizer([prompt])
             except Exception as error:
-                raise ValueError(
-                    f"{describe_row(r)} cannot be tokenized ({type(error).__name__}: {error}); a lone surrogate "
-                    "(e.g. '\\ud800', from text decoded with errors='surrogateescape') is a common cause"
-                ) from error
+                raise ValueError(f"{describe_row(r)} cannot be tokenized ({type(error).__name__}: {error})") from error
         raise
 
 

@@ -6,6 +6,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from comlrl.rewards.joint_reward import describe, keyword_arguments
+from comlrl.rollout.prompt_fit import check_encodable
 from comlrl.utils.per_agent import per_agent
 
 Formatter = Callable[[dict[str, Any]], str]
@@ -14,6 +15,11 @@ Formatter = Callable[[dict[str, Any]], str]
 def prompt_column(row: dict[str, Any]) -> str:
     """The default formatter: the row's ``prompt`` column."""
     return row["prompt"]
+
+
+def prompt_source(formatter: Formatter) -> str:
+    """Where an agent's prompts come from, for errors: its formatter, or the ``prompt`` column."""
+    return "the row's 'prompt' column" if formatter is prompt_column else f"written by formatter {describe(formatter)}"
 
 
 class PromptTable:
@@ -71,6 +77,7 @@ class PromptTable:
                 f"formatter {describe(formatter)} of agent {agent} returned {type(prompt).__name__} "
                 f"for {where}; expected a string"
             )
+        check_encodable(prompt, f"agent {agent}'s prompt for {where} ({prompt_source(formatter)})")
         return prompt
 
     def format_turn(self, agent: int, row_id: int, text: str, turn: int) -> str:

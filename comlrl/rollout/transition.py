@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from comlrl.rewards.joint_reward import describe, keyword_arguments, signature_parameters
+from comlrl.rollout.prompt_fit import check_encodable
 
 TRANSITION_ARGUMENTS = (
     "prompt",
@@ -58,13 +59,15 @@ class Transition:
         *,
         turn: int,
         row_id: int,
+        dataset: str,
         row: Mapping[str, Any],
         prompt: str,
         agent_completions: Sequence[str],
         prompt_history_per_agent: Sequence[Sequence[str]],
         response_history_per_agent: Sequence[Sequence[str]],
     ) -> list[str] | None:
-        """The next turn's N prompts after ``turn`` on one branch of ``row_id``, or None."""
+        """The next turn's N prompts after ``turn`` on one branch of ``row_id`` (a row of
+        ``dataset``, named in errors), or None."""
         values = {
             "prompt": prompt,
             "agent_completions": list(agent_completions),
@@ -74,7 +77,7 @@ class Transition:
             "row": copy.deepcopy(dict(row)),
             "turn": turn,
         }
-        where = f"after turn {turn} on dataset row {row_id}"
+        where = f"after turn {turn} on {dataset} row {row_id}"
         try:
             result = self.func(**{name: values[name] for name in self.arguments})
         except Exception as error:
@@ -95,4 +98,5 @@ class Transition:
                 raise TypeError(
                     f"{self.name} returned {type(text).__name__} for agent {agent} {where}; expected a string"
                 )
+            check_encodable(text, f"the prompt {self.name} returned for agent {agent} {where}")
         return list(result)

@@ -207,6 +207,7 @@ def build_tree(
                 texts = transition(
                     turn=number,
                     row_id=row,
+                    dataset=prompts.name,
                     row=prompts.rows[row],
                     prompt=prompts.rows[row].get("prompt", ""),  # comlrl 1.4.3's, also without the column
                     agent_completions=[completions[i][k] for i in range(num_agents)],

@@ -48,7 +48,7 @@ from comlrl.rollout import AgentRollout
 from comlrl.rollout.backends import build_backend
 from comlrl.rollout.prompt_fit import check_prompts_fit
 from comlrl.rollout.prompts import Formatter, PromptTable
-from comlrl.rollout.sampling import SamplingSpec
+from comlrl.rollout.sampling import SamplingSpec, check_generation_names
 from comlrl.rollout.transition import Transition
 from comlrl.rollout.tree import RolloutTree, build_tree, check_tree_budget
 from comlrl.trainers.agents import Agents
@@ -227,6 +227,7 @@ class MultiAgentTrainer(abc.ABC):
             self.parallel.local_rank if self.parallel.enabled else None,
         )
         self.num_agents = len(self.agents)
+        check_generation_names(args.generation_kwargs, self.agents)
         self.reward = JointReward(
             reward_func,
             self.num_agents,

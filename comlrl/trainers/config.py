@@ -5,9 +5,12 @@ fields of its own objective and checks them in its ``__post_init__``, after thes
 from __future__ import annotations
 
 import difflib
+import functools
 import math
 import numbers
 import os
+import types
+import typing
 import warnings
 from collections.abc import Sequence
 from dataclasses import MISSING, dataclass, field, fields
@@ -17,8 +20,9 @@ from comlrl.algorithms import JOINT_MODES, LOSS_AGGREGATIONS, TURN_WEIGHTINGS
 from comlrl.optim import LR_SCHEDULES
 from comlrl.rewards.joint_reward import REWARD_CALLS
 from comlrl.rollout.backends import BACKENDS
-from comlrl.rollout.sampling import check_generation_kwargs
+from comlrl.rollout.sampling import SamplingSpec, check_generation_kwargs
 from comlrl.utils.caller import user_stacklevel
+from comlrl.utils.text import number_string_error
 
 JOINT_MODE_SPELLINGS = {"aligned": "aligned", "align": "aligned", "cross": "cross", "crossed": "cross"}
 """Every ``joint_mode`` comlrl 1.4.3 accepted (any letter case), and what it is here."""
@@ -62,13 +66,15 @@ MAX_NEW_TOKENS = 2**20
 def check_scalar(value: Any, name: str, low: float, high: float, low_open: bool = False, why: str = "") -> None:
     """``value`` (called ``name`` in the error) must be a finite number in [low, high]
     ((low, high] with ``low_open``); ``why`` explains the upper bound."""
-    above = low < value if low_open else low <= value
-    if not (is_real(value) and math.isfinite(value) and above and value <= high):
+    # The type first: comparing a non-number with the bounds would raise a TypeError naming nothing.
+    finite = is_real(value) and math.isfinite(value)
+    if not (finite and (low < value if low_open else low <= value) and value <= high):
         interval = f"{'(' if low_open else '['}{low:g}, {high:g}]"
         raise ValueError(f"{name} must be a finite number in {interval}{why}, got {value!r}")
 
 
 def check_learning_rate(value: Any, name: str) -> None:
+    """``value`` (called ``name`` in the error) must be an AdamW learning rate in (0, MAX_LEARNING_RATE]."""
     why = " (AdamW moves each weight by about it per step)"
     check_scalar(value, name, 0, MAX_LEARNING_RATE, low_open=True, why=why)
 
@@ -79,6 +85,53 @@ def check_coefficient(config: Any, name: str, positive: bool = False) -> None:
     check_scalar(
         getattr(config, name), name, 0, MAX_COEFFICIENT, low_open=positive, why=" (above it, it swamps the other terms)"
     )
+
+
+UNIONS = (typing.Union, types.UnionType)
+"""What ``typing.get_origin`` gives for ``Optional[int]`` and for ``int | None``."""
+
+
+class NumericField(typing.NamedTuple):
+    """What a numeric config field holds, for the error that refuses a string there."""
+
+    integer: bool
+    """Integers only (no ``float`` in the annotation)."""
+    optional: bool
+    """None is allowed too."""
+
+
+@functools.cache
+def numeric_fields(config_class: type) -> dict[str, NumericField]:
+    """The fields of ``config_class`` that hold numbers: annotated ``int`` or ``float`` (alone,
+    in a list, or with None) and never ``str``. MADPO's inert fields (no effect: anything is
+    accepted, as in comlrl 1.4.3) are left out."""
+    try:
+        hints = typing.get_type_hints(config_class)
+    except NameError:  # a user's subclass annotated with names its module lacks: its bases' fields still count
+        return numeric_fields(config_class.__base__) if config_class is not TrainerConfig else {}
+    numeric = {}
+    for spec in fields(config_class):
+        hint = hints[spec.name]
+        arms = typing.get_args(hint) if typing.get_origin(hint) in UNIONS else (hint,)
+        scalars = {typing.get_args(arm)[0] if typing.get_origin(arm) is list else arm for arm in arms}
+        if str not in scalars and scalars & {int, float} and not spec.metadata.get("inert"):
+            numeric[spec.name] = NumericField(float not in scalars, type(None) in scalars)
+    return numeric
+
+
+def refuse_number_strings(config: Any) -> None:
+    """No numeric field of ``config`` (nor an entry of a list of numbers) may hold a string,
+    as a command line or a YAML file gives numbers: the checks' comparisons would raise a
+    ``TypeError`` naming nothing, and a string is not silently converted either (the
+    decision recorded in docs/migrating-from-comlrl.md). The error names the field and says
+    how to write the number."""
+    for name, kind in numeric_fields(type(config)).items():
+        value = getattr(config, name)
+        if isinstance(value, str):
+            raise number_string_error(name, value, kind.integer, kind.optional)
+        for i, entry in enumerate(value) if isinstance(value, list | tuple) else ():
+            if isinstance(entry, str):
+                raise number_string_error(f"{name}[{i}]", entry, kind.integer)
 
 
 def check_bool(config: Any, *names: str) -> None:
@@ -232,7 +285,9 @@ class TrainerConfig:
     generation_kwargs: dict[str, Any] = field(default_factory=dict)
     """Further ``generate`` keyword arguments the fields above do not cover (e.g.
     ``{"min_new_tokens": 64}``); a key that shadows a field (``temperature``, ``top_p``,
-    ``top_k``, ``max_new_tokens``, ``do_sample``, ...) is refused: set the field."""
+    ``top_k``, ``max_new_tokens``, ``do_sample``, ...) is refused: set the field; so are a value
+    of the wrong type or one ``GenerationConfig`` refuses, and (when the trainer is built) a key
+    that no ``generate`` argument, ``GenerationConfig`` field or input of the agents' models is."""
     generation_backend: str = "hf"
     """What samples completions: ``hf`` (the training model's own ``generate``) or ``vllm``
     (a vLLM engine per agent on its GPU, weights copied in after every update; needs
@@ -391,6 +446,7 @@ class TrainerConfig:
         return None
 
     def __post_init__(self):
+        refuse_number_strings(self)  # first: every check below compares numbers
         apply_renamed_fields(self)
         for name in (
             "num_train_epochs",
@@ -486,6 +542,7 @@ class TrainerConfig:
         if not isinstance(self.generation_kwargs, dict):
             raise ValueError(f"generation_kwargs must be a dict, got {type(self.generation_kwargs).__name__}")
         check_generation_kwargs(self.generation_kwargs, type(self).__name__)
+        SamplingSpec.from_config(self)  # transformers' checks of the whole sampling, not at the first generate
         if self.mixed_precision is not None:
             raise ValueError(
                 f"mixed_precision={self.mixed_precision!r} was replaced by precision: write precision='bf16' (a bf16 "

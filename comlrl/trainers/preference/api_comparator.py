@@ -35,6 +35,7 @@ from urllib import request as urlrequest
 import torch
 
 from comlrl.rollout.generation import AgentRollout, rollout_from_texts
+from comlrl.rollout.prompt_fit import check_encodable
 
 API_FORMAT_SPELLINGS = {
     "generic": "generic",
@@ -426,7 +427,9 @@ class ApiClient:
                     f"candidates came before it); check comparator_api_format={self.api_format!r}"
                     + (" and comparator_api_response_field" if self.api_format == "generic" else "")
                 )
-            texts.extend(answers[:asked])
+            for answer in answers[:asked]:  # a JSON "\ud800" escape decodes to a lone surrogate
+                check_encodable(answer, f"answer {len(texts)} of {where}")
+                texts.append(answer)
         return texts
 
 

@@ -24,6 +24,7 @@ from comlrl.algorithms import joint_action_indices
 from comlrl.distributed import DataParallel
 from comlrl.rewards import JointReward
 from comlrl.rollout.generation import AgentRollout, rollout_from_texts
+from comlrl.rollout.prompt_fit import check_encodable
 from comlrl.rollout.tree import Turn
 from comlrl.trainers.reinforce.centralized import CentralizedComparatorAdapter, CentralizedComparatorParseError
 
@@ -76,6 +77,8 @@ def split_answer(
             f"centralized_comparator_adapter.parse_completion must return {num_agents} strings (one per agent), "
             f"got {parts!r}"
         )
+    for agent, part in enumerate(parts):
+        check_encodable(part, f"agent {agent}'s part that centralized_comparator_adapter.parse_completion returned")
     return parts
 
 
@@ -108,6 +111,10 @@ class JointComparator:
             self.adapter.build_prompt(table.rows[row], [prompts[k] for prompts in agent_prompts])
             for k, row in enumerate(rows)
         ]
+        for prompt, row in zip(joint_prompts, rows):
+            check_encodable(
+                prompt, f"the prompt centralized_comparator_adapter.build_prompt wrote for {table.name} row {row}"
+            )
         sampling = trainer.sampling.generate_kwargs()
         device = trainer.agents.device(self.agent_index)
         generator = torch.Generator(device).manual_seed(int(torch.randint(0, 2**63 - 1, (1,))))

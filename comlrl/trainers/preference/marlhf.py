@@ -719,6 +719,8 @@ class MARLHFTrainer:
                     "the critics: keep one"
                 )
             return critic_model
+        if args.critic_model_name is not None:  # else its faults would be named critic_model, the RL trainer's
+            check_model_source(args.critic_model_name, "critic_model_name")
         if args.critic_model_name is not None or args.rl_algorithm == "maac" or args.use_separate_critic:
             heads = ", or use_separate_critic=False for value heads on the agents" if args.rl_algorithm == "iac" else ""
             return model_name(args.critic_model_name, agent_model, agents, "critic_model_name", heads)
