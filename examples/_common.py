@@ -22,7 +22,7 @@ import torch
 
 from comlrl.checkpoint.run_folder import earlier_run
 from comlrl.metrics.plot import plot_run
-from comlrl.models.loading import check_model_available
+from comlrl.models.folders import check_model_available
 
 EMBEDDED = "the embedded SmolLM2-135M-Instruct"
 

@@ -168,7 +168,7 @@ def docs_world(tiny_cache, monkeypatch, tmp_path):
     """The environment blocks run in: tiny models, cut sizes, W&B disabled, a fresh folder."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from comlrl.models.loading import looks_like_path
+    from comlrl.models.folders import looks_like_path
 
     monkeypatch.setenv("COMLRL_CACHE", str(tiny_cache))
     monkeypatch.setenv("WANDB_MODE", "disabled")

@@ -9,8 +9,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from comlrl.models import loading
-from comlrl.models.loading import check_model_available
+from comlrl.models import folders
+from comlrl.models.folders import check_model_available
 
 from .helpers import TUTORIAL_FLAGS, char_tokenizer, help_text, load_example, tiny_llama
 
@@ -166,7 +166,7 @@ def test_a_model_folder_is_given_as_is(tmp_path, tiny_model):
 
 def test_a_hub_id_offline_and_not_cached_says_so(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(loading.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(folders.constants, "HF_HUB_OFFLINE", True)
     with pytest.raises(ValueError) as error:
         check_model_available("nobody/no-such-model", "--model")
     assert str(error.value) == (
@@ -181,8 +181,8 @@ def test_a_hub_id_with_the_hub_unreachable_says_so(tmp_path, monkeypatch):
         raise ConnectionError("[Errno -2] Name or service\nnot known")
 
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(loading.constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(loading, "model_info", unreachable)
+    monkeypatch.setattr(folders.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(folders, "model_info", unreachable)
     with pytest.raises(ValueError, match=r"the hub did not answer \(ConnectionError: \[Errno -2\] Name or service not "
                                          r"known\); pass --model <a local model folder>"):  # fmt: skip
         check_model_available("nobody/no-such-model", "--model")

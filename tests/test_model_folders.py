@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors import SafetensorError
 
-from comlrl.models.loading import check_model_source
+from comlrl.models.folders import check_model_source
 from comlrl.models.reward_model import JointRewardModel
 from comlrl.trainers import MARLHFConfig, MARLHFTrainer
 from comlrl.trainers.actor_critic import IACConfig, IACTrainer

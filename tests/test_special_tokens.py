@@ -10,7 +10,7 @@ import torch
 from peft import LoraConfig
 from transformers import LlamaForCausalLM
 
-from comlrl.models.loading import resize_embeddings
+from comlrl.models.vocabulary import resize_embeddings
 from comlrl.trainers.actor_critic import IACConfig, IACTrainer
 from comlrl.trainers.reinforce import MAGRPOTrainer
 from tests.helpers import MIXED, char_tokenizer, length_sum, lora, small_config, tiny_gpt2, tiny_llama

@@ -27,8 +27,9 @@ from torch import Tensor, nn
 from transformers import AutoModel, AutoTokenizer
 from transformers.utils import logging as transformers_logging
 
+from comlrl.models.folders import check_model_source, load_errors
 from comlrl.models.forward import padded_forward_kwargs
-from comlrl.models.loading import check_model_source, load_errors, resolve_tokenizers
+from comlrl.models.loading import resolve_tokenizers
 from comlrl.models.modes import frozen
 from comlrl.models.value import hidden_size
 

@@ -46,7 +46,7 @@ from typing import Any
 
 from comlrl.tasks import Task
 from comlrl.tasks.sandbox import Job, SandboxLimits, SandboxPool, SandboxResult
-from comlrl.trainers.config import require_int
+from comlrl.trainers.config_checks import require_int
 
 __all__ = [
     "HELD_OUT_SIZE",

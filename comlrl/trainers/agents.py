@@ -18,7 +18,6 @@ import torch
 from comlrl.checkpoint import describe_agent, load_weights
 from comlrl.models.loading import (
     ModelConfig,
-    add_special_tokens,
     check_agents,
     enable_activation_checkpointing,
     load_agents,
@@ -28,6 +27,7 @@ from comlrl.models.loading import (
 from comlrl.models.lora import attach_adapters, is_peft_model, merged_copy, save_adapter, trainable_parameters
 from comlrl.models.modes import disable_dropout, frozen
 from comlrl.models.placement import frozen_copy_on, place_agents, resolve_agent_devices, same_device
+from comlrl.models.vocabulary import add_special_tokens
 
 
 class Agents(Sequence[torch.nn.Module]):

@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from comlrl.trainers.config import (
-    TrainerConfig,
+from comlrl.trainers.config import TrainerConfig
+from comlrl.trainers.config_checks import (
     check_bool,
     check_choice,
     check_coefficient,

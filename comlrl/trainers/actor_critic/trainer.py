@@ -27,10 +27,8 @@ from comlrl.algorithms.critic import whiten
 from comlrl.algorithms.returns import tree_lambda_returns, tree_returns
 from comlrl.checkpoint import load_weights
 from comlrl.models.loading import (
-    TokenizedModel,
     check_agents,
     enable_activation_checkpointing,
-    fit_embeddings,
     load_agents,
     resolve_tokenizers,
     split_model_config,
@@ -38,6 +36,7 @@ from comlrl.models.loading import (
 from comlrl.models.modes import disable_dropout
 from comlrl.models.placement import same_device
 from comlrl.models.value import ORIGINAL_VALUE_HEAD_FILE, Critic, EncodedInputs, ValueHead, hidden_size, saved_head_file
+from comlrl.models.vocabulary import TokenizedModel, fit_embeddings
 from comlrl.optim import per_agent_learning_rates
 from comlrl.rollout.tree import RolloutTree, Turn
 from comlrl.trainers.actor_critic.config import ActorCriticConfig, IACConfig, MAACConfig

@@ -25,7 +25,8 @@ from typing import Any, Protocol
 import torch
 from transformers import AutoTokenizer
 
-from comlrl.models.loading import check_model_source, load_agents
+from comlrl.models.folders import check_model_source
+from comlrl.models.loading import load_agents
 from comlrl.models.lora import is_peft_model, merged_copy
 from comlrl.models.placement import resolve_agent_devices
 from comlrl.rollout.backends import GenerationBackend, HFBackend

@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from comlrl.trainers.config import (
+from comlrl.trainers.config import TrainerConfig
+from comlrl.trainers.config_checks import (
     MAX_COEFFICIENT,
-    TrainerConfig,
     check_choice,
     check_int,
     check_scalar,

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
 from comlrl.optim import build_schedulers
-from comlrl.trainers.config import check_bool, check_choice, check_int, field_default, is_real
+from comlrl.trainers.config_checks import check_bool, check_choice, check_int, field_default, is_real
 from comlrl.trainers.preference.api_comparator import API_FORMAT_SPELLINGS, API_FORMATS, secret_problem
 from comlrl.trainers.preference.comparators import (
     COMPARATOR_SPELLINGS,

@@ -28,12 +28,13 @@ from tqdm.auto import tqdm
 from comlrl.algorithms.reward_model import bradley_terry_loss, pair_accuracy
 from comlrl.checkpoint import write_folders
 from comlrl.distributed import DataParallel
-from comlrl.models.loading import check_model_source, split_model_config
+from comlrl.models.folders import check_model_source
+from comlrl.models.loading import split_model_config
 from comlrl.models.modes import disable_dropout
 from comlrl.models.reward_model import JointRewardModel, RewardModelFunction, joint_reward_text
 from comlrl.trainers.actor_critic import IACConfig, IACTrainer, MAACConfig, MAACTrainer
-from comlrl.trainers.config import (
-    TrainerConfig,
+from comlrl.trainers.config import TrainerConfig
+from comlrl.trainers.config_checks import (
     check_bool,
     check_choice,
     check_int,

@@ -18,7 +18,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from comlrl.trainers.config import check_choice
+from comlrl.trainers.config_checks import check_choice
 from comlrl.trainers.preference.iterative import MADPOIterConfig, respell
 from comlrl.trainers.preference.marlhf import (
     RL_ALGORITHMS,

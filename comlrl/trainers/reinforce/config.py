@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from comlrl.algorithms import BASELINES
-from comlrl.trainers.config import TrainerConfig, check_bool, check_choice, check_fraction, check_int, is_real
+from comlrl.trainers.config import TrainerConfig
+from comlrl.trainers.config_checks import check_bool, check_choice, check_fraction, check_int, is_real
 
 
 @dataclass
