@@ -156,3 +156,24 @@ def test_under_torchrun_every_rank_uses_the_folder_rank_0_chose(tmp_path):
     rank0, rank1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
     assert rank0 == rank1 and len(runs(tmp_path / "comlrl_output")) == 1
     assert Path(rank0[1]) == (tmp_path / "comlrl_output" / "latest").resolve()
+
+
+@pytest.mark.parametrize("algorithm", ["iac", "madpo", "marlhf", "madpo_iter", "marlhf_iter"])
+def test_every_family_writes_a_run_without_output_dir_into_a_folder_of_its_own(tmp_path, monkeypatch, algorithm):
+    """What each family writes beside its log (MARLHF's reward model, the rounds' replay
+    shards and reward histograms) goes into the run's folder too."""
+    from tests.helpers import build_trainer
+
+    monkeypatch.chdir(tmp_path)
+    trainer = build_trainer(algorithm, tmp_path / "unused", per_device_rows=2)
+    getattr(trainer, "rl_trainer", trainer).args.output_dir = None  # the config the loop reads
+    result = trainer.train()
+    (name,) = runs()
+    assert result.output_dir == str(tmp_path / "comlrl_output" / name) and trainer.output_dir is not None
+    written = set(os.listdir(result.output_dir))
+    assert {"metrics.jsonl", "checkpoint-2"} <= written
+    if "marlhf" in algorithm:
+        assert "reward_model" in written
+    if algorithm.endswith("_iter"):
+        assert "preference_replay" in written
+    assert not (tmp_path / "unused").exists()
