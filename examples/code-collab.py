@@ -74,6 +74,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--timeout", type=float, default=5.0, help="sandbox wall-clock seconds per program (default: %(default)s)"
     )
+    parser.add_argument(
+        "--isolation",
+        choices=("namespace", "process"),
+        default="namespace",
+        help="how the sandbox isolates model-written programs: Linux namespaces (default; no network, no host "
+        "files, no escaping process) or plain processes, which contain none of that (only where namespaces "
+        "are refused)",
+    )
     return parse(parser, argv)
 
 
@@ -106,7 +114,7 @@ def main(argv=None) -> dict:
         eval_samples=args.eval_samples,
         pass_ks=range(1, args.eval_samples + 1),
         order=args.order,
-        limits=SandboxLimits(timeout=args.timeout),
+        limits=SandboxLimits(timeout=args.timeout, isolation=args.isolation),
     )
     print(f"sandbox: {task.pool.sandbox.describe()}, {task.pool.workers} programs at a time")
     tokenizer = AutoTokenizer.from_pretrained(model_name)
