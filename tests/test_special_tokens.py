@@ -137,18 +137,23 @@ def test_agents_with_their_own_tokenizers_are_resized_each_to_its_own(tmp_path, 
     assert [rows_of(agent) for agent in trainer.agents] == [(n, n) for n in sizes]
 
 
-def test_a_shared_base_under_adapters_is_resized_and_keeps_the_new_rows_frozen(tmp_path, model_folder):
-    """The adapters' base is frozen: the new rows keep their starting values (the mean of the
-    old ones) unless the LoRA config trains the embeddings (modules_to_save)."""
-    trainer = MAGRPOTrainer(
+def adapters_on_the_tool_model(model_folder, peft_config, args):
+    """Two agents as LoRA adapters on one base loaded from ``model_folder``, with the ``<tool>`` token."""
+    return MAGRPOTrainer(
         agent_model=model_folder,
         num_agents=2,
         model_config=TOOL,
         train_dataset=TOOL_ROWS,
         reward_func=length_sum,
-        peft_config=lora(),
-        args=small_config(tmp_path, beta=0.1),
+        peft_config=peft_config,
+        args=args,
     )
+
+
+def test_a_shared_base_under_adapters_is_resized_and_keeps_the_new_rows_frozen(tmp_path, model_folder):
+    """The adapters' base is frozen: the new rows keep their starting values (the mean of the
+    old ones) unless the LoRA config trains the embeddings (modules_to_save)."""
+    trainer = adapters_on_the_tool_model(model_folder, lora(), small_config(tmp_path, beta=0.1))
     shared = trainer.agents[0]
     tok = trainer.agents.tokenizers[0]
     assert shared is trainer.agents[1] and rows_of(shared) == (len(tok), len(tok))
@@ -164,15 +169,7 @@ def test_adapters_that_save_the_embeddings_train_the_new_rows(tmp_path, model_fo
     config = LoraConfig(
         r=4, target_modules=["q_proj", "v_proj"], modules_to_save=["embed_tokens", "lm_head"], task_type="CAUSAL_LM"
     )
-    trainer = MAGRPOTrainer(
-        agent_model=model_folder,
-        num_agents=2,
-        model_config=TOOL,
-        train_dataset=TOOL_ROWS,
-        reward_func=length_sum,
-        peft_config=config,
-        args=small_config(tmp_path),
-    )
+    trainer = adapters_on_the_tool_model(model_folder, config, small_config(tmp_path))
     tok = trainer.agents.tokenizers[0]
     token = tok.convert_tokens_to_ids("<tool>")
     trainer.agents.activate(0)

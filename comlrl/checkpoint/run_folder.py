@@ -1,10 +1,12 @@
 """One run per output folder, and a folder that can be written before the first step.
 
-A run writes its log and checkpoints into ``output_dir``. A config that names no
-``output_dir`` gives every run a new folder of its own, ``comlrl_output/<algorithm>-<time>``
-(:func:`new_run_folder`), and points ``comlrl_output/latest`` at it: scripts that train
-twice, or run twice, never meet an earlier run, and ``resume_from_checkpoint=True``
-continues the newest run of the trainer's algorithm (:func:`latest_run`). Two runs writing there at once mix
+A config that names no ``output_dir`` gives every run a new folder of its own,
+``comlrl_output/<algorithm>-<time>`` (:func:`new_run_folder`), and points
+``comlrl_output/latest`` at it: scripts that train twice, or run twice, never meet an earlier
+run, and ``resume_from_checkpoint=True`` continues the newest run of the trainer's algorithm
+(:func:`latest_run`).
+
+A run writes its log and checkpoints into ``output_dir``. Two runs writing there at once mix
 them (one run's weights beside the other's optimizer state, interleaved log lines), and a new
 run in a folder that holds an earlier one buries it: a later ``resume_from_checkpoint=True``
 would continue the wrong run. So ``train()``:
@@ -86,9 +88,9 @@ def latest_run(root: str, algorithm: str) -> str | None:
 
 
 def point_latest(root: str, folder: str) -> None:
-    """Make ``root/latest`` point at ``folder`` (a run folder, in ``root`` unless resumed elsewhere), replacing the
-    previous pointer in one step: a relative link, or a file holding the name where the file
-    system has no links."""
+    """Make ``root/latest`` point at ``folder`` (a run folder, in ``root`` unless a resumed run
+    lives elsewhere), replacing the previous pointer in one step: a relative link, or a file
+    holding the name where the file system has no links."""
     name, latest = os.path.relpath(folder, root), os.path.join(root, LATEST)
     staged = os.path.join(root, f".{LATEST}.{os.getpid()}")
     try:
