@@ -34,8 +34,8 @@ from typing import Any
 from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from comlrl.trainers.centralized import CentralizedComparatorParseError
 from comlrl.trainers.reinforce import CentralizedMAGRPOConfig, CentralizedMAGRPOTrainer
-from comlrl.trainers.reinforce.centralized import CentralizedComparatorParseError
 from comlrl.utils.reward_processor import RewardProcessors
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # also when loaded by path (tests, runpy)

@@ -26,23 +26,14 @@ from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausa
 
 from comlrl.checkpoint import complete_checkpoints
 from comlrl.trainers.actor_critic import IACConfig, IACTrainer
-from comlrl.trainers.preference import (
-    MADPOConfig,
-    MADPOIterConfig,
-    MADPOIterTrainer,
-    MADPOTrainer,
-    MARLHFConfig,
-    MARLHFIterConfig,
-    MARLHFIterTrainer,
-    MARLHFTrainer,
-    reward_histograms,
-)
-from comlrl.trainers.preference.madpo import PAIRS_FILE
-from comlrl.trainers.preference.marlhf import RewardModelStage, seeded
-from comlrl.trainers.preference.pairs import PreferencePair
-from comlrl.trainers.preference.rounds import PreferenceRounds, pair_record
+from comlrl.trainers.centralized import CentralizedComparatorParseError
+from comlrl.trainers.dpo import MADPOConfig, MADPOIterConfig, MADPOIterTrainer, MADPOTrainer, reward_histograms
+from comlrl.trainers.dpo.madpo import PAIRS_FILE
+from comlrl.trainers.dpo.pairs import PreferencePair
+from comlrl.trainers.dpo.rounds import PreferenceRounds, pair_record
 from comlrl.trainers.reinforce import MAGRPOConfig, MAGRPOTrainer, MAREINFORCEConfig, MAREINFORCETrainer
-from comlrl.trainers.reinforce.centralized import CentralizedComparatorParseError
+from comlrl.trainers.rlhf import MARLHFConfig, MARLHFIterConfig, MARLHFIterTrainer, MARLHFTrainer
+from comlrl.trainers.rlhf.marlhf import RewardModelStage, seeded
 
 # ------------------------------------------------------------------------------ tiny tokenizers and models
 LOWER = "abcdefghijklmnopqrstuvwxyz .,:!?"

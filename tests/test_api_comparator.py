@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from comlrl.trainers.preference import MADPOIterConfig, MADPOIterTrainer, MARLHFIterConfig, MARLHFIterTrainer
-from comlrl.trainers.preference.api_comparator import ApiClient, ComparatorApiError
+from comlrl.trainers.dpo import MADPOIterConfig, MADPOIterTrainer
+from comlrl.trainers.dpo.api_comparator import ApiClient, ComparatorApiError
+from comlrl.trainers.rlhf import MARLHFIterConfig, MARLHFIterTrainer
 
 from .helpers import DATA, char_tokenizer, content_score, tiny_llama
 

@@ -11,11 +11,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from comlrl.trainers.centralized import CentralizedComparatorParseError, TaggedCentralizedComparatorAdapter
 from comlrl.trainers.reinforce import CentralizedMAGRPOConfig, CentralizedMAGRPOTrainer, MAGRPOConfig
-from comlrl.trainers.reinforce.centralized import (
-    CentralizedComparatorParseError,
-    TaggedCentralizedComparatorAdapter,
-)
 
 from .helpers import (
     DATA,

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from comlrl.trainers import MADPOConfig, MADPOTrainer
-from comlrl.trainers.preference.iterative import MADPOIterConfig, MADPOIterTrainer
-from comlrl.trainers.preference.pairs import PreferencePair
+from comlrl.trainers.dpo.iterative import MADPOIterConfig, MADPOIterTrainer
+from comlrl.trainers.dpo.pairs import PreferencePair
 
 from .helpers import DATA, AfterTwo, char_tokenizer, content_score, log_lines, tiny_llama, unsplittable, weights
 
@@ -50,8 +50,9 @@ def joint_logp(model, prompt_ids, completion_ids):
 
 def test_the_adapters_are_importable_from_1_4_3s_preference_paths():
     import comlrl.trainers.preference.centralized
+
+    from comlrl.trainers import centralized as where_they_live
     from comlrl.trainers import preference
-    from comlrl.trainers.reinforce import centralized as where_they_live
 
     names = ("TaggedCentralizedComparatorAdapter", "CentralizedComparatorAdapter", "CentralizedComparatorParseError")
     for name in names:

@@ -18,12 +18,8 @@ from comlrl.algorithms import bradley_terry_loss, pair_accuracy
 from comlrl.distributed import DataParallel
 from comlrl.models.placement import resolve_agent_devices
 from comlrl.models.reward_model import JointRewardModel
-from comlrl.trainers.preference import (
-    MARLHFConfig,
-    MARLHFTrainer,
-    marlhf,
-)
 from comlrl.trainers.reinforce import MAGRPOConfig
+from comlrl.trainers.rlhf import MARLHFConfig, MARLHFTrainer, marlhf
 
 from .helpers import (
     DATA,

@@ -9,7 +9,7 @@ import torch
 
 from comlrl.algorithms import agent_dpo_losses, joint_preference, others_deltas, preference_deltas
 from comlrl.rollout import AgentRollout
-from comlrl.trainers.preference.pairs import (
+from comlrl.trainers.dpo.pairs import (
     PreferencePair,
     node_pairs,
     pair_batch,

@@ -11,13 +11,13 @@ import pytest
 from transformers import LogitsProcessorList
 
 import comlrl.trainers.actor_critic
-import comlrl.trainers.preference
+import comlrl.trainers.dpo
 import comlrl.trainers.reinforce.centralized
 import comlrl.trainers.reinforce.variants  # noqa: F401  (every config class defined)
 from comlrl.rollout.sampling import SHADOWED
 from comlrl.rollout.vllm_backend import SUPPORTED_SAMPLING
 from comlrl.trainers.config import TrainerConfig
-from comlrl.trainers.preference.joint_comparator import split_answer
+from comlrl.trainers.dpo.joint_comparator import split_answer
 from comlrl.trainers.reinforce import MAGRPOConfig
 
 from .helpers import DATA, char_tokenizer, make_trainer, multi_turn_trainer, small_config

@@ -11,10 +11,10 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import comlrl
-from comlrl.trainers.preference import MADPOIterConfig, MADPOIterTrainer, iterative, rounds
-from comlrl.trainers.preference.comparators import history_kept, history_source
-from comlrl.trainers.preference.pairs import comparison_pairs
-from comlrl.trainers.preference.replay import (
+from comlrl.trainers.dpo import MADPOIterConfig, MADPOIterTrainer, iterative, rounds
+from comlrl.trainers.dpo.comparators import history_kept, history_source
+from comlrl.trainers.dpo.pairs import comparison_pairs
+from comlrl.trainers.dpo.replay import (
     distinct_draws,
     replay_choice,
     replay_sample_size,
@@ -447,7 +447,9 @@ def test_resume_in_the_middle_of_a_round_continues_exactly(tmp_path):
 
 
 def test_importable_from_1_4_3s_paths():
-    assert comlrl.MADPOIterTrainer is MADPOIterTrainer is iterative.MADPOIterTrainer
+    import comlrl.trainers.preference.iterative
+
+    assert comlrl.MADPOIterTrainer is MADPOIterTrainer is comlrl.trainers.preference.iterative.MADPOIterTrainer
     assert comlrl.trainers.preference.MADPOIterConfig is iterative.MADPOIterConfig
 
 

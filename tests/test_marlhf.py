@@ -12,8 +12,8 @@ import comlrl
 from comlrl.algorithms import bradley_terry_loss, pair_accuracy
 from comlrl.models.reward_model import JointRewardModel, joint_reward_text, last_real_token
 from comlrl.trainers import MARLHFConfig, MARLHFTrainer
-from comlrl.trainers.preference import marlhf
 from comlrl.trainers.reinforce import MAREINFORCEConfig, MARLOOConfig
+from comlrl.trainers.rlhf import marlhf
 
 from .helpers import (
     DATA,

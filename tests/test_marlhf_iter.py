@@ -10,7 +10,8 @@ import torch
 
 import comlrl
 from comlrl.models.reward_model import JointRewardModel
-from comlrl.trainers.preference import MARLHFIterConfig, MARLHFIterTrainer, marlhf, marlhf_iter, rounds
+from comlrl.trainers.dpo import rounds
+from comlrl.trainers.rlhf import MARLHFIterConfig, MARLHFIterTrainer, marlhf, marlhf_iter
 
 from .helpers import (
     DATA,
@@ -111,7 +112,7 @@ def test_importable_from_1_4_3s_paths():
 
     assert comlrl.MARLHFIterTrainer is from_preference is marlhf_iter.MARLHFIterTrainer
     assert comlrl.trainers.MARLHFIterConfig is MARLHFIterConfig
-    # 1.4.3 defined both in comlrl.trainers.preference.iterative (here looked up there lazily)
+    # 1.4.3 defined both in comlrl.trainers.preference.iterative
     from comlrl.trainers.preference.iterative import MARLHFIterConfig as config_1_4_3
     from comlrl.trainers.preference.iterative import MARLHFIterTrainer as trainer_1_4_3
 

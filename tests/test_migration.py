@@ -9,9 +9,10 @@ import warnings
 import pytest
 import torch
 
-from comlrl._moved import MOVED_MODULES, MOVED_NAMES, MovedNameError
 from comlrl.algorithms.shaping import kl_shaped_rewards, sequence_kl
 from comlrl.checkpoint.run_folder import earlier_run
+from comlrl.compat.moved import MOVED_MODULES, MOVED_NAMES, MovedNameError
+from comlrl.compat.paths import PATHS
 from comlrl.metrics.sinks import wandb_init_kwargs
 from comlrl.models.forward import completion_logprobs
 from comlrl.trainers import IACConfig, MAGRPOConfig, MAGRPOTrainer, MAReMaxTrainer, MARLOOConfig, MARLOOTrainer
@@ -398,6 +399,15 @@ def test_the_originals_import_paths_resolve(module, names):
     assert all(hasattr(imported, name) for name in names)
 
 
+@pytest.mark.parametrize("path", sorted(PATHS))
+def test_every_143_path_holds_its_names_as_the_objects_that_live_elsewhere(path):
+    module = importlib.import_module(path)
+    assert sorted(module.__all__) == sorted(PATHS[path])
+    for name, home in PATHS[path].items():
+        assert getattr(module, name) is getattr(importlib.import_module(home), name)
+        exec(f"from {path} import {name}", {})
+
+
 # ------------------------------------------------------------------------------ a whole 1.4.3 script
 def test_a_script_written_for_the_original_runs_with_its_meaning(tmp_path, model_folder, fake_wandb):
     """Config fields, trainer arguments, hooks and train/evaluate/save calls as comlrl 1.4.3's
@@ -510,7 +520,11 @@ def test_module_getattrs_raise_attribute_errors_for_unknown_names():
         if "__getattr__" in vars(module):
             found.append(info.name)
             assert not hasattr(module, "no_such_name_here") and getattr(module, "no_such_name_here", 1) == 1
-    assert len(found) >= 6  # the packages of MOVED_NAMES, comlrl.models' lazy import, iterative's MARLHFIter
+    for path in PATHS:  # 1.4.3's module paths, built by comlrl.compat.paths
+        module = importlib.import_module(path)
+        found.append(path)
+        assert not hasattr(module, "no_such_name_here") and getattr(module, "no_such_name_here", 1) == 1
+    assert len(found) >= 15  # the packages of MOVED_NAMES, comlrl.models' lazy import, 1.4.3's paths
 
 
 def test_other_missing_names_are_plain_attribute_errors():

@@ -12,7 +12,7 @@ from comlrl.models.placement import frozen_copy_on
 from comlrl.trainers import IACConfig, IACTrainer, MAGRPOConfig
 from comlrl.trainers import update as update_module
 from comlrl.trainers.agents import reference_placement
-from comlrl.trainers.preference import MADPOConfig
+from comlrl.trainers.dpo import MADPOConfig
 from tests.helpers import (
     DATA,
     char_tokenizer,

@@ -14,9 +14,9 @@ import torch
 import comlrl.utils
 from comlrl.checkpoint.run_folder import check_new_run
 from comlrl.rewards import JointReward
-from comlrl.trainers.preference import MADPOIterTrainer, MARLHFIterTrainer
-from comlrl.trainers.preference.pairs import PreferencePair
-from comlrl.trainers.preference.reward_histograms import (
+from comlrl.trainers.dpo import MADPOIterTrainer
+from comlrl.trainers.dpo.pairs import PreferencePair
+from comlrl.trainers.dpo.reward_histograms import (
     bin_counts,
     bin_edges,
     log_reward_distribution,
@@ -26,6 +26,7 @@ from comlrl.trainers.preference.reward_histograms import (
     round_metrics,
     round_record,
 )
+from comlrl.trainers.rlhf import MARLHFIterTrainer
 from comlrl.utils.reward_range import resolve_reward_range, set_reward_range
 
 from .helpers import DATA, char_tokenizer, content_score, log_lines, tiny_llama

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from comlrl._moved import moved_name
+from comlrl.compat.moved import moved_name
 
 if TYPE_CHECKING:
     from comlrl.models.embedded import default_model_path

@@ -1,7 +1,7 @@
 """Every trainer and its config: MAGRPO and its REINFORCE variants, centralized MAGRPO, IAC and
 MAAC, MADPO and MADPOIter, MARLHF and MARLHFIter."""
 
-from comlrl._moved import moved_name
+from comlrl.compat.moved import moved_name
 from comlrl.trainers.actor_critic import (
     ActorCriticConfig,
     ActorCriticTrainer,
@@ -12,18 +12,8 @@ from comlrl.trainers.actor_critic import (
 )
 from comlrl.trainers.base import MultiAgentTrainer
 from comlrl.trainers.config import TrainerConfig
+from comlrl.trainers.dpo import MADPOConfig, MADPOIterConfig, MADPOIterTrainer, MADPOTrainer
 from comlrl.trainers.loop import TrainResult
-from comlrl.trainers.preference import (
-    JointRewardModel,
-    MADPOConfig,
-    MADPOIterConfig,
-    MADPOIterTrainer,
-    MADPOTrainer,
-    MARLHFConfig,
-    MARLHFIterConfig,
-    MARLHFIterTrainer,
-    MARLHFTrainer,
-)
 from comlrl.trainers.reinforce import (
     CentralizedMAGRPOConfig,
     CentralizedMAGRPOTrainer,
@@ -36,6 +26,7 @@ from comlrl.trainers.reinforce import (
     MARLOOConfig,
     MARLOOTrainer,
 )
+from comlrl.trainers.rlhf import JointRewardModel, MARLHFConfig, MARLHFIterConfig, MARLHFIterTrainer, MARLHFTrainer
 
 __all__ = [
     "ActorCriticConfig",

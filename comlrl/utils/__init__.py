@@ -2,7 +2,7 @@
 comlrl 1.4.3), and ``set_reward_range`` / ``resolve_reward_range`` (comlrl 1.4.3's: a reward
 function's declared range, which ``log_reward_distribution=True`` histograms over)."""
 
-from comlrl._moved import moved_name
+from comlrl.compat.moved import moved_name
 from comlrl.utils.reward_processor import RewardProcessors
 from comlrl.utils.reward_range import resolve_reward_range, set_reward_range
 

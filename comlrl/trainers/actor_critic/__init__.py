@@ -1,6 +1,6 @@
 """Actor-critic multi-agent trainers with PPO-style updates: IAC and MAAC."""
 
-from comlrl._moved import moved_name
+from comlrl.compat.moved import moved_name
 from comlrl.trainers.actor_critic.config import ActorCriticConfig, IACConfig, MAACConfig
 from comlrl.trainers.actor_critic.trainer import ActorCriticTrainer, IACTrainer, MAACTrainer
 

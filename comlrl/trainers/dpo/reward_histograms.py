@@ -21,7 +21,7 @@ from torch import Tensor
 
 from comlrl.checkpoint import write_json
 from comlrl.rewards import JointReward
-from comlrl.trainers.preference.pairs import PreferencePair
+from comlrl.trainers.dpo.pairs import PreferencePair
 from comlrl.utils.reward_range import resolve_reward_range
 
 NUM_BINS = 16

@@ -30,7 +30,7 @@ from comlrl.models.loading import load_agents
 from comlrl.models.lora import is_peft_model, merged_copy
 from comlrl.models.placement import resolve_agent_devices
 from comlrl.rollout.backends import GenerationBackend, HFBackend
-from comlrl.trainers.preference.api_comparator import ApiBackend, ApiClient
+from comlrl.trainers.dpo.api_comparator import ApiBackend, ApiClient
 
 COMPARATOR_SPELLINGS = {
     "current": "current",
@@ -243,7 +243,7 @@ class History:
 
 class HttpEndpoint(Stateless):
     """``api``: an HTTP endpoint asked for each prompt's candidates (the ``comparator_api_*``
-    fields; :mod:`comlrl.trainers.preference.api_comparator`). A checkpoint keeps nothing of
+    fields; :mod:`comlrl.trainers.dpo.api_comparator`). A checkpoint keeps nothing of
     it, and above all not its key, which is read from the environment at each request."""
 
     def __init__(self, agents: Any, backend: GenerationBackend, args: Any, model_kwargs: dict[str, Any]):

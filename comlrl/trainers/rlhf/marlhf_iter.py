@@ -19,8 +19,9 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from comlrl.trainers.config_checks import check_choice
-from comlrl.trainers.preference.iterative import MADPOIterConfig, respell
-from comlrl.trainers.preference.marlhf import (
+from comlrl.trainers.dpo.iterative import MADPOIterConfig, respell
+from comlrl.trainers.dpo.rounds import InRounds, PreferenceRounds, Stream, round_generator
+from comlrl.trainers.rlhf.marlhf import (
     RL_ALGORITHMS,
     CentralizedMAGRPOOnRewardModel,
     IACOnRewardModel,
@@ -31,7 +32,6 @@ from comlrl.trainers.preference.marlhf import (
     RewardModelStage,
     RLAlgorithm,
 )
-from comlrl.trainers.preference.rounds import InRounds, PreferenceRounds, Stream, round_generator
 
 __all__ = ["MARLHFIterConfig", "MARLHFIterTrainer"]
 

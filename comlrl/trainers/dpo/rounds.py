@@ -12,8 +12,8 @@ learns from, with earlier rounds' pairs as the replay mode says.
 
 What a trainer does with the training pairs is its own: MADPOIter takes DPO steps on them,
 MARLHFIter fits a fresh reward model to them and runs RL on its scores. The comparator
-policies are in :mod:`comlrl.trainers.preference.comparators`, the replay rules in
-:mod:`comlrl.trainers.preference.replay`, the pair order in :mod:`comlrl.trainers.preference.pairs`.
+policies are in :mod:`comlrl.trainers.dpo.comparators`, the replay rules in
+:mod:`comlrl.trainers.dpo.replay`, the pair order in :mod:`comlrl.trainers.dpo.pairs`.
 """
 
 from __future__ import annotations
@@ -36,23 +36,23 @@ from comlrl.metrics.stats import combine, finish
 from comlrl.rewards import JointReward
 from comlrl.rollout.backends import GenerationBackend
 from comlrl.rollout.tree import Turn
-from comlrl.trainers.loop import CheckpointPlan, TrainingLoop, TrainResult
-from comlrl.trainers.preference.comparators import build_comparator
-from comlrl.trainers.preference.joint_comparator import JointComparator, using_backend
-from comlrl.trainers.preference.pairs import (
+from comlrl.trainers.centralized import (
+    PARSE_FAILURE_METRIC,
+    CentralizedComparatorAdapter,
+    TaggedCentralizedComparatorAdapter,
+)
+from comlrl.trainers.dpo.comparators import build_comparator
+from comlrl.trainers.dpo.joint_comparator import JointComparator, using_backend
+from comlrl.trainers.dpo.pairs import (
     PreferencePair,
     comparison_pairs,
     joint_action,
     preference_pair,
     shared_rewards,
 )
-from comlrl.trainers.preference.replay import replay_choice
-from comlrl.trainers.preference.reward_histograms import log_reward_distribution, raw_reward_range
-from comlrl.trainers.reinforce.centralized import (
-    PARSE_FAILURE_METRIC,
-    CentralizedComparatorAdapter,
-    TaggedCentralizedComparatorAdapter,
-)
+from comlrl.trainers.dpo.replay import replay_choice
+from comlrl.trainers.dpo.reward_histograms import log_reward_distribution, raw_reward_range
+from comlrl.trainers.loop import CheckpointPlan, TrainingLoop, TrainResult
 from comlrl.utils.run_control import seeded_cuda_devices
 
 ROUNDS_FILE = "preference_rounds.pt"

@@ -1,5 +1,5 @@
 """MADPOIter: MADPO in rounds, each on fresh pairs of the current policy against a comparator
-policy (comlrl 1.4.3's ``comlrl.trainers.preference.iterative``).
+policy (comlrl 1.4.3's ``comlrl.trainers.dpo.iterative``).
 
     for each of num_iterations rounds (epochs r*E .. r*E+E-1 of the training loop, E = num_train_epochs):
         when its first epoch starts:
@@ -10,9 +10,9 @@ policy (comlrl 1.4.3's ``comlrl.trainers.preference.iterative``).
             ─preference_replay_mode over the shards of every round so far─▶ the round's training pairs
         E epochs of MADPO's DPO steps on them (global step, optimizers and logs carry on)
 
-The comparator policies are in :mod:`comlrl.trainers.preference.comparators`, the replay
-rules in :mod:`comlrl.trainers.preference.replay`, the pair order in
-:mod:`comlrl.trainers.preference.pairs`.
+The comparator policies are in :mod:`comlrl.trainers.dpo.comparators`, the replay
+rules in :mod:`comlrl.trainers.dpo.replay`, the pair order in
+:mod:`comlrl.trainers.dpo.pairs`.
 """
 
 from __future__ import annotations
@@ -24,33 +24,19 @@ from typing import Any, ClassVar
 
 from comlrl.optim import build_schedulers
 from comlrl.trainers.config_checks import check_bool, check_choice, check_int, field_default, is_real
-from comlrl.trainers.preference.api_comparator import API_FORMAT_SPELLINGS, API_FORMATS, secret_problem
-from comlrl.trainers.preference.comparators import (
+from comlrl.trainers.dpo.api_comparator import API_FORMAT_SPELLINGS, API_FORMATS, secret_problem
+from comlrl.trainers.dpo.comparators import (
     COMPARATOR_SPELLINGS,
     COMPARATORS,
     GENERATION_MODE_SPELLINGS,
 )
-from comlrl.trainers.preference.config import MADPOConfig
-from comlrl.trainers.preference.madpo import MADPOTrainer
-from comlrl.trainers.preference.pairs import COMPARISON_SELECTIONS, PreferencePair
-from comlrl.trainers.preference.replay import REPLAY_MODE_SPELLINGS, REPLAY_MODES
-from comlrl.trainers.preference.rounds import InRounds, PreferenceRounds
+from comlrl.trainers.dpo.config import MADPOConfig
+from comlrl.trainers.dpo.madpo import MADPOTrainer
+from comlrl.trainers.dpo.pairs import COMPARISON_SELECTIONS, PreferencePair
+from comlrl.trainers.dpo.replay import REPLAY_MODE_SPELLINGS, REPLAY_MODES
+from comlrl.trainers.dpo.rounds import InRounds, PreferenceRounds
 
 __all__ = ["MADPOIterConfig", "MADPOIterTrainer"]
-
-MARLHF_ITER_NAMES = ("MARLHFIterConfig", "MARLHFIterTrainer")
-"""comlrl 1.4.3 defined these here too; they live in :mod:`comlrl.trainers.preference.marlhf_iter`."""
-
-
-def __getattr__(name: str) -> Any:
-    """1.4.3's ``from comlrl.trainers.preference.iterative import MARLHFIterTrainer``: looked
-    up when asked for, since ``marlhf_iter`` imports this module (a direct import here would
-    be circular)."""
-    if name in MARLHF_ITER_NAMES:
-        from comlrl.trainers.preference import marlhf_iter
-
-        return getattr(marlhf_iter, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def respell(config: Any, name: str, spellings: dict[str, str]) -> None:

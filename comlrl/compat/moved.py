@@ -2,15 +2,13 @@
 use instead: importing one is an ImportError that says so, rather than Python's bare "No
 module named" (the migration guide, "Migrating from comlrl 1.4.3", has the whole table).
 
-Modules are caught by a finder placed last on ``sys.meta_path`` (so it sees only names no
-real module answers); names by the packages' module ``__getattr__``, which calls
-:func:`moved_name`.
+Modules are caught by the finder of :mod:`comlrl.compat.paths`; names by the packages' module
+``__getattr__``, which calls :func:`moved_name`.
 """
 
 from __future__ import annotations
 
 import dis
-import importlib.abc
 import sys
 from typing import Any, NoReturn
 
@@ -34,7 +32,7 @@ MOVED_MODULES = {
     "comlrl.trainers.preference.checkpointing": "checkpoints are written by train() (checkpoint_dir, "
     "checkpoint_interval) and read by train(resume_from_checkpoint=...); their files: comlrl.checkpoint",
     "comlrl.trainers.preference.collaboration": "centralized collaboration is collaboration_mode='centralized' "
-    "with a CentralizedComparatorAdapter (comlrl.trainers.reinforce.centralized)",
+    "with a CentralizedComparatorAdapter (comlrl.trainers.centralized)",
     "comlrl.trainers.preference.output_paths": "preference files are written under the config's output_dir",
     "comlrl.utils.checkpoint": "checkpoint files are read and written by comlrl.checkpoint",
     "comlrl.utils.distributed": "several processes run under torchrun; comlrl.distributed holds the data parallelism",
@@ -112,19 +110,3 @@ def moved_name(module: str, name: str) -> NoReturn:
 def _importing_from(frame: Any) -> bool:
     """Whether ``frame`` is executing a ``from ... import ...`` (its IMPORT_FROM instruction)."""
     return dis.opname[frame.f_code.co_code[frame.f_lasti]] == "IMPORT_FROM"
-
-
-class _MovedModules(importlib.abc.MetaPathFinder):
-    """Answers only 1.4.3's module names that nothing else found, with an error saying what to use."""
-
-    def find_spec(self, fullname, path, target=None):  # noqa: ANN001, ANN201 (importlib's protocol)
-        instead = MOVED_MODULES.get(fullname)
-        if instead is None:
-            return None
-        raise ModuleNotFoundError(f"No module named {fullname!r}: it was comlrl 1.4.3's; {instead}", name=fullname)
-
-
-def install() -> None:
-    """Put the finder last on ``sys.meta_path``, once."""
-    if not any(isinstance(finder, _MovedModules) for finder in sys.meta_path):
-        sys.meta_path.append(_MovedModules())

@@ -26,7 +26,7 @@ from comlrl.rewards import JointReward
 from comlrl.rollout.generation import AgentRollout, rollout_from_texts
 from comlrl.rollout.prompt_fit import check_encodable
 from comlrl.rollout.tree import Turn
-from comlrl.trainers.reinforce.centralized import CentralizedComparatorAdapter, CentralizedComparatorParseError
+from comlrl.trainers.centralized import CentralizedComparatorAdapter, CentralizedComparatorParseError
 
 
 class PrebuiltAnswers:

@@ -33,6 +33,7 @@ from comlrl.models.loading import split_model_config
 from comlrl.models.modes import disable_dropout
 from comlrl.models.reward_model import JointRewardModel, RewardModelFunction, joint_reward_text
 from comlrl.trainers.actor_critic import IACConfig, IACTrainer, MAACConfig, MAACTrainer
+from comlrl.trainers.centralized import refuse_unused_adapter
 from comlrl.trainers.config import TrainerConfig
 from comlrl.trainers.config_checks import (
     check_bool,
@@ -42,10 +43,10 @@ from comlrl.trainers.config_checks import (
     field_default,
     is_real,
 )
+from comlrl.trainers.dpo.config import MADPOConfig
+from comlrl.trainers.dpo.madpo import check_candidate_budget, raise_second_train, sample_preference_pairs
+from comlrl.trainers.dpo.pairs import PreferencePair
 from comlrl.trainers.loop import TrainResult
-from comlrl.trainers.preference.config import MADPOConfig
-from comlrl.trainers.preference.madpo import check_candidate_budget, raise_second_train, sample_preference_pairs
-from comlrl.trainers.preference.pairs import PreferencePair
 from comlrl.trainers.reinforce import (
     CentralizedMAGRPOConfig,
     CentralizedMAGRPOTrainer,
@@ -55,7 +56,6 @@ from comlrl.trainers.reinforce import (
     MAReMaxConfig,
     MARLOOConfig,
 )
-from comlrl.trainers.reinforce.centralized import refuse_unused_adapter
 
 __all__ = ["JointRewardModel", "MARLHFConfig", "MARLHFTrainer"]
 

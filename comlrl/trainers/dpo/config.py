@@ -15,7 +15,7 @@ from comlrl.trainers.config_checks import (
     field_default,
     warn_once,
 )
-from comlrl.trainers.preference.pairs import PAIR_SELECTIONS
+from comlrl.trainers.dpo.pairs import PAIR_SELECTIONS
 
 DPO_REFERENCES = ("none", "initial")
 """The DPO loss's reference policy: none (reference-free, comlrl 1.4.3's loss), or the policy

@@ -42,8 +42,14 @@ from comlrl.models.placement import map_agents
 from comlrl.rollout.prompts import Formatter
 from comlrl.rollout.tree import RolloutTree
 from comlrl.trainers.base import MultiAgentTrainer
-from comlrl.trainers.preference.config import MADPOConfig
-from comlrl.trainers.preference.pairs import (
+from comlrl.trainers.centralized import (
+    CentralizedCollaboration,
+    CentralizedComparatorAdapter,
+    CentralizedSetup,
+    refuse_unused_adapter,
+)
+from comlrl.trainers.dpo.config import MADPOConfig
+from comlrl.trainers.dpo.pairs import (
     PreferencePair,
     SequenceBatch,
     node_pairs,
@@ -51,12 +57,6 @@ from comlrl.trainers.preference.pairs import (
     pair_statistics,
     select_pairs,
     shared_rewards,
-)
-from comlrl.trainers.reinforce.centralized import (
-    CentralizedCollaboration,
-    CentralizedComparatorAdapter,
-    CentralizedSetup,
-    refuse_unused_adapter,
 )
 from comlrl.trainers.update import Estimate, learner_key, micro_batches
 

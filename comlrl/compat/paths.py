@@ -1,0 +1,101 @@
+"""comlrl 1.4.3's module paths where this library keeps no file of its own: importing one
+builds a module holding the names 1.4.3 had there (:data:`PATHS`), taken from where they live
+now, so ``from comlrl.trainers.reinforce.magrpo import MAGRPOTrainer`` gets the very class
+``comlrl.trainers.reinforce`` has. 1.4.3's modules that have no counterpart at all
+(:data:`~comlrl.compat.moved.MOVED_MODULES`) are an error naming what to use instead.
+
+One finder, last on ``sys.meta_path``, answers both, so it sees only names that no real
+module answers.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.util
+import sys
+from types import ModuleType
+
+from comlrl.compat.moved import MOVED_MODULES, moved_name
+
+
+def _names(home: str, *names: str) -> dict[str, str]:
+    return dict.fromkeys(names, home)
+
+
+_CENTRALIZED_ADAPTERS = _names(
+    "comlrl.trainers.centralized",
+    "CentralizedComparatorAdapter",
+    "CentralizedComparatorParseError",
+    "TaggedCentralizedComparatorAdapter",
+)
+_MADPO = _names("comlrl.trainers.dpo", "MADPOConfig", "MADPOTrainer")
+_MADPO_ITER = _names("comlrl.trainers.dpo", "MADPOIterConfig", "MADPOIterTrainer")
+_MARLHF = _names("comlrl.trainers.rlhf", "MARLHFConfig", "MARLHFTrainer", "JointRewardModel")
+_MARLHF_ITER = _names("comlrl.trainers.rlhf", "MARLHFIterConfig", "MARLHFIterTrainer")
+
+PATHS: dict[str, dict[str, str]] = {
+    "comlrl.trainers.reinforce.magrpo": _names("comlrl.trainers.reinforce", "MAGRPOConfig", "MAGRPOTrainer"),
+    "comlrl.trainers.reinforce.mareinforce": _names(
+        "comlrl.trainers.reinforce", "MAREINFORCEConfig", "MAREINFORCETrainer"
+    ),
+    "comlrl.trainers.reinforce.maremax": _names("comlrl.trainers.reinforce", "MAReMaxConfig", "MAReMaxTrainer"),
+    "comlrl.trainers.reinforce.marloo": _names("comlrl.trainers.reinforce", "MARLOOConfig", "MARLOOTrainer"),
+    "comlrl.trainers.reinforce.centralized_magrpo": _names(
+        "comlrl.trainers.reinforce", "CentralizedMAGRPOConfig", "CentralizedMAGRPOTrainer"
+    ),
+    "comlrl.trainers.actor_critic.iac": _names("comlrl.trainers.actor_critic", "IACConfig", "IACTrainer"),
+    "comlrl.trainers.actor_critic.maac": _names("comlrl.trainers.actor_critic", "MAACConfig", "MAACTrainer"),
+    "comlrl.trainers.preference": {
+        **_CENTRALIZED_ADAPTERS,
+        **_MADPO,
+        **_MADPO_ITER,
+        **_MARLHF,
+        **_MARLHF_ITER,
+        **_names("comlrl.trainers.dpo", "PreferencePair"),
+        **_names("comlrl.trainers.loop", "TrainResult"),
+    },
+    "comlrl.trainers.preference.madpo": _MADPO,
+    "comlrl.trainers.preference.marlhf": _MARLHF,
+    # 1.4.3 defined both iterative trainers here.
+    "comlrl.trainers.preference.iterative": {**_MADPO_ITER, **_MARLHF_ITER},
+    "comlrl.trainers.preference.centralized": _CENTRALIZED_ADAPTERS,
+}
+"""1.4.3 module path -> {public name it had -> the module that holds it now}."""
+
+PACKAGES = frozenset({"comlrl.trainers.preference"})
+"""The paths of :data:`PATHS` that were packages (their submodules are paths too)."""
+
+
+class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Builds the modules of :data:`PATHS`; refuses those of ``MOVED_MODULES``."""
+
+    def find_spec(self, fullname, path, target=None):  # noqa: ANN001, ANN201 (importlib's protocol)
+        if fullname in PATHS:
+            return importlib.util.spec_from_loader(fullname, self, is_package=fullname in PACKAGES)
+        instead = MOVED_MODULES.get(fullname)
+        if instead is None:
+            return None
+        raise ModuleNotFoundError(f"No module named {fullname!r}: it was comlrl 1.4.3's; {instead}", name=fullname)
+
+    def create_module(self, spec):  # noqa: ANN001, ANN201
+        return None  # the default module object
+
+    def exec_module(self, module: ModuleType) -> None:
+        name = module.__name__
+        homes = PATHS[name]
+        for attribute, home in homes.items():
+            setattr(module, attribute, getattr(importlib.import_module(home), attribute))
+        module.__all__ = sorted(homes)
+        module.__doc__ = f"comlrl 1.4.3's module path; its names live in {', '.join(sorted(set(homes.values())))}."
+
+        def __getattr__(attribute: str):  # 1.4.3's names we lack: an error naming what to use instead
+            moved_name(name, attribute)
+
+        module.__getattr__ = __getattr__
+
+
+def install() -> None:
+    """Put the finder last on ``sys.meta_path``, once."""
+    if not any(isinstance(finder, _Finder) for finder in sys.meta_path):
+        sys.meta_path.append(_Finder())
