@@ -61,6 +61,15 @@ class DataParallel:
         start = self.rank * share + min(self.rank, extra)
         return rows[start : start + share + (self.rank < extra)]
 
+    def check_optimizer_steps(self, config: Any) -> None:
+        """Several optimizer steps per rollout (``train_batch_size`` of rows) are one process's only."""
+        several_steps = config.train_batch_size not in (None, config.per_device_train_batch_size)
+        if self.enabled and config.train_batch_size_counts_rows and several_steps:
+            raise ValueError(
+                f"train_batch_size={config.train_batch_size} (several optimizer steps per rollout) is not supported "
+                "under torchrun yet: leave it None, or lower per_device_train_batch_size instead"
+            )
+
     def check_rows(self, num_rows: int, per_device_batch_size: int) -> None:
         """Every rank needs a row at every step of an epoch, the last one included."""
         rows_per_step = per_device_batch_size * self.world_size

@@ -108,7 +108,7 @@ def main(argv=None) -> None:
         reward_processor=RewardProcessors.scale(factor=100.0),
         args=config,
         wandb_config=wandb_config(args, "centralized-story-len-ratio"),
-        centralized_adapter=NumberedListAdapter(),
+        centralized_comparator_adapter=NumberedListAdapter(),
     )
     result = trainer.train()
     saved = save_models(trainer, result, args)

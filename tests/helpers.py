@@ -28,12 +28,12 @@ from comlrl.checkpoint import complete_checkpoints
 from comlrl.trainers.actor_critic import IACConfig, IACTrainer
 from comlrl.trainers.centralized import CentralizedComparatorParseError
 from comlrl.trainers.dpo import MADPOConfig, MADPOIterConfig, MADPOIterTrainer, MADPOTrainer, reward_histograms
-from comlrl.trainers.dpo.madpo import PAIRS_FILE
+from comlrl.trainers.dpo.objective import PAIRS_FILE
 from comlrl.trainers.dpo.pairs import PreferencePair
 from comlrl.trainers.dpo.rounds import PreferenceRounds, pair_record
 from comlrl.trainers.reinforce import MAGRPOConfig, MAGRPOTrainer, MAREINFORCEConfig, MAREINFORCETrainer
 from comlrl.trainers.rlhf import MARLHFConfig, MARLHFIterConfig, MARLHFIterTrainer, MARLHFTrainer
-from comlrl.trainers.rlhf.marlhf import RewardModelStage, seeded
+from comlrl.trainers.rlhf.reward_model import FittedRewardModel, seeded
 
 # ------------------------------------------------------------------------------ tiny tokenizers and models
 LOWER = "abcdefghijklmnopqrstuvwxyz .,:!?"
@@ -293,7 +293,7 @@ def text_pair(row: int, prompt: str, chosen: list[str], rejected: list[str]) -> 
     )
 
 
-class GivenPairsStage(RewardModelStage):
+class GivenPairsStage(FittedRewardModel):
     """MARLHF's reward model fitted to :func:`marlhf_pairs`, the same in every process:
     greedy sampling, which makes the RL phase's rollouts equal whatever the ranks, would make
     every candidate of a prompt alike, and so no pair."""
@@ -306,7 +306,7 @@ class GivenPairsStage(RewardModelStage):
 class MARLHFOnGivenPairs(MARLHFTrainer):
     """MARLHF whose reward model is fitted to :func:`marlhf_pairs`."""
 
-    stage_class = GivenPairsStage
+    reward_source_class = GivenPairsStage
 
 
 def reward_backbone(folder: Path, seed: int) -> str:
@@ -431,7 +431,7 @@ def run_ddp_worker(algorithm: str, out: str, per_device_rows: int, pairs_from: s
     with counted_round_files() as round_files:
         straight = build_trainer(algorithm, out_dir / "run", per_device_rows)
         if pairs_from is not None:
-            straight.pairs = checkpoint_pairs(Path(pairs_from))
+            straight.objective.pairs = checkpoint_pairs(Path(pairs_from))
         straight.train()
         rank = straight.parallel.rank
         saved = straight.save_model(str(out_dir / "saved"))
@@ -453,7 +453,7 @@ def run_ddp_worker(algorithm: str, out: str, per_device_rows: int, pairs_from: s
 
 def round_shards(trainer) -> list[list[dict]]:
     """Every round's pairs, as records, of an iterative trainer (MARLHFIter's rounds are its RL trainer's)."""
-    rounds = getattr(trainer, "rl_trainer", trainer).rounds
+    rounds = trainer.rounds
     return [[pair_record(pair) for pair in shard] for shard in rounds.shards]
 
 

@@ -83,7 +83,7 @@ def test_single_turn_advantage_is_the_reward_minus_the_critics_value(tmp_path, t
     trainer = make_ac_trainer(tmp_path, trainer_class, critics, args=args)
     trainer.train()  # the critics move away from 0, so the baseline below is not trivially 0
     tree = trainer.rollout(trainer.train_prompts, [0, 1])
-    estimate = trainer.estimate(tree)
+    estimate = trainer.objective.estimate(tree)
     rewards = tree.turns[0].rewards  # (M=2, J=2, N=2), aligned: joint action k holds sample k
     values = [v[0] for v in estimate.old_values]
     assert any(v.abs().max() > 1e-3 for v in values)
@@ -111,7 +111,7 @@ def test_single_turn_advantage_is_the_reward_minus_the_critics_value(tmp_path, t
 
 def test_advantages_are_whitened_per_agent(tmp_path):
     trainer = make_ac_trainer(tmp_path, args=ac_config(IACConfig, tmp_path, num_generations=3))
-    estimate = trainer.estimate(trainer.rollout(trainer.train_prompts, [0, 1]))
+    estimate = trainer.objective.estimate(trainer.rollout(trainer.train_prompts, [0, 1]))
     for advantages in estimate.advantages:
         values = torch.cat(advantages)
         assert abs(values.mean().item()) < 1e-5 and abs(values.std(unbiased=False).item() - 1) < 1e-4
@@ -122,7 +122,7 @@ def test_two_turn_estimate_bootstraps_from_the_next_turns_value(tmp_path):
     trainer = make_ac_trainer(tmp_path, args=args, external_transition=revise)
     trainer.train()
     tree = trainer.rollout(trainer.train_prompts, [0])
-    estimate = trainer.estimate(tree)
+    estimate = trainer.objective.estimate(tree)
     first, second = tree.turns
     # lambda = 0: agent 0's sample k at turn 1 is credited r + 0.9 * V(the node it started).
     next_values = estimate.old_values[0][1][:, 0]  # agent 0's critic, turn 2: one value per node
@@ -141,9 +141,9 @@ def test_the_value_loss_gradient_is_value_loss_coef_times_the_squared_errors(tmp
     ``coef * mean(2 (v - G)) = -2 * coef * mean(G)``; clipping changes nothing at v = old."""
     args = ac_config(IACConfig, tmp_path, value_loss_coef=0.6, value_clip_range=clip_range)
     trainer = make_ac_trainer(tmp_path, args=args)
-    estimate = trainer.estimate(tree := trainer.rollout(trainer.train_prompts, [0, 1]))
+    estimate = trainer.objective.estimate(tree := trainer.rollout(trainer.train_prompts, [0, 1]))
     trainer.learners.zero_grad()
-    critic_loss = trainer.update.auxiliary[-1]
+    critic_loss = trainer.objective.update.auxiliary[-1]
     metrics = critic_loss.backward(tree, estimate)
     for c, critic in enumerate(trainer.critics):
         targets = torch.cat([t.reshape(-1) for t in estimate.targets[c]])

@@ -464,5 +464,5 @@ def test_a_marlhf_iter_round_with_the_api_comparator(tmp_path, endpoint, key):
     result = run.train()
     assert result.global_step == 2  # 1 round x 1 epoch x 2 steps
     assert len(endpoint.requests) == len(DATA) * 2
-    comparator_sides(run.rl_trainer.rounds.shards[0], tok.eos_token_id)
+    comparator_sides(run.rounds.shards[0], tok.eos_token_id)
     assert not [path for path in every_file_under(tmp_path / "run") if key.encode() in path.read_bytes()]

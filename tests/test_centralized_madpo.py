@@ -50,7 +50,6 @@ def joint_logp(model, prompt_ids, completion_ids):
 
 def test_the_adapters_are_importable_from_1_4_3s_preference_paths():
     import comlrl.trainers.preference.centralized
-
     from comlrl.trainers import centralized as where_they_live
     from comlrl.trainers import preference
 
@@ -119,7 +118,7 @@ def test_the_loss_and_gradient_are_single_agent_dpo_on_the_joint_response(tmp_pa
             rejected_reward=0.0,
         )
 
-    madpo.pairs = [pair("no, ok", "bad"), pair("zz", "ab, cd")]
+    madpo.objective.pairs = [pair("no, ok", "bad"), pair("zz", "ab, cd")]
     assert madpo.sampling.temperature != 1  # the loss's log-probs are temperature 1 all the same
     beta = madpo.args.dpo_beta
     margins = torch.stack(
@@ -132,7 +131,7 @@ def test_the_loss_and_gradient_are_single_agent_dpo_on_the_joint_response(tmp_pa
     expected = torch.autograd.grad(loss, list(model.parameters()))
 
     madpo.learners.zero_grad()  # the update's backward, one pair per forward (micro_batch_size=2)
-    madpo.agent_backward(0, madpo.batch(madpo.pairs, 0), torch.zeros(2), None, 2)
+    madpo.objective.agent_backward(madpo, 0, madpo.objective.batch(madpo, madpo.pairs, 0), torch.zeros(2), None, 2)
     for parameter, want in zip(model.parameters(), expected):
         torch.testing.assert_close(parameter.grad, want, atol=1e-6, rtol=1e-4)
     metrics = madpo.step([0, 1]).metrics  # before its update

@@ -19,7 +19,8 @@ from comlrl.distributed import DataParallel
 from comlrl.models.placement import resolve_agent_devices
 from comlrl.models.reward_model import JointRewardModel
 from comlrl.trainers.reinforce import MAGRPOConfig
-from comlrl.trainers.rlhf import MARLHFConfig, MARLHFTrainer, marlhf
+from comlrl.trainers.rlhf import MARLHFConfig, MARLHFTrainer
+from comlrl.trainers.rlhf import reward_model as reward_fit
 
 from .helpers import (
     DATA,
@@ -119,7 +120,9 @@ def check_ranks_pairs(rank0: dict, rank1: dict, initial_trainer, checkpoint: Pat
     pairs = checkpoint_pairs(checkpoint)
     assert [pair["chosen_texts"] for pair in rank0["pairs"]] == [pair.chosen_texts for pair in pairs]
     unreferenced = [dataclasses.replace(pair, reference_deltas=None) for pair in pairs]
-    expected = torch.tensor([pair.reference_deltas for pair in initial_trainer.with_reference(unreferenced)])
+    expected = torch.tensor(
+        [pair.reference_deltas for pair in initial_trainer.objective.with_reference(initial_trainer, unreferenced)]
+    )
     torch.testing.assert_close(torch.tensor([pair["reference_deltas"] for pair in rank0["pairs"]]), expected)
 
 
@@ -163,7 +166,7 @@ def fit_as_before(model, pairs, epochs, batch_size, learning_rate, max_grad_norm
         losses, accuracies = [], []
         for first in range(0, len(pairs), batch_size):
             batch = [pairs[k] for k in order[first : first + batch_size]]
-            chosen, rejected = model.scores(marlhf.pair_texts(batch)).chunk(2)
+            chosen, rejected = model.scores(reward_fit.pair_texts(batch)).chunk(2)
             loss = bradley_terry_loss(chosen, rejected)
             optimizer.zero_grad()
             loss.backward()
@@ -179,12 +182,14 @@ def test_one_process_fits_and_scores_the_reward_model_as_before():
     what they were: each share's weight is exactly 1."""
     pairs = marlhf_pairs()
     fitted, reference = (JointRewardModel(tiny_llama(char_tokenizer()), char_tokenizer()) for _ in range(2))
-    scores = marlhf.fit_reward_model(fitted, pairs, 2, 5, 1e-2, 0.5, torch.Generator().manual_seed(3), DataParallel())
+    scores = reward_fit.fit_reward_model(
+        fitted, pairs, 2, 5, 1e-2, 0.5, torch.Generator().manual_seed(3), DataParallel()
+    )
     assert scores == fit_as_before(reference, pairs, 2, 5, 1e-2, 0.5, torch.Generator().manual_seed(3))
     for a, b in zip(fitted.parameters(), reference.parameters(), strict=True):
         assert torch.equal(a, b)
-    chosen, rejected = reference.score_texts(marlhf.pair_texts(pairs), 4).chunk(2)
-    held = marlhf.score_pairs(fitted, pairs, 4, DataParallel())
+    chosen, rejected = reference.score_texts(reward_fit.pair_texts(pairs), 4).chunk(2)
+    held = reward_fit.score_pairs(fitted, pairs, 4, DataParallel())
     assert held == (bradley_terry_loss(chosen, rejected).item(), pair_accuracy(chosen, rejected).item())
 
 
@@ -197,7 +202,7 @@ def test_the_shares_of_a_batch_add_up_to_its_loss_accuracy_and_gradient():
 
     def loss_accuracy_gradient(share, batch_pairs):
         model.zero_grad()
-        loss, accuracy = marlhf.scored_share(model.scores, share, batch_pairs)
+        loss, accuracy = reward_fit.scored_share(model.scores, share, batch_pairs)
         loss.backward()
         return loss.item(), accuracy, model.head.weight.grad.clone()
 
@@ -209,7 +214,7 @@ def test_the_shares_of_a_batch_add_up_to_its_loss_accuracy_and_gradient():
     assert parts[0][1] + parts[1][1] == pytest.approx(whole[1])
     torch.testing.assert_close(parts[0][2] + parts[1][2], whole[2])
     assert DataParallel(rank=1, world_size=2).shard(batch[:1]) == []
-    loss, accuracy = marlhf.scored_share(model.scores, [], 1)
+    loss, accuracy = reward_fit.scored_share(model.scores, [], 1)
     assert (loss.item(), accuracy) == (0.0, 0.0)
 
 
@@ -229,8 +234,8 @@ def test_marlhf_builds_under_torchrun_and_fits_with_the_trainers_ranks(tmp_path,
     agents = [tiny_llama(tok, seed=i) for i in range(2)]
     trainer = MARLHFTrainer(agents=agents, tokenizer=tok, train_dataset=DATA[:2], reward_func=content_score, args=args)
     # The stage keeps no ranks of its own: it fits with those of the trainer it is given.
-    assert trainer.parallel == trainer.rl_trainer.parallel == DataParallel(rank=0, world_size=2)
-    assert not hasattr(trainer.stage, "parallel")
+    assert trainer.parallel == DataParallel(rank=0, world_size=2)
+    assert not hasattr(trainer.reward_source, "parallel")
 
 
 def test_madpo_iter_ranks_hold_the_same_rounds_and_resume_exactly(tmp_path):

@@ -281,7 +281,7 @@ def test_current_copy_stays_frozen_while_the_policy_trains(tmp_path):
     madpo.step(list(range(2)))
     assert not same(flat(madpo.agents), start) and same(flat(copies), start)
     trained = flat(madpo.agents)
-    madpo.start_epoch(1)  # round 2: a new copy of the policy as it is now
+    madpo.schedule.start_epoch(madpo, 1)  # round 2: a new copy of the policy as it is now
     assert same(flat(madpo.rounds.comparator.models), trained)
 
 
@@ -292,11 +292,11 @@ def test_the_history_comparator_is_really_k_rounds_old(tmp_path):
     initial = flat(madpo.agents)
     assert same(flat(madpo.rounds.comparator.models), initial)  # round 1 compares with the initial policy
     madpo.step(list(range(2)))
-    madpo.start_epoch(1)
+    madpo.schedule.start_epoch(madpo, 1)
     round2 = flat(madpo.agents)
     assert same(flat(madpo.rounds.comparator.models), initial) and not same(round2, initial)  # not the current policy
     madpo.step(list(range(2)))
-    madpo.start_epoch(2)
+    madpo.schedule.start_epoch(madpo, 2)
     assert same(flat(madpo.rounds.comparator.models), round2) and not same(flat(madpo.agents), round2)
     assert set(madpo.rounds.comparator.snapshots) == set()  # no later round needs any
 
@@ -400,8 +400,10 @@ def test_each_rounds_policy_is_written_where_policy_checkpoint_dir_says(tmp_path
     madpo = trainer(tmp_path, args=config(tmp_path, policy_checkpoint_dir=str(folder)))
     initial = flat(madpo.agents)
     round_1_end = []
-    start_round = madpo.start_round
-    madpo.start_round = lambda r: (round_1_end.append(flat(madpo.agents)) if r == 1 else None) or start_round(r)
+    start_round = madpo.objective.start_round
+    madpo.objective.start_round = lambda tr, r: (
+        (round_1_end.append(flat(madpo.agents)) if r == 1 else None) or (start_round(tr, r))
+    )
     madpo.train()
     assert sorted(p.name for p in folder.iterdir()) == ["initial", "iteration_0000", "iteration_0001"]  # 1.4.3's names
 

@@ -12,8 +12,8 @@ import comlrl
 from comlrl.algorithms import bradley_terry_loss, pair_accuracy
 from comlrl.models.reward_model import JointRewardModel, joint_reward_text, last_real_token
 from comlrl.trainers import MARLHFConfig, MARLHFTrainer
-from comlrl.trainers.reinforce import MAREINFORCEConfig, MARLOOConfig
-from comlrl.trainers.rlhf import marlhf
+from comlrl.trainers.reinforce import CentralizedMAGRPOConfig, MAREINFORCEConfig, MARLOOConfig
+from comlrl.trainers.rlhf import reward_model as reward_fit
 
 from .helpers import (
     DATA,
@@ -133,10 +133,10 @@ def test_fitting_ranks_a_separable_set():
     pairs = [pair(k, ["yes yes", "yes"], ["no no", "no"]) for k in range(4)]
     pairs += [pair(4 + k, ["a yes", "yes!"], ["a no", "no!"]) for k in range(4)]
     model = JointRewardModel(tiny_llama(char_tokenizer()), char_tokenizer())
-    before = marlhf.score_pairs(model, pairs, None)
+    before = reward_fit.score_pairs(model, pairs, None)
     assert before == (pytest.approx(math.log(2)), 0.0)  # a fresh head scores every text 0
-    fitted = marlhf.fit_reward_model(model, pairs, 4, 4, 3e-2, 1.0, torch.Generator().manual_seed(0))
-    after = marlhf.score_pairs(model, pairs, None)
+    fitted = reward_fit.fit_reward_model(model, pairs, 4, 4, 3e-2, 1.0, torch.Generator().manual_seed(0))
+    after = reward_fit.score_pairs(model, pairs, None)
     assert after.loss < 0.5 * before.loss and after.accuracy == 1.0
     assert fitted.loss < before.loss  # the last epoch's batches, as they were fitted
     assert model.head.bias.item() == 0.0  # Bradley-Terry cannot tell a shared offset: it is not trained
@@ -287,7 +287,7 @@ def test_training_scores_with_the_reward_model_raw_and_evaluation_with_the_task_
 
 def test_a_second_train_is_refused_before_overwrite_output_dir_clears_the_reward_model(trained, monkeypatch):
     marlhf_trainer, tmp_path, _ = trained
-    monkeypatch.setattr(marlhf_trainer.rl_trainer.args, "overwrite_output_dir", True)
+    monkeypatch.setattr(marlhf_trainer.args, "overwrite_output_dir", True)
     logged = log_lines(tmp_path / "run", "metrics.jsonl")
     with pytest.raises(
         RuntimeError,
@@ -313,8 +313,8 @@ def test_a_resumed_run_reads_its_reward_model_back_and_continues_exactly(trained
     def refuse(*args, **kwargs):
         raise AssertionError("a resumed run fitted the reward model again")
 
-    monkeypatch.setattr(marlhf, "fit_reward_model", refuse)
-    monkeypatch.setattr(marlhf, "sample_preference_pairs", refuse)
+    monkeypatch.setattr(reward_fit, "fit_reward_model", refuse)
+    monkeypatch.setattr(reward_fit, "sample_preference_pairs", refuse)
     args = config(tmp_path, reward_model_name=str(tmp_path / "model"), save_steps=1)
     resumed = trainer(tmp_path, None, args=args, reward_processor=lambda r: 10 * r)
     resumed.train(resume_from_checkpoint=str(tmp_path / "run" / "checkpoint-1"))
@@ -329,7 +329,7 @@ def test_iac_without_a_critic_has_separate_critics_from_the_agents_model_as_1_4_
     args = config(tmp_path, reward_model_name=model_folder, rl_algorithm="iac", num_generations=1)
     assert args.use_separate_critic is True and args.rl_config().use_separate_critic is True
     iac = MARLHFTrainer(agent_model=model_folder, train_dataset=DATA, reward_func=content_score, args=args)
-    assert [critic.agent for critic in iac.rl_trainer.critics] == [None, None]  # separate critic models
+    assert [critic.agent for critic in iac.objective.critics] == [None, None]  # separate critic models
     with pytest.raises(
         ValueError,
         match=r"critic_model_name is None and the agents were given as model objects.*use_separate_critic=False",
@@ -339,7 +339,7 @@ def test_iac_without_a_critic_has_separate_critics_from_the_agents_model_as_1_4_
         tmp_path, reward_model_name=model_folder, rl_algorithm="iac", num_generations=1, use_separate_critic=False
     )
     iac = MARLHFTrainer(agent_model=model_folder, train_dataset=DATA, reward_func=content_score, args=heads)
-    assert [critic.agent for critic in iac.rl_trainer.critics] == [0, 1]  # an explicit False: value heads
+    assert [critic.agent for critic in iac.objective.critics] == [0, 1]  # an explicit False: value heads
     assert MARLHFConfig(rl_algorithm="maac", num_generations=1).use_separate_critic is None  # iac's default only
 
 
@@ -350,7 +350,7 @@ def test_iac_trains_on_the_reward_model_with_its_critics(tmp_path, model_folder)
     iac = trainer(tmp_path, model_folder, args=args)
     before = weights(iac)
     iac.train()
-    assert iac.global_step == 2 and [c.agent for c in iac.rl_trainer.critics] == [0, 1]  # value heads on the agents
+    assert iac.global_step == 2 and [c.agent for c in iac.objective.critics] == [0, 1]  # value heads on the agents
     assert all(not torch.equal(a, b) for a, b in zip(before, weights(iac)))
     lines = log_lines(tmp_path / "run", "metrics.jsonl")
     assert "reward_model/accuracy" in lines[0]
@@ -365,7 +365,7 @@ def test_maac_loads_its_critic_from_the_agents_model_name(tmp_path, model_folder
     tiny_llama(tok).save_pretrained(tmp_path / "mixed")
     tok.save_pretrained(tmp_path / "mixed")
     maac = MARLHFTrainer(agent_model=str(tmp_path / "mixed"), train_dataset=DATA, reward_func=content_score, args=args)
-    assert maac.rl_trainer.critics[0].agent is None  # a separate critic model, loaded by name
+    assert maac.objective.critics[0].agent is None  # a separate critic model, loaded by name
 
 
 def test_importable_from_1_4_3s_paths():
@@ -402,13 +402,14 @@ def test_centralized_one_model_writes_every_role_and_its_reward_model_reads_the_
     tok = char_tokenizer()
     run = MARLHFTrainer(agents=[tiny_llama(tok)], tokenizer=tok, train_dataset=DATA, eval_dataset=DATA,
                         reward_func=role_reward, args=args, centralized_comparator_adapter=AfterTwo())  # fmt: skip
-    assert isinstance(run.rl_trainer, marlhf.CentralizedMAGRPOOnRewardModel) and run.num_agents == 1
-    assert run.rl_trainer.args.advantage_mode == "rloo" and run.rl_trainer.num_roles == 2  # marloo's baseline
+    # centralized MAGRPO's objective on one model, with marloo's baseline
+    assert isinstance(run.objective.config, CentralizedMAGRPOConfig) and run.num_agents == 1
+    assert run.objective.config.advantage_mode == "rloo" and run.num_roles == 2
     run.train()
     pair = run.pairs[0]
     joint_prompt = AfterTwo().build_prompt(DATA[pair.row], [DATA[pair.row]["prompt"]] * 2)
     assert pair.prompts == [joint_prompt] and len(pair.chosen_texts) == 1  # the one model's joint response
-    text = marlhf.pair_texts([pair])[0]
+    text = reward_fit.pair_texts([pair])[0]
     assert f"Agent 1 prompt:\n{joint_prompt}" in text and "Agent 2" not in text  # one block, unsplit
     # The task reward saw roles: the adapter's split (the first two characters, then the rest; empty when unsplittable).
     responses = [text for pair in run.pairs for text in (pair.chosen_texts[0], pair.rejected_texts[0])]

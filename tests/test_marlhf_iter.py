@@ -11,7 +11,10 @@ import torch
 import comlrl
 from comlrl.models.reward_model import JointRewardModel
 from comlrl.trainers.dpo import rounds
-from comlrl.trainers.rlhf import MARLHFIterConfig, MARLHFIterTrainer, marlhf, marlhf_iter
+from comlrl.trainers.dpo.schedule import Rounds
+from comlrl.trainers.reinforce import CentralizedMAGRPOConfig
+from comlrl.trainers.rlhf import MARLHFIterConfig, MARLHFIterTrainer, marlhf_iter
+from comlrl.trainers.rlhf import reward_model as reward_fit
 
 from .helpers import (
     DATA,
@@ -124,17 +127,19 @@ def test_importable_from_1_4_3s_paths():
 # ------------------------------------------------------------------------------ the rounds
 def test_each_round_fits_a_fresh_reward_model_to_its_own_pairs(folder, monkeypatch):
     loaded, fitted = [], []
-    load, fit = JointRewardModel.from_pretrained, marlhf.fit_reward_model
+    load, fit = JointRewardModel.from_pretrained, reward_fit.fit_reward_model
     monkeypatch.setattr(JointRewardModel, "from_pretrained", lambda *a: loaded.append(load(*a)) or loaded[-1])
     monkeypatch.setattr(
-        marlhf, "fit_reward_model", lambda model, pairs, *a: fitted.append(pairs) or fit(model, pairs, *a)
+        reward_fit, "fit_reward_model", lambda model, pairs, *a: fitted.append(pairs) or fit(model, pairs, *a)
     )
     run = trainer(folder)
     result = run.train()
     assert result.global_step == run.global_step == 2 * 2  # 2 rounds x 1 epoch x 2 steps (3 rows, 2 per step)
     assert len(loaded) == 2 and loaded[0] is not loaded[1]  # from the pretrained weights, not round 1's model
-    assert run.reward_model is loaded[1] and run.stage.function.model is loaded[1]  # round 2 trains on round 2's
-    for round_pairs, shard in zip(fitted, run.rl_trainer.rounds.shards, strict=True):
+    assert (
+        run.reward_model is loaded[1] and run.reward_source.function.model is loaded[1]
+    )  # round 2 trains on round 2's
+    for round_pairs, shard in zip(fitted, run.rounds.shards, strict=True):
         assert {id(pair) for pair in round_pairs} <= {id(pair) for pair in shard}  # its own pairs, less held-out
     lines = log_lines(folder / "run", "metrics.jsonl")
     starts = [line for line in lines if "iter/current_iteration" in line]
@@ -163,13 +168,13 @@ def test_what_ranks_a_rounds_candidates(folder, monkeypatch, scoring):
     run.train()
     per_round = len(rewards) // 2  # current and comparator candidates of every batch of rows
     assert rewards[:per_round] == [None] * per_round  # round 1: the task reward
-    expected = run.rl_trainer.train_reward if scoring == "reward_model" else None
+    expected = run.train_reward if scoring == "reward_model" else None
     assert rewards[per_round:] == [expected] * per_round  # round 2: the previous round's reward model, or the task's
 
 
 def test_one_learning_rate_schedule_spans_every_round(folder):
     run = trainer(folder, args=config(folder, num_iterations=3, lr_scheduler_type="linear"))
-    assert run.rl_trainer.total_optimizer_steps == 3 * 2
+    assert run.total_optimizer_steps == 3 * 2
     run.train()
     rates = [
         line["agent0/learning_rate"]
@@ -186,18 +191,18 @@ def test_a_round_without_pairs_keeps_the_previous_reward_model(folder):
         return [0.5] * len(completions[0]) if tied["now"] else content_score(*completions)
 
     run = trainer(folder, reward=reward)
-    start_round = run.stage.start_round
+    start_round = run.reward_source.start_round
 
     def tie_from_round_2(tr, round_index):
         tied["now"] = round_index > 0
         return start_round(tr, round_index)
 
-    run.stage.start_round = tie_from_round_2
+    run.reward_source.start_round = tie_from_round_2
     with pytest.warns(
         UserWarning, match=r"MARLHFIter round 2: no preference pairs .*, so its RL epochs train on the previous round's"
     ):
         run.train()
-    assert run.global_step == 4 and run.rl_trainer.rounds.shards[1] == []
+    assert run.global_step == 4 and run.rounds.shards[1] == []
 
 
 def test_round_1_without_pairs_is_an_error(folder):
@@ -214,7 +219,7 @@ def test_iac_goes_through_the_rounds_with_its_critics(folder):
     run = trainer(folder, args=args)
     before = weights(run)
     run.train()
-    assert run.global_step == 4 and [c.agent for c in run.rl_trainer.critics] == [None, None]
+    assert run.global_step == 4 and [c.agent for c in run.objective.critics] == [None, None]
     assert all(not torch.equal(a, b) for a, b in zip(before, weights(run)))
     assert [
         line["iter/current_iteration"]
@@ -232,15 +237,15 @@ def test_resume_in_a_round_and_at_its_end_continues_exactly(folder, monkeypatch)
     straight.train()
     metrics = log_lines(folder / "run", "metrics.jsonl")
     round_2 = [line["step"] for line in metrics if "iter/current_iteration" in line][1]  # its first step: 3
-    fit = marlhf.fit_reward_model
+    fit = reward_fit.fit_reward_model
     fitted = []
-    monkeypatch.setattr(marlhf, "fit_reward_model", lambda *a: fitted.append(1) or fit(*a))
+    monkeypatch.setattr(reward_fit, "fit_reward_model", lambda *a: fitted.append(1) or fit(*a))
     for checkpoint, fits in ((round_2, 1), (round_2 - 1, 2)):  # inside round 2; the end of round 1
         fitted.clear()
         resumed = trainer(folder, args=run_config())  # fresh agents; the same folder
         resumed.train(resume_from_checkpoint=str(folder / "run" / f"checkpoint-{checkpoint}"))
         assert len(fitted) == fits  # round 3's; and round 2's again when resumed before it
-        assert resumed.global_step == straight.global_step and resumed.rl_trainer.rounds.round == 2
+        assert resumed.global_step == straight.global_step and resumed.rounds.round == 2
         for a, b in zip(weights(straight), weights(resumed)):
             torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
         torch.testing.assert_close(resumed.reward_model.head.weight, straight.reward_model.head.weight)
@@ -270,11 +275,11 @@ def test_centralized_rounds_train_one_model_on_each_rounds_reward_model(folder):
     args = config(folder, collaboration_mode="centralized", rl_algorithm="maremax")
     run = MARLHFIterTrainer(agents=[tiny_llama(tok)], tokenizer=tok, train_dataset=DATA, reward_func=content_score,
                             args=args, centralized_comparator_adapter=AfterTwo())  # fmt: skip
-    assert isinstance(run.rl_trainer, marlhf_iter.CentralizedMAGRPOOnRewardModelRounds)
-    assert run.rl_trainer.args.advantage_mode == "max" and run.rl_trainer.num_roles == 2
+    assert isinstance(run.objective.config, CentralizedMAGRPOConfig) and isinstance(run.schedule, Rounds)
+    assert run.objective.config.advantage_mode == "max" and run.num_roles == 2
     run.train()
-    assert run.global_step == 4 and run.rl_trainer.rounds.round == 1
-    assert all(len(pair.prompts) == 1 for shard in run.rl_trainer.rounds.shards for pair in shard)  # joint answers
+    assert run.global_step == 4 and run.rounds.round == 1
+    assert all(len(pair.prompts) == 1 for shard in run.rounds.shards for pair in shard)  # joint answers
     lines = log_lines(folder / "run", "metrics.jsonl")
     starts = [line for line in lines if "iter/current_iteration" in line]
     assert len(starts) == 2 and all("iter/comparator_parse_failure_frac" in line for line in starts)
@@ -285,9 +290,9 @@ def test_centralized_rounds_train_one_model_on_each_rounds_reward_model(folder):
 def test_a_comparator_writing_every_agents_part_uses_the_trainers_adapter(folder):
     args = config(folder, comparator_generation_mode="centralized", num_iterations=1)
     run = trainer(folder, args=args, centralized_comparator_adapter=AfterTwo())
-    assert isinstance(run.rl_trainer.rounds.joint.adapter, AfterTwo)
+    assert isinstance(run.rounds.joint.adapter, AfterTwo)
     run.train()
-    pairs = run.rl_trainer.rounds.shards[0]
+    pairs = run.rounds.shards[0]
     assert pairs and all(len(pair.chosen_texts) == 2 for pair in pairs)  # each agent's part, one model's answer
     starts = [line for line in log_lines(folder / "run", "metrics.jsonl") if "iter/current_iteration" in line]
     assert "iter/comparator_parse_failure_frac" in starts[0]

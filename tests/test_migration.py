@@ -16,6 +16,7 @@ from comlrl.compat.paths import PATHS
 from comlrl.metrics.sinks import wandb_init_kwargs
 from comlrl.models.forward import completion_logprobs
 from comlrl.trainers import IACConfig, MAGRPOConfig, MAGRPOTrainer, MAReMaxTrainer, MARLOOConfig, MARLOOTrainer
+from comlrl.trainers.policy_gradient import reference_kl_shaped
 from comlrl.trainers.update import node_sequences, subtree_nodes
 from tests.helpers import (
     DATA,
@@ -182,7 +183,7 @@ def test_train_batch_size_above_the_rollout_is_refused():
 def test_minibatches_of_a_multi_turn_tree_hold_whole_subtrees(tmp_path):
     trainer = multi_turn_trainer(tmp_path, per_device_train_batch_size=2, train_batch_size=1)
     tree = trainer.rollout(trainer.train_prompts, [0, 1])
-    batches = trainer.update.minibatches(tree)
+    batches = trainer.objective.update.minibatches(tree)
     assert len(batches) == 2
     for nodes in batches:
         (root,) = nodes[0].tolist()
@@ -215,8 +216,8 @@ def test_reference_kl_lowers_each_agents_rewards_by_coef_times_its_k3_sum(tmp_pa
             for p in reference.parameters():
                 p.add_(0.05 * torch.randn_like(p))
     tree = trainer.rollout(trainer.train_prompts, [0, 1])
-    frozen = trainer.update.frozen(tree)
-    shaped, metrics = trainer.shape_with_reference_kl(tree, frozen)
+    frozen = trainer.objective.update.frozen(tree)
+    shaped, metrics = reference_kl_shaped(tree, frozen, trainer.args.reference_kl_coef)
     turn = tree.turns[0]
     for i, agent in enumerate(turn.agents):
         by_hand = []

@@ -296,7 +296,7 @@ def test_a_single_sample_step_keeps_its_unwhitened_advantage_as_in_the_original(
         for critic in trainer.critics:
             critic.head.layers[-1].bias.fill_(0.25)  # V = 0.25 for every input
     tree = trainer.rollout(trainer.train_prompts, [0])
-    estimate = trainer.estimate(tree)
+    estimate = trainer.objective.estimate(tree)
     rewards = tree.turns[0].rewards  # (1, 1, N)
     for i in range(2):
         assert estimate.advantages[i][0].tolist() == pytest.approx([rewards[0, 0, i].item() - 0.25])

@@ -64,9 +64,9 @@ def test_gradient_checkpointing_gives_the_same_gradients(tmp_path):
             rollout = trainer.rollout(trainer.train_prompts, [0, 1]).turns[0].agents[0]
         advantages = torch.linspace(-1, 1, rollout.lengths.numel())
         weights = token_weights(rollout.lengths, "dapo", trainer.args.max_new_tokens)
-        trainer.update.args = dataclasses.replace(trainer.args, micro_batch_size=None)
+        trainer.objective.update.args = dataclasses.replace(trainer.args, micro_batch_size=None)
         trainer.learners.zero_grad()
-        trainer.update.agent_backward(0, [rollout], [advantages], [weights], None, None)
+        trainer.objective.update.agent_backward(0, [rollout], [advantages], [weights], None, None)
         grads.append(torch.cat([p.grad.reshape(-1) for p in trainer.agents[0].parameters()]))
     torch.testing.assert_close(grads[0], grads[1], atol=1e-6, rtol=1e-5)
 

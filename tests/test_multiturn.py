@@ -257,9 +257,9 @@ def test_micro_batches_give_the_loss_and_gradient_of_one_pass(tmp_path, loss_typ
     weights = token_weights(lengths, loss_type, 5).split([r.lengths.numel() for r in rollouts])
     results = []
     for size in (None, 1, 4):
-        trainer.update.args = dataclasses.replace(trainer.args, micro_batch_size=size)
+        trainer.objective.update.args = dataclasses.replace(trainer.args, micro_batch_size=size)
         trainer.learners.zero_grad()
-        out = trainer.update.agent_backward(0, rollouts, advantages, weights, None, None)
+        out = trainer.objective.update.agent_backward(0, rollouts, advantages, weights, None, None)
         gradient = torch.cat([p.grad.reshape(-1) for p in trainer.agents[0].parameters()])
         results.append((torch.tensor(out["agent0/loss"].value()), gradient))
     for loss, grad in results[1:]:

@@ -48,7 +48,7 @@ def train_and_collect(tmp_path, monkeypatch, parallel):
     for rows in ([0, 1], [2, 0], [1, 2]):
         tree = trainer.rollout(trainer.train_prompts, rows)
         texts.append([agent.texts for turn in tree.turns for agent in turn.agents])
-        trainer.update(tree, trainer.estimate(tree), trainer.update.frozen(tree), 1)
+        trainer.objective.update(tree, trainer.objective.estimate(tree), trainer.objective.update.frozen(tree), 1)
     monkeypatch.undo()
     return texts, [p.detach().clone() for agent in trainer.agents for p in agent.parameters()]
 

@@ -154,10 +154,10 @@ def test_the_correction_changes_nothing_when_sampler_and_learner_agree(tmp_path)
     advantages = torch.linspace(-1, 1, len(rollout.texts))
     weights = torch.ones(len(rollout.texts)) / rollout.completion_mask.sum()
     grads = []
-    for sampler in (None, trainer.update.logprobs(trainer.agents[0], rollout, slice(None)).detach()):
+    for sampler in (None, trainer.objective.update.logprobs(trainer.agents[0], rollout, slice(None)).detach()):
         rollout.sampler_logprobs = sampler
         trainer.learners.zero_grad()
-        metrics = trainer.update.agent_backward(0, [rollout], [advantages], [weights], None, None)
+        metrics = trainer.objective.update.agent_backward(0, [rollout], [advantages], [weights], None, None)
         grads.append(torch.cat([p.grad.reshape(-1) for p in trainer.agents[0].parameters()]))
     assert metrics["agent0/sampler_logprob_gap"].value() == 0.0
     assert torch.equal(grads[0], grads[1])
@@ -178,7 +178,7 @@ def test_bad_precision_settings_are_named(tmp_path, values, match):
 
 @pytest.mark.parametrize("has_units,warns", [(False, True), (True, False), (None, False)])
 def test_bf16_on_a_cpu_without_bf16_units_is_warned(tmp_path, monkeypatch, recwarn, has_units, warns):
-    monkeypatch.setattr("comlrl.trainers.base.cpu_has_bf16_units", lambda: has_units)
+    monkeypatch.setattr("comlrl.models.hardware.cpu_has_bf16_units", lambda: has_units)
     make_trainer(tmp_path, args=small_config(tmp_path, precision="bf16"))
     messages = [str(w.message) for w in recwarn if "bf16 matrix units" in str(w.message)]
     assert bool(messages) == warns

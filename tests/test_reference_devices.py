@@ -172,7 +172,7 @@ def test_reference_logprobs_are_computed_on_the_references_device(tmp_path, monk
         return torch.zeros(completion_ids.shape)  # a meta model cannot compute: only where it was asked counts
 
     monkeypatch.setattr(update_module, "completion_logprobs", spy)
-    logps = trainer.update.frozen_logprobs(tree, reference=True)
+    logps = trainer.objective.update.frozen_logprobs(tree, reference=True)
     assert seen and all(devices == {torch.device("meta")} for devices in seen)
     assert all(t.device == torch.device("cpu") for agent in logps for t in agent)
 
@@ -181,7 +181,7 @@ def test_reference_logprobs_come_back_to_the_agents_device(tmp_path, monkeypatch
     trainer = make_trainer(tmp_path, args=small_config(tmp_path, beta=0.1, reference_devices="cpu"))
     tree = trainer.rollout(trainer.train_prompts, [0], reward=trainer.train_reward)
     monkeypatch.setattr(trainer.agents, "device", lambda agent: torch.device("meta"))  # as if on another device
-    logps = trainer.update.frozen_logprobs(tree, reference=True)
+    logps = trainer.objective.update.frozen_logprobs(tree, reference=True)
     assert all(t.device == torch.device("meta") for agent in logps for t in agent)
 
 

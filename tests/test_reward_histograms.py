@@ -250,7 +250,7 @@ def test_marlhf_iter_histograms_what_ranked_the_candidates(folder):  # noqa: F81
     ]
     first = records[0]["candidate"]["target"]["raw_rewards"]
     assert len(first) == 12 and all(value == int(value) and 0 <= value <= 12 for value in first)  # the task reward
-    first_round, second_round = run.rl_trainer.rounds.shards
+    first_round, second_round = run.rounds.shards
     assert first_round and second_round
     for p in first_round:  # the task reward: processed
         assert sorted(map(processed, (p.target_raw_reward, p.comparator_raw_reward))) == [
@@ -264,7 +264,7 @@ def test_marlhf_iter_histograms_what_ranked_the_candidates(folder):  # noqa: F81
     assert [line["iter/selected_reward_distribution/pair_count"] for line in lines] == [
         line["iter/train_preference_pairs"] for line in lines
     ]
-    assert records[1]["selected"]["target"]["raw_rewards"] == [p.target_raw_reward for p in run.stage.pairs]
+    assert records[1]["selected"]["target"]["raw_rewards"] == [p.target_raw_reward for p in run.reward_source.pairs]
 
 
 # ------------------------------------------------------------------------------ the output folder

@@ -166,7 +166,7 @@ def test_every_family_writes_a_run_without_output_dir_into_a_folder_of_its_own(t
 
     monkeypatch.chdir(tmp_path)
     trainer = build_trainer(algorithm, tmp_path / "unused", per_device_rows=2)
-    getattr(trainer, "rl_trainer", trainer).args.output_dir = None  # the config the loop reads
+    trainer.args.output_dir = None  # the config the loop reads
     result = trainer.train()
     (name,) = runs()
     assert result.output_dir == str(tmp_path / "comlrl_output" / name) and trainer.output_dir is not None

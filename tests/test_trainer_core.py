@@ -47,8 +47,8 @@ def test_with_dropout_models_the_first_pass_ratio_is_one_and_the_kl_zero(tmp_pat
         assert metrics[f"agent{i}/clip_fraction"] == 0.0 and metrics[f"agent{i}/kl"] == 0.0
     rollout = trainer.rollout(trainer.train_prompts, [2]).turns[0].agents[0]
     with trainer.agents.frozen(0) as model:
-        sampling_time = trainer.update.logprobs(model, rollout, slice(None))
-    in_the_loss = trainer.update.logprobs(trainer.agents.trainable(0), rollout, slice(None))
+        sampling_time = trainer.objective.update.logprobs(model, rollout, slice(None))
+    in_the_loss = trainer.objective.update.logprobs(trainer.agents.trainable(0), rollout, slice(None))
     assert in_the_loss.requires_grad and torch.equal(in_the_loss.detach(), sampling_time)
 
 
@@ -85,7 +85,7 @@ def test_one_frozen_sampling_spec_drives_generation_logprobs_and_loss(tmp_path):
                         generation_kwargs={"min_new_tokens": 2})  # fmt: skip
     trainer = make_trainer(tmp_path, args=args)
     spec = trainer.sampling
-    assert trainer.update.sampling is spec
+    assert trainer.objective.update.sampling is spec
     assert spec.generate_kwargs() == {"do_sample": True, "max_new_tokens": 5, "temperature": 0.7, "top_p": 0.6,
                                       "top_k": 50, "min_new_tokens": 2}  # fmt: skip
     with pytest.raises(dataclasses.FrozenInstanceError):
@@ -95,7 +95,7 @@ def test_one_frozen_sampling_spec_drives_generation_logprobs_and_loss(tmp_path):
     args.generation_kwargs["max_new_tokens"] = 512  # after the trainer was built: ignored by it
     tree = trainer.rollout(trainer.train_prompts, [0])
     assert tree.turns[0].agents[0].completion_ids.shape[1] <= 5
-    weights = trainer.update.token_weights(tree, 0)[0]
+    weights = trainer.objective.update.token_weights(tree, 0)[0]
     assert torch.allclose(weights, torch.full_like(weights, 1 / (2 * 5)))  # dr_grpo: 1 / (sequences x 5)
 
 
@@ -187,12 +187,13 @@ def test_each_turn_of_an_episode_weighs_the_same_whatever_its_width(tmp_path, lo
     trainer = multi_turn_trainer(tmp_path, loss_type=loss_type, num_generations=3)
     tree = trainer.rollout(trainer.train_prompts, [0])
     assert [turn.agents[0].lengths.numel() for turn in tree.turns] == [3, 9]  # G and G*G sequences
-    weights = trainer.update.token_weights(tree, 0)
+    weights = trainer.objective.update.token_weights(tree, 0)
     totals = [(w * turn.agents[0].lengths).sum().item() for w, turn in zip(weights, tree.turns)]
     assert totals == pytest.approx([0.5, 0.5])  # turn 1's decisions no longer get 1/(G+1) of the weight
-    trainer.update.args = dataclasses.replace(trainer.args, turn_weighting="sequence")
+    trainer.objective.update.args = dataclasses.replace(trainer.args, turn_weighting="sequence")
     pooled = [
-        (w * turn.agents[0].lengths).sum().item() for w, turn in zip(trainer.update.token_weights(tree, 0), tree.turns)
+        (w * turn.agents[0].lengths).sum().item()
+        for w, turn in zip(trainer.objective.update.token_weights(tree, 0), tree.turns)
     ]
     assert sum(pooled) == pytest.approx(1.0) and pooled[1] > 2 * pooled[0]
 

@@ -52,7 +52,7 @@ def test_variants_give_different_advantages_and_gradients_on_the_same_rollout(tm
                                  if f.name not in ("advantage_mode", "advantage_normalization")})  # fmt: skip
         adv = group_advantages(returns[0], config.advantage_mode, config.advantage_normalization).reshape(-1)
         trainer.learners.zero_grad()
-        trainer.update.agent_backward(0, [rollout.agents[0]], [adv], [weights], None, None)
+        trainer.objective.update.agent_backward(0, [rollout.agents[0]], [adv], [weights], None, None)
         advantages.append(adv)
         gradients.append(torch.cat([p.grad.reshape(-1) for p in trainer.agents[0].parameters()]))
     for a in range(len(VARIANTS)):

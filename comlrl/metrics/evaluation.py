@@ -10,8 +10,8 @@ import torch
 
 from comlrl.algorithms.returns import tree_returns
 from comlrl.metrics.hooks import checked_metrics
-from comlrl.rewards.joint_reward import describe, keyword_arguments
 from comlrl.rollout.tree import RolloutTree
+from comlrl.utils.signatures import describe, keyword_arguments
 
 EVAL_LOGGER_ARGUMENTS = ("agent_completions_turns", "batch_items", "prompts", "rows", "test_cases", "entry_points")
 """Keyword arguments ``eval_logger`` receives when its signature names them (all with

@@ -13,9 +13,9 @@ import torch
 
 from comlrl.algorithms import per_agent_returns
 from comlrl.algorithms.returns import tree_returns
-from comlrl.rewards.joint_reward import describe
 from comlrl.rollout.prompts import PromptTable
 from comlrl.rollout.tree import RolloutTree
+from comlrl.utils.signatures import describe
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ import json
 import os
 import re
 from collections import defaultdict
+from collections.abc import Callable
 from typing import IO, Any, Protocol
 
 
@@ -200,3 +201,14 @@ class MetricsLogger:
     def close(self) -> None:
         for sink in self.sinks:
             sink.close()
+
+
+def run_sinks(output_dir: str, wandb_config: dict | None, config: Callable[[], dict], tensorboard: bool) -> list:
+    """A run's sinks: ``output_dir/metrics.jsonl`` always, W&B (with the run's ``config()``) when
+    ``wandb_config`` is given, TensorBoard in ``output_dir/tensorboard`` when asked."""
+    sinks: list = [JsonlSink(os.path.join(output_dir, "metrics.jsonl"))]
+    if wandb_config is not None:
+        sinks.append(WandbSink(wandb_config, config()))
+    if tensorboard:
+        sinks.append(TensorBoardSink(os.path.join(output_dir, "tensorboard")))
+    return sinks

@@ -4,6 +4,9 @@ A critic is a backbone (an agent's own model, or a separate causal LM) plus a sm
 that maps the final hidden state of the input's last token to one value per output. Inputs
 are texts, tokenized by the critic's own tokenizer and left-padded, so the last column is
 every row's last token; the language-model head computes one position only.
+
+A head is saved as ``value_head.safetensors``; comlrl 1.4.3's ``value_head.pt`` (the
+original head file) is read too, through :mod:`comlrl.compat.actor_critic`.
 """
 
 from __future__ import annotations
@@ -13,17 +16,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
+from comlrl.compat.actor_critic import ORIGINAL_VALUE_HEAD_FILE, load_original_head, original_head_weights
 from comlrl.models.forward import padded_forward_kwargs
 
 VALUE_HEAD_FILE = "value_head.safetensors"
 """The file of a value head, in its agent's (or critic's) folder."""
-ORIGINAL_VALUE_HEAD_FILE = "value_head.pt"
-"""comlrl 1.4.3's file of a value head: a ``torch.save``d state dict of ``pre_projection.0``
-(the optional Tanh hidden layer) and ``value_projection`` (one output), in the backbone's dtype."""
 
 
 def hidden_size(model: nn.Module) -> int:
@@ -69,9 +69,9 @@ class ValueHead(nn.Module):
         return self.layers[0].out_features if len(self.layers) > 1 else None
 
     def load(self, folder: str, width_setting: str = "hidden_dim") -> None:
-        """Load the head saved in ``folder``: ours (``value_head.safetensors``) or comlrl 1.4.3's
-        (``value_head.pt``). An error names the file and what differs; ``width_setting`` is the
-        setting that sizes this head, named when the saved one is another width."""
+        """Load the head saved in ``folder`` (:func:`saved_head_file`). An error names the file
+        and what differs; ``width_setting`` is the setting that sizes this head, named when the
+        saved one is another width."""
         path = saved_head_file(folder)
         if path is None:
             raise ValueError(
@@ -92,8 +92,8 @@ class ValueHead(nn.Module):
 
 
 def saved_head_file(folder: str) -> str | None:
-    """The value head file in ``folder`` (ours or comlrl 1.4.3's), None when there is none; a
-    folder with both is an error, since which one is meant is unknowable."""
+    """The value head file in ``folder`` (ours, or the original ``value_head.pt``), None when
+    there is none; a folder with both is an error, since which one is meant is unknowable."""
     found = [os.path.join(folder, name) for name in (VALUE_HEAD_FILE, ORIGINAL_VALUE_HEAD_FILE)]
     found = [path for path in found if os.path.isfile(path)]
     if len(found) > 1:
@@ -103,33 +103,12 @@ def saved_head_file(folder: str) -> str | None:
 
 def read_head_weights(path: str, num_values: int) -> dict[str, Tensor]:
     """The weights of a saved head file under :class:`ValueHead`'s names."""
+    ours = path.endswith(VALUE_HEAD_FILE)
     try:
-        if path.endswith(VALUE_HEAD_FILE):
-            return load_file(path)
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        state = load_file(path) if ours else load_original_head(path)
     except Exception as error:
         raise ValueError(f"{path} cannot be read ({type(error).__name__}: {error})") from error
-    return original_head_weights(state, num_values, path)
-
-
-def original_head_weights(state: dict[str, Tensor], num_values: int, path: str) -> dict[str, Tensor]:
-    """comlrl 1.4.3's head weights renamed to ours, in float32. Its heads have one output; a
-    head with ``num_values`` outputs (MAAC's, one per agent) starts with that one in every row:
-    the same value for every agent, as 1.4.3's shared critic gave."""
-    names = (["pre_projection.0"] if "pre_projection.0.weight" in state else []) + ["value_projection"]
-    try:
-        weights = {
-            f"layers.{2 * i}.{part}": state[f"{name}.{part}"].float()
-            for i, name in enumerate(names)
-            for part in ("weight", "bias")
-        }
-    except (KeyError, TypeError, AttributeError) as error:
-        raise ValueError(f"{path} is not a comlrl 1.4.3 value head ({type(error).__name__}: {error})") from error
-    last = f"layers.{2 * (len(names) - 1)}"
-    if weights[f"{last}.weight"].shape[0] == 1:
-        weights[f"{last}.weight"] = weights[f"{last}.weight"].repeat(num_values, 1)
-        weights[f"{last}.bias"] = weights[f"{last}.bias"].repeat(num_values)
-    return weights
+    return state if ours else original_head_weights(state, num_values, path)
 
 
 def last_token_hidden(model: nn.Module, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
@@ -176,7 +155,7 @@ class Critic:
     def parameters(self) -> list[nn.Parameter]:
         """What the critic's optimizer trains: the head, and a separate backbone's weights (the
         shared backbone of a value head on an agent is trained by that agent's optimizer, and
-        the head, as in comlrl 1.4.3, at that agent's learning rate)."""
+        the head at that agent's learning rate)."""
         own = [] if self.agent is not None else [p for p in self.backbone.parameters() if p.requires_grad]
         return list(self.head.parameters()) + own
 

@@ -6,34 +6,23 @@ each joint action, either one number shared by all agents or N numbers, one per 
 (mixed cooperative settings). ``functools.partial`` objects and callables with extra
 keyword arguments that have defaults work.
 
-The prompts are what comlrl 1.4.3 passed: per joint action, agent 0's prompt of that turn
-as that agent saw it (its formatted prompt; at later turns the prompt the transition
-produced), not the row's ``prompt`` column. As in 1.4.3, a function that names
-``batch_items`` gets the dataset rows (dicts) of the joint actions, and one that names
-``prompts`` without taking them positionally gets them by keyword; one with ``**kwargs``
-gets both (``REWARD_KEYWORDS``). Each is one item per joint action, aligned with the
-completion lists.
+The prompts are, per joint action, agent 0's prompt of that turn as that agent saw it (its
+formatted prompt; at later turns the prompt the transition produced), not the row's
+``prompt`` column. A function that names ``batch_items`` gets the dataset rows (dicts) of
+the joint actions, and one that names ``prompts`` without taking them positionally gets
+them by keyword; one with ``**kwargs`` gets both (``REWARD_KEYWORDS``); each is one item per
+joint action, aligned with the completion lists. A function may also name keyword
+parameters from ``REWARD_CONTEXT`` to receive where the joint actions stand in a multi-turn
+episode: ``turn`` (1 for the first turn), and per joint action the prompt and response
+histories of every agent up to and including this turn; those go only to the functions
+that name them.
 
-A function may also name keyword parameters from ``REWARD_CONTEXT`` to receive where the
-joint actions stand in a multi-turn episode: ``turn`` (1 for the first turn), and per joint
-action the prompt and response histories of every agent up to and including this turn.
-These are passed only to functions that name them: comlrl 1.4.3 never passed them, and its
-``**kwargs`` functions may forward their keywords somewhere that does not expect them.
-
-How a function is called is ``REWARD_CALLS``' choice (the config's ``reward_call``):
-``batch`` calls it once with the K joint actions of a turn; ``per_joint_action`` once per
-joint action with one-element lists, as comlrl 1.4.3 did, its users' functions reading
-``[0]`` and returning ``[value]``; ``auto`` calls it in batch and, the first time it returns
-a single value for K > 1 joint actions, takes it for a 1.4.3 one: it warns, scores that
-batch again per joint action and keeps calling it so. K values for K > 1 joint actions are
-checked once by calling per joint action too when they may mean something else (K = N
-values, which a 1.4.3 function returns as one per agent of the first joint action; a
-function that gets ``batch_items`` or ``prompts``, at the first call whose joint actions have
-different rows or prompts, which a 1.4.3 function may read at ``[0]`` for all): the same
-rewards make it a batch function, others a 1.4.3 one (warned, as above). A function settled
-as a batch one is called so from then on (a single value is then an error, not a switch).
-A callable with a ``reward_call`` attribute is called as it says, whatever the config's (the
-library's own wrappers, such as a reward model, say ``batch``).
+How a function is called is the config's ``reward_call`` (``REWARD_CALLS``): ``batch`` calls
+it once with the K joint actions of a turn; ``per_joint_action`` and ``auto``, for functions
+written to score one joint action per call, are :mod:`comlrl.compat.rewards`' (which says
+how, and why ``**kwargs`` does not get ``REWARD_CONTEXT``). A callable with a ``reward_call``
+attribute is called as it says, whatever the config's (the library's own wrappers, such as
+a reward model, say ``batch``).
 
 Several reward functions can be given with weights; the joint reward is their weighted
 sum, then the optional processor is applied to each value.
@@ -42,12 +31,8 @@ sum, then the optional processor is applied to each value.
 from __future__ import annotations
 
 import copy
-import functools
 import inspect
 import math
-import numbers
-import warnings
-from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -55,51 +40,24 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from comlrl.compat import rewards as compat
+from comlrl.rewards.calls import JointActions, RewardFunctionError, plural, real_number
+from comlrl.utils.signatures import describe, keyword_arguments, signature_parameters, unique_names
 from comlrl.utils.text import short_repr
-
-
-def describe(func: Callable) -> str:
-    """A readable name for a callable, ``partial`` objects included."""
-    if isinstance(func, functools.partial):
-        return f"partial({describe(func.func)})"
-    return getattr(func, "__name__", None) or repr(func)
-
 
 REWARD_CALLS = ("auto", "batch", "per_joint_action")
 """How reward functions are called (the config's ``reward_call``)."""
 
 REWARD_KEYWORDS = ("batch_items", "prompts")
-"""comlrl 1.4.3's keyword arguments, given to a function that names them or takes
-``**kwargs``: ``batch_items`` (the dataset row, a dict, of each joint action) and ``prompts``
-(the prompts, when not already passed positionally)."""
+"""Keyword arguments given to a function that names them or takes ``**kwargs``: ``batch_items``
+(the dataset row, a dict, of each joint action) and ``prompts`` (the prompts, when not already
+passed positionally)."""
 
 REWARD_CONTEXT = ("turn", "prompt_history_per_agent", "response_history_per_agent")
 """Keyword arguments a reward function receives when its signature names them:
 ``turn`` (int, 1-based), ``prompt_history_per_agent`` and ``response_history_per_agent``
 (per joint action, one list per agent of its prompts / responses on that branch, from the
 first turn up to and including the current one)."""
-
-_PER_JOINT_ACTION = ("prompts", "batch_items", "prompt_history_per_agent", "response_history_per_agent")
-"""The keyword values that hold one item per joint action: a per-joint-action call gets that
-joint action's item alone (the others, such as ``turn``, are the same for every joint action)."""
-
-
-def signature_parameters(func: Callable) -> list[inspect.Parameter] | None:
-    """``func``'s parameters, or None for builtins and C callables without a signature."""
-    try:
-        return list(inspect.signature(func).parameters.values())
-    except (TypeError, ValueError):
-        return None
-
-
-def keyword_arguments(func: Callable, names: Sequence[str], if_any_keyword: Sequence[str] = ()) -> tuple[str, ...]:
-    """The ``names`` that ``func`` takes by keyword, in the order of ``names``; a function that
-    takes ``**kwargs`` (or whose signature cannot be read) also gets ``if_any_keyword``."""
-    params = signature_parameters(func)
-    named = {p.name for p in params or [] if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
-    if params is None or any(p.kind == p.VAR_KEYWORD for p in params):
-        named |= set(if_any_keyword)
-    return tuple(name for name in names if name in named)
 
 
 def context_parameters(func: Callable) -> tuple[str, ...]:
@@ -148,25 +106,6 @@ def takes_prompts(func: Callable, num_agents: int) -> bool:
     )
 
 
-def unique_names(names: Sequence[str]) -> list[str]:
-    """``names`` made unique: every name that occurs more than once gets ``_1``, ``_2``... by position."""
-    counts = Counter(names)
-    taken = {name for name in names if counts[name] == 1}
-    suffix: Counter[str] = Counter()
-    out = []
-    for name in names:
-        if counts[name] > 1:
-            while True:  # skip a suffixed name another function already has, e.g. [f, f, f_1]
-                suffix[name] += 1
-                candidate = f"{name}_{suffix[name]}"
-                if candidate not in taken:
-                    break
-            name = candidate
-            taken.add(name)
-        out.append(name)
-    return out
-
-
 @dataclass
 class RewardBatch:
     """The rewards of K joint actions of N agents scored by F reward functions.
@@ -186,91 +125,14 @@ class RewardBatch:
     names: list[str]
 
 
-def _number(value: object) -> float | None:
-    """``value`` as a float when it is one real number (0-d tensors and arrays included), else None."""
-    if isinstance(value, Tensor | np.ndarray):
-        if value.ndim != 0:
-            return None
-        value = value.item()
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        return None
-    return float(value)
-
-
 def _is_vector(value: object) -> bool:
     if isinstance(value, Tensor | np.ndarray):
         return value.ndim >= 1
     return isinstance(value, list | tuple)
 
 
-def _plural(count: int, word: str) -> str:
-    return f"{count} {word}{'' if count == 1 else 's'}"
-
-
-def _single_value(value: object) -> bool:
-    """True when ``value`` holds exactly one value (a number, a one-element list or tuple, a
-    tensor or array of one element): what a function written for one joint action returns."""
-    if _number(value) is not None:
-        return True
-    if isinstance(value, Tensor):
-        return value.numel() == 1
-    if isinstance(value, np.ndarray):
-        return value.size == 1
-    return isinstance(value, list | tuple) and len(value) == 1
-
-
-def _flat(value: object) -> bool:
-    """True when ``value`` is a flat sequence of numbers (no per-agent rows)."""
-    if isinstance(value, Tensor | np.ndarray):
-        return value.ndim == 1
-    return isinstance(value, list | tuple) and all(_number(item) is not None for item in value)
-
-
-def _per_joint_action_hint(count: int) -> str:
-    """What a batch call's error adds when a comlrl 1.4.3 function may be its cause; with one
-    joint action both ways of calling are the same, and it adds nothing."""
-    if count <= 1:
-        return ""
-    return (
-        "; a reward function written for comlrl 1.4.3, which called it once per joint action with "
-        'one-element lists, needs reward_call="per_joint_action"'
-    )
-
-
-@dataclass(frozen=True)
-class JointActions:
-    """K joint actions to score and what a reward function may be given about them."""
-
-    completions: list[list[str]]
-    """``[agent][k]`` agent's part of joint action k."""
-    row_ids: list[int]
-    """K dataset row indices, to name culprits in errors."""
-    keywords: dict[str, object]
-    """Values of ``REWARD_KEYWORDS`` and ``REWARD_CONTEXT`` names, by name (``prompts`` is
-    always there: it may also go first positionally)."""
-
-    def one(self, k: int, agent_prompts: bool = False) -> JointActions:
-        """Joint action ``k`` alone, every list one element long, as a per-joint-action call sees
-        it; with ``agent_prompts``, ``prompts`` holds each agent's prompt of the turn instead
-        (what comlrl 1.4.3's actor-critic trainers passed)."""
-        keywords = {
-            name: value[k : k + 1] if name in _PER_JOINT_ACTION else value for name, value in self.keywords.items()
-        }
-        histories = self.keywords.get("prompt_history_per_agent")
-        if agent_prompts and histories is not None:
-            keywords["prompts"] = [history[-1] for history in histories[k]]
-        return JointActions([c[k : k + 1] for c in self.completions], self.row_ids[k : k + 1], keywords)
-
-
-class RewardFunctionError(RuntimeError):
-    """A reward function raised: the error names it, the call and the joint action."""
-
-
 # How many distinct dataset rows an error lists before "...": a batch can hold hundreds.
 _ROWS_SHOWN = 10
-# When a batch call and per-joint-action calls agree (``auto``): batched arithmetic, such as a
-# reward model scoring padded rows together, rounds otherwise than one row at a time.
-_SETTLE_RTOL, _SETTLE_ATOL = 1e-4, 1e-6
 
 
 class JointReward:
@@ -307,10 +169,7 @@ class JointReward:
         self.funcs: tuple[Callable, ...] = funcs
         self.num_agents = num_agents
         self.actor_critic_calls = actor_critic_calls
-        """Whether per-joint-action calls follow comlrl 1.4.3's actor-critic trainers, whose
-        ``prompts`` held every agent's prompt of the turn and which read a flat list of N values
-        as one reward per agent (its MAGRPO passed agent 0's prompt and kept a list's first
-        value: an error here)."""
+        """Whether per-joint-action calls are the actor-critic trainers' (:mod:`comlrl.compat.rewards`)."""
         self.processor = processor
         self.weights = self._check_weights(weights, len(funcs))
         self.names = unique_names([describe(func) for func in funcs])
@@ -346,11 +205,11 @@ class JointReward:
         weights = list(weights)
         if len(weights) != count:
             raise ValueError(
-                f"reward_weights has {_plural(len(weights), 'value')} for {_plural(count, 'reward function')}"
+                f"reward_weights has {plural(len(weights), 'value')} for {plural(count, 'reward function')}"
             )
         out = []
         for position, weight in enumerate(weights):
-            number = _number(weight)
+            number = real_number(weight)
             if number is None:
                 raise TypeError(
                     f"reward_weights[{position}] is {weight!r} ({type(weight).__name__}); expected a real number"
@@ -404,127 +263,13 @@ class JointReward:
         return RewardBatch(per_function=per_function, raw=raw, processed=processed, names=list(self.names))
 
     def _score(self, j: int, actions: JointActions) -> Tensor:
-        """Function ``j``'s ``(K, N)`` rewards, called as ``calls[j]`` says; ``auto`` settles
-        here, at the first call over more than one joint action."""
-        if self.calls[j] == "per_joint_action":
-            return self._score_each(j, actions)
-        count = len(actions.row_ids)
-        returned = self._call(j, actions, hint=_per_joint_action_hint(count))
-        if self.calls[j] == "auto" and count > 1 and _single_value(returned):
-            self._take_for_per_joint_action(j, f"returned one value ({short_repr(returned)}) for {count} joint actions")
-            return self._score_each(j, actions)
-        values = self._check(returned, actions.row_ids, self._sources[j])
-        if self.calls[j] != "auto" or count == 1:
-            return values
-        doubt = self._doubt(j, actions, returned)
-        if doubt is not None:
-            return self._settle(j, actions, values, doubt)
-        if not self._reads_joint_action_items(j):
-            self.calls[j] = "batch"  # K values for K joint actions, read from its lists alone: a batch function
-        return values
-
-    def _reads_joint_action_items(self, j: int) -> bool:
-        """Whether function ``j`` gets ``batch_items`` or ``prompts``: items that a function
-        written for comlrl 1.4.3 (one joint action per call) may read at ``[0]`` only."""
-        return self.pass_prompts[j] or bool({"batch_items", "prompts"} & set(self.keyword_names[j]))
-
-    def _doubt(self, j: int, actions: JointActions, returned: object) -> str | None:
-        """Why K values that function ``j`` returned for K > 1 joint actions under ``auto`` may
-        not be one reward per joint action, or None when they can only be that.
-
-        Two ways a function written for comlrl 1.4.3 returns K values that mean something else:
-        K = N values read at ``[0]``, one per agent of the first joint action; and values for
-        every joint action all computed from the first one's ``batch_items`` or ``prompts`` (a
-        list comprehension over the completions beside ``batch_items[0]``). The second shows only
-        when the joint actions have different rows or prompts: until a call that has them, the
-        function is left unsettled (any such reading is right while they are all the same)."""
-        count = len(actions.row_ids)
-        if count == self.num_agents and _flat(returned):
-            return (
-                f"returned {short_repr(returned)} for {count} joint actions, which called one at a time give other "
-                f"rewards: a comlrl 1.4.3 function reads such a list as {_plural(count, 'value')} for the first "
-                "joint action"
-                + (" (one per agent, as its actor-critic trainers read it)" if self.actor_critic_calls else "")
-            )
-        if not self._reads_joint_action_items(j):
-            return None
-        prompts = actions.keywords["prompts"]
-        if len(set(actions.row_ids)) > 1 or len(set(prompts)) > 1:
-            return (
-                f"returned {_plural(count, 'value')} for {count} joint actions of different dataset rows or "
-                "prompts, which called one at a time give other rewards: it reads one joint action's batch_items "
-                "or prompts for all of them, as a comlrl 1.4.3 function (one joint action per call) may read [0]"
-            )
-        return None
-
-    def _settle(self, j: int, actions: JointActions, values: Tensor, doubt: str) -> Tensor:
-        """Function ``j`` called once per joint action too, to tell a batch function (the same
-        rewards, up to float rounding of batched arithmetic, or an error of its own: 1.4.3 called
-        its functions so) from a comlrl 1.4.3 one (other rewards, or an error that says what
-        such a list means). K more calls, once per function and run."""
-        try:
-            each = self._score_each(j, actions)
-        except RewardFunctionError:
-            each = values
-        if torch.allclose(each, values, rtol=_SETTLE_RTOL, atol=_SETTLE_ATOL):
-            self.calls[j] = "batch"
-            return values
-        self._take_for_per_joint_action(j, doubt)
-        return each
-
-    def _take_for_per_joint_action(self, j: int, answered: str) -> None:
-        """Function ``j`` ``answered`` as a comlrl 1.4.3 one under ``auto``: it is called per joint
-        action from now on; said once, as it is decided once."""
-        self.calls[j] = "per_joint_action"
-        warnings.warn(
-            f"{self._sources[j]} {answered}, so it is "
-            "taken for a function written for comlrl 1.4.3, which called reward functions once per joint action "
-            "with one-element lists: it is now called that way, once per joint action, for the rest of this run. "
-            'Set reward_call="per_joint_action" to say so, or reward_call="batch" to call it with all the joint '
-            "actions of a turn at once (for a batch function whose rewards vary from call to call, such as a "
-            "sampled judge; one value for several joint actions is then an error)",
-            stacklevel=2,
-        )
-
-    def _score_each(self, j: int, actions: JointActions) -> Tensor:
-        """Function ``j`` called once per joint action with one-element lists, as comlrl 1.4.3 called it."""
-        entries = []
-        for k in range(len(actions.row_ids)):
-            where = self._where(actions.row_ids, k)
-            returned = self._call(j, actions.one(k, agent_prompts=self.actor_critic_calls), where=where)
-            entries.append(self._one_entry(returned, self._sources[j], where))
-        return self._check(entries, actions.row_ids, self._sources[j])
-
-    def _one_entry(self, returned: object, source: str, where: str) -> object:
-        """What a call for one joint action returned, as that joint action's entry of a batch
-        (a number, or N per-agent numbers); a value of the wrong kind is passed on for
-        ``_check`` to name. A flat list of several values is refused (1.4.3's MAGRPO kept only
-        its first value, and reading it otherwise would change the rewards without a word),
-        except N values under ``actor_critic_calls``: one per agent, as 1.4.3's IAC/MAAC read them."""
-        if _number(returned) is not None:
-            return returned
-        values = returned.detach().cpu() if isinstance(returned, Tensor) else returned
-        if isinstance(values, Tensor | np.ndarray):
-            if values.ndim >= 1 and math.prod(values.shape) == 1:
-                return values.reshape(-1)[0]
-            values = values.tolist()
-        if not isinstance(values, list | tuple):
-            return returned  # None, a string, a dict...: _check says what is wrong with it
-        if len(values) == 1:
-            return values[0]
-        if self.actor_critic_calls and len(values) == self.num_agents:
-            return list(values)
-        per_agent = "[[" + ", ".join(f"v{i}" for i in range(self.num_agents)) + "]]"
-        if not values:
-            raise ValueError(
-                f"{source} returned no value ({short_repr(returned)}) for {where}, called for that joint action "
-                f"alone; return one reward (a number or [value]) or {per_agent} (one per agent)"
-            )
-        raise ValueError(
-            f"{source} returned {_plural(len(values), 'value')} ({short_repr(returned)}) for {where}, called for "
-            f"that joint action alone; comlrl 1.4.3 used only the first value ({short_repr(values[0])}) of such a "
-            f"list. Return [value] for one reward shared by all agents, or {per_agent} for one reward per agent"
-        )
+        """Function ``j``'s ``(K, N)`` rewards from one call with all K joint actions; one that
+        may be written to score one joint action per call (``calls[j]`` ``auto`` or
+        ``per_joint_action``) is scored as :mod:`comlrl.compat.rewards` calls it."""
+        if self.calls[j] != "batch":
+            return compat.score(self, j, actions)
+        hint = compat.per_joint_action_hint(len(actions.row_ids))
+        return self._check(self._call(j, actions, hint=hint), actions.row_ids, self._sources[j], hint)
 
     def _call(self, j: int, actions: JointActions, where: str = "", hint: str = "") -> object:
         """Function ``j`` called on ``actions``; an error it raises names it, the call and ``where``
@@ -559,8 +304,9 @@ class JointReward:
         where = f"joint action {k} (dataset row {row_ids[k]})"
         return where if agent is None else f"{where}, agent {agent}"
 
-    def _check(self, values: object, row_ids: Sequence[int], source: str) -> Tensor:
-        """What one function returned for K joint actions, as a ``(K, N)`` float32 tensor."""
+    def _check(self, values: object, row_ids: Sequence[int], source: str, hint: str = "") -> Tensor:
+        """What one function returned for K joint actions, as a ``(K, N)`` float32 tensor; the
+        error for a single value adds ``hint`` (the calls that follow say what one may mean)."""
         expected, num_agents = len(row_ids), self.num_agents
         returned = values  # kept as it came back, for the errors
         if isinstance(values, Tensor | np.ndarray):
@@ -579,15 +325,15 @@ class JointReward:
         except TypeError:
             raise TypeError(
                 f"{source} returned {short_repr(returned)} ({type(returned).__name__}) for "
-                f"{self._where(row_ids)}; expected a sequence of {_plural(expected, 'number')} (one per joint "
-                f"action), or of {expected} sequences of {_plural(num_agents, 'number')} (one per agent)"
-                + (_per_joint_action_hint(expected) if _number(returned) is not None else "")
+                f"{self._where(row_ids)}; expected a sequence of {plural(expected, 'number')} (one per joint "
+                f"action), or of {expected} sequences of {plural(num_agents, 'number')} (one per agent)"
+                + (hint if real_number(returned) is not None else "")
             ) from None
         if len(values) != expected:
             raise ValueError(
-                f"{source} returned {_plural(len(values), 'value')} ({short_repr(returned)}) for "
-                f"{self._where(row_ids)}; expected {_plural(expected, 'value')} (one per joint action)"
-                + (_per_joint_action_hint(expected) if len(values) == 1 else "")
+                f"{source} returned {plural(len(values), 'value')} ({short_repr(returned)}) for "
+                f"{self._where(row_ids)}; expected {plural(expected, 'value')} (one per joint action)"
+                + (hint if len(values) == 1 else "")
             )
         rows = []
         for k, value in enumerate(values):
@@ -602,8 +348,8 @@ class JointReward:
             items = list(value)
             if len(items) != num_agents:
                 raise ValueError(
-                    f"{source} returned {_plural(len(items), 'value')} ({short_repr(value)}) for "
-                    f"{self._where(row_ids, k)}; a per-agent reward needs {_plural(num_agents, 'value')} "
+                    f"{source} returned {plural(len(items), 'value')} ({short_repr(value)}) for "
+                    f"{self._where(row_ids, k)}; a per-agent reward needs {plural(num_agents, 'value')} "
                     "(one per agent)"
                 )
             rows.append(
@@ -613,7 +359,7 @@ class JointReward:
 
     @staticmethod
     def _checked_number(value: object, source: str, where: str) -> float:
-        number = _number(value)
+        number = real_number(value)
         if number is None:
             raise TypeError(f"{source} returned {value!r} ({type(value).__name__}) for {where}; expected a real number")
         if not math.isfinite(number):

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from comlrl.rewards.joint_reward import describe, keyword_arguments
 from comlrl.rollout.prompt_fit import check_encodable
 from comlrl.utils.per_agent import per_agent
+from comlrl.utils.signatures import describe, keyword_arguments
 
 Formatter = Callable[[dict[str, Any]], str]
 

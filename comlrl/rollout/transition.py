@@ -7,8 +7,8 @@ import copy
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from comlrl.rewards.joint_reward import describe, keyword_arguments, signature_parameters
 from comlrl.rollout.prompt_fit import check_encodable
+from comlrl.utils.signatures import describe, keyword_arguments, signature_parameters
 
 TRANSITION_ARGUMENTS = (
     "prompt",

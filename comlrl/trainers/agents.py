@@ -76,10 +76,13 @@ class Agents(Sequence[torch.nn.Module]):
         peft_config: Any,
         args: Any,
         local_rank: int | None,
+        with_references: bool = False,
+        reference_devices: Any = None,
     ) -> Agents:
         """The agents from the trainer's arguments: loaded by name or given, checked, placed
         on their devices, wrapped in adapters, with activation checkpointing and without dropout
-        as the config says, and each with a tokenizer that can pad."""
+        as the config says, each with a tokenizer that can pad and, ``with_references``, a
+        frozen reference (on ``reference_devices``: the config's)."""
         if agents is None and agent_model is None:
             raise ValueError("no agents: pass agents=[model, ...] or agent_model=<folder or hub id>")
         if None not in (num_agents, args.num_agents) and num_agents != args.num_agents:
@@ -114,9 +117,8 @@ class Agents(Sequence[torch.nn.Module]):
                 enable_activation_checkpointing(model)
             if args.disable_dropout:
                 disable_dropout(model)
-        with_references = args.beta > 0 or args.reference_kl_enabled
         autocast = "bf16" if args.precision == "bf16" else None
-        references = reference_placement(args.reference_devices, models, local_rank)
+        references = reference_placement(reference_devices, models, local_rank)
         return cls(models, tokenizers, adapters, placed, with_references, autocast, references)
 
     def __len__(self) -> int:

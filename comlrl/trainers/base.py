@@ -1,45 +1,36 @@
-"""What every multi-agent trainer shares, wired from its parts: the agents
-(:mod:`comlrl.trainers.agents`), the rollout tree and rewards (:mod:`comlrl.rollout`), one
-update (:mod:`comlrl.trainers.update`), the loop (:mod:`comlrl.trainers.loop`), checkpoints
-(:mod:`comlrl.checkpoint`), evaluation and saving.
+"""The engine every multi-agent trainer is: one constructor, wired from the trainer's parts
+(:mod:`comlrl.trainers.parts`: an objective, a reward source, a schedule), the agents
+(:mod:`comlrl.trainers.agents`), the rollout tree and rewards (:mod:`comlrl.rollout`), the
+loop (:mod:`comlrl.trainers.loop`), checkpoints (:mod:`comlrl.checkpoint`), evaluation and
+saving. A trainer class is this one plus its config class and its parts.
 
-One training step (:meth:`MultiAgentTrainer.step`):
+One training step of the MAGRPO family (:meth:`comlrl.trainers.policy_gradient.PolicyGradient.step`):
 
     rows ─formatters─▶ prompts ─generate (one call per agent and turn)─▶ completions
     ─joint actions─▶ rewards [─transition─▶ next turn's prompts ...] = rollout tree
-    ─estimate (the algorithm: group baselines, critics)─▶ advantages
+    ─estimate (the objective: group baselines, critics)─▶ advantages
     ─update─▶ optimizer steps ─▶ weights synced into the generation backend ─▶ metrics
-
-A trainer class is this one plus its ``estimate``, the ``discount`` of its returns and the
-``passes`` of its update (MAGRPO: ``comlrl.trainers.reinforce``; IAC and MAAC:
-``comlrl.trainers.actor_critic``, which also give the update an auxiliary critic loss).
 """
 
 from __future__ import annotations
 
-import abc
-import dataclasses
 import functools
 import math
 import os
-import time
-import warnings
-from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from collections.abc import Sequence
+from typing import Any, ClassVar
 
 import torch
 
 from comlrl.algorithms import joint_action_indices
-from comlrl.algorithms.shaping import kl_shaped_rewards, sequence_kl
 from comlrl.checkpoint import write_folders
 from comlrl.checkpoint.config_record import config_record
+from comlrl.compat.positional import POSITIONAL_ORDER, named_arguments
 from comlrl.distributed import DataParallel
-from comlrl.metrics import JsonlSink, TensorBoardSink, WandbSink
-from comlrl.metrics import stats as metric_stats
-from comlrl.metrics.evaluation import EvalHooks, evaluation_metrics
-from comlrl.metrics.hooks import MetricsCallback, RolloutSample, rollout_samples
-from comlrl.metrics.rollout import completion_samples, rollout_metrics
-from comlrl.models.hardware import cpu_has_bf16_units
+from comlrl.metrics.evaluation import EvalHooks
+from comlrl.metrics.hooks import MetricsCallback
+from comlrl.metrics.sinks import run_sinks
+from comlrl.models.hardware import warn_if_bf16_is_emulated
 from comlrl.models.loading import split_model_config
 from comlrl.models.placement import map_agents
 from comlrl.optim import Learners, per_agent_learning_rates
@@ -47,215 +38,131 @@ from comlrl.rewards import JointReward
 from comlrl.rollout import AgentRollout
 from comlrl.rollout.backends import build_backend
 from comlrl.rollout.prompt_fit import check_prompts_fit
-from comlrl.rollout.prompts import Formatter, PromptTable
+from comlrl.rollout.prompts import PromptTable
 from comlrl.rollout.sampling import SamplingSpec, check_generation_names
 from comlrl.rollout.transition import Transition
 from comlrl.rollout.tree import RolloutTree, build_tree, check_tree_budget
 from comlrl.trainers.agents import Agents
+from comlrl.trainers.centralized import CentralizedSetup, refuse_unused_adapter
 from comlrl.trainers.config import TrainerConfig
+from comlrl.trainers.evaluation import evaluate
+from comlrl.trainers.inputs import TrainerInputs, call_signature, check_required_inputs
 from comlrl.trainers.loop import CheckpointPlan, TrainingLoop, TrainResult
-from comlrl.trainers.update import Estimate, FrozenLogprobs, PolicyUpdate, minibatch_count
-from comlrl.utils.caller import user_stacklevel
-from comlrl.utils.run_control import seeded_cuda_devices
-
-RewardFunction = Callable[..., Sequence[Any]]
+from comlrl.trainers.parts import Parts, Writer, raise_second_train
 
 
-class StepResult(NamedTuple):
-    """One training step: its metrics (over every rank's rows), its tree and returns (this rank's)."""
-
-    metrics: dict[str, float]
-    tree: RolloutTree
-    returns: list[torch.Tensor]
-
-
-class MultiAgentTrainer(abc.ABC):
-    """Trains N LLM agents together on a shared reward; subclasses say how advantages are
-    estimated (``estimate``), the discount of returns (``discount``) and how many optimizer
-    steps an update takes (``passes``).
-
-    Arguments come in comlrl 1.4.3's order (positional calls written for it keep their meaning).
-
-    Args:
-        agents: the agents, one causal LM each (any N >= 1; they may be different
-            architectures with different tokenizers): a model instance, or a folder or hub
-            id to load.
-        agent_model: instead of ``agents``, a model folder or hub id to load ``num_agents``
-            copies of (with ``model_config`` as ``from_pretrained`` keyword arguments); given
-            with ``agents``, each of those must be this model.
-        num_agents: how many copies of ``agent_model`` to load (default: the config's
-            ``num_agents``, else 2); with ``agents``, it must match their count.
-        tokenizer: one tokenizer for all agents, a list with one per agent, or None to load
-            each agent's tokenizer from where the agent was loaded.
-        train_dataset: rows (a ``datasets.Dataset`` or a list of dicts).
-        eval_dataset: rows scored by ``evaluate()``.
-        reward_func: scores joint actions: called with one list of completions per agent
-            (N positional arguments), or with the prompts first when it takes N+1; returns,
-            per joint action, one number shared by all agents or a sequence of N numbers (one
-            per agent). The prompts are, as in comlrl 1.4.3, agent 0's prompt of the joint
-            action's turn as it saw it (its formatted prompt; at later turns the prompt the
-            transition produced). As in 1.4.3, a function that names ``batch_items`` gets the
-            dataset row (dict) of each joint action, one that names ``prompts`` gets them by
-            keyword when they are not positional, and one with ``**kwargs`` gets both. A
-            function that names ``turn``, ``prompt_history_per_agent`` or
-            ``response_history_per_agent`` among its keyword parameters also gets those (see
-            ``comlrl.rewards.joint_reward.REWARD_CONTEXT``). The config's ``reward_call`` says
-            whether a function scores the K joint actions of a turn in one call or, as in
-            1.4.3, one joint action per call (one-element lists); the default, ``auto``, tells
-            them apart by what they return. A list of such functions is summed with the
-            config's ``reward_weights``.
-        reward_processor: ``float -> float`` applied to each reward (see ``RewardProcessors``).
-        formatters: maps a row to an agent's prompt; one callable for all agents or a list
-            with one per agent. Default: the row's ``prompt`` column.
-        external_transition: for ``num_turns > 1``: called after each turn on each branch
-            with the keyword arguments it names among ``prompt`` (the row's prompt),
-            ``agent_completions`` (the joint action just taken, one text per agent),
-            ``num_agents``, ``prompt_history_per_agent``, ``response_history_per_agent``
-            (every turn so far, the one just played included), ``row`` and ``turn``; returns
-            the next turn's prompt of every agent, or None to end the branch.
-        args: the trainer's config (``config_class``); defaults to ``config_class()``.
-        model_config: ``from_pretrained`` keyword arguments used with ``agent_model`` (e.g.
-            ``{"dtype": "bfloat16", "attn_implementation": "sdpa"}``), and the original
-            library's sections ``model_kwargs``, ``tokenizer_kwargs`` and ``special_tokens``
-            (added to every agent's tokenizer; a model loaded by name that its tokenizer
-            outgrows is resized to it, one passed in is an error).
-        wandb_config: turns on W&B logging: ``wandb.init`` arguments (``project``,
-            ``entity``, ``name``, ...). Needs ``pip install 'comlrl[wandb]'``.
-        eval_logger: evaluation hook, called with the keyword arguments it names among
-            ``agent_completions_turns`` (``[agent][row][turn]`` texts), ``prompts``, ``rows``,
-            ``test_cases`` and ``entry_points`` (the rows' ``test`` / ``entry_point``
-            columns, as in the original library); returns a dict of metrics, or anything
-            ``eval_aggregator`` turns into one.
-        eval_aggregator: ``eval_aggregator(eval_logger_output, num_turns=...) -> dict``.
-        metrics_callback: ``metrics_callback(samples) -> dict``, comlrl 1.4.3's hook for
-            metrics of your own, from agent samples (:class:`~comlrl.metrics.hooks.RolloutSample`:
-            ``agent_idx``, ``prompt``, ``completion``, ``reward``, ``returns``, ``advantage``,
-            ``metadata``): called with every training rollout's samples (its numbers logged
-            beside ours), and in ``evaluate()`` with each row's (averaged over the rows, logged
-            as ``eval/<key>``; an evaluation sample's ``advantage`` is NaN).
-        peft_config: train LoRA adapters instead of whole models: a ``peft`` config (e.g.
-            ``LoraConfig``) for every agent, or a list with one per agent (needs
-            ``pip install 'comlrl[lora]'``). With ``agent_model``, or with the same model
-            object passed for every agent, the agents share ONE frozen base model, each with
-            its own adapter.
-        train_reward_func: scores the training rollouts in place of ``reward_func``: called
-            with all the joint actions of a turn at once, its values used as returned (no
-            ``reward_processor``, no ``reward_weights``), while ``reward_func`` still scores
-            ``evaluate()`` (MARLHF trains on a learned reward model and evaluates on the task
-            reward). None: ``reward_func`` scores both.
+class MultiAgentTrainer:
+    """Trains N LLM agents together on a shared reward. Its arguments are
+    :class:`~comlrl.trainers.inputs.TrainerInputs` (every one documented there) and ``args``,
+    the config (a ``config_class``; default ``config_class()``); positionally, in the order of
+    ``positional_order``. A trainer class says its config class and its ``parts``.
     """
 
-    config_class: type[TrainerConfig] = TrainerConfig
+    config_class: ClassVar[type[TrainerConfig]] = TrainerConfig
     """The config class: built when ``args`` is not given, and what ``args`` must be."""
+    positional_order: ClassVar[tuple[str, ...]] = POSITIONAL_ORDER
+    """The order positional arguments are read in (:mod:`comlrl.compat.positional`)."""
+    optional_inputs: ClassVar[frozenset[str]] = frozenset()
+    """The inputs beyond :data:`~comlrl.trainers.inputs.COMMON_INPUTS` this trainer takes."""
     algorithm_name = "train"
     """Shown on the progress bar; names the run folders of configs without an ``output_dir``."""
+    centralized_label: ClassVar[str | None] = None
+    """Centralized collaboration: how errors name the trainer (None: its class name with the config's mode)."""
+    one_model_per_role: ClassVar[str] = "set collaboration_mode='decentralized'"
+    """Centralized collaboration: what the error about several models tells the user to do."""
     output_dir: str | None
     """The folder of the latest ``train()`` call's run: the config's ``output_dir``, or the
     new ``comlrl_output/<algorithm>-<time>`` one when the config names none (before the
     first call: the config's, None when it names none)."""
-    progress_metric = ("reward", "reward/mean")
-    """The step metric the progress bar shows: its label and its key."""
     collaboration: Any = None
-    """Centralized trainers (one model writing every role): the ``CentralizedCollaboration``
+    """Centralized collaboration (one model writing every role): the ``CentralizedCollaboration``
     that joins the roles' prompts and splits the model's answers; None with one model per agent."""
-    actor_critic_reward_calls = False
-    """Whether a reward function called per joint action (``reward_call``) is called as comlrl
-    1.4.3's actor-critic trainers called it (``prompts``: every agent's prompt; a flat list of
-    N values: one reward per agent) rather than as its MAGRPO (agent 0's prompt; one value);
-    and whether later turns' prompts reach the reward and the transition's history formatted,
-    as there, rather than as the transition wrote them, as in its MAGRPO."""
+    train_started = False
+    """Whether ``train()`` was called on this trainer."""
 
-    def __init__(
-        self,
-        agent_model: str | None = None,
-        agents: Sequence[torch.nn.Module | str] | None = None,
-        num_agents: int | None = None,
-        tokenizer: Any = None,
-        model_config: dict[str, Any] | None = None,
-        train_dataset: Any = None,
-        eval_dataset: Any = None,
-        reward_func: RewardFunction | Sequence[RewardFunction] | None = None,
-        reward_processor: Callable[[float], float] | None = None,
-        formatters: Formatter | Sequence[Formatter] | None = None,
-        external_transition: Callable[..., Sequence[str] | None] | None = None,
-        wandb_config: dict[str, Any] | None = None,
-        eval_logger: Callable[..., Any] | None = None,
-        eval_aggregator: Callable[..., dict[str, float]] | None = None,
-        args: TrainerConfig | None = None,
-        *,
-        peft_config: Any = None,
-        metrics_callback: Callable[[list[RolloutSample]], dict[str, float]] | None = None,
-        train_reward_func: RewardFunction | None = None,
-    ):
-        self.args = args = self.accept_config(args)
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.__signature__ = call_signature(cls.positional_order, cls)
+
+    def __init__(self, *positional: Any, **named: Any):
+        named = named_arguments(type(self).__name__, self.positional_order, positional, named)
+        args = self.accept_config(named.pop("args", None))
+        self.setup(args, TrainerInputs.of(type(self), named))
+
+    def parts(self, args: Any, inputs: TrainerInputs) -> Parts:
+        """The trainer's objective, reward source and schedule for config ``args``."""
+        raise NotImplementedError(f"{type(self).__name__} names no parts")
+
+    @classmethod
+    def accept_config(cls, args: TrainerConfig | None) -> TrainerConfig:
+        """The run's config: ``args``, which must be a ``config_class``, or its defaults."""
+        if args is None:
+            return cls.config_class()
+        if not isinstance(args, cls.config_class):
+            raise TypeError(f"args must be a {cls.config_class.__name__}, got {type(args).__name__}")
+        return args
+
+    # ----------------------------------------------------------------------------------------
+    # set-up
+    # ----------------------------------------------------------------------------------------
+    def setup(self, args: TrainerConfig, inputs: TrainerInputs) -> None:
+        """Every part of the run from the config and the inputs, checked before anything slow
+        where it can be."""
+        self.args = args
         self.output_dir = args.output_dir
-        if reward_func is None:
-            raise ValueError("reward_func is required")
-        if train_dataset is None:
-            raise ValueError("train_dataset is required")
-        if args.num_turns > 1 and external_transition is None:
-            raise ValueError(
-                f"num_turns={args.num_turns} needs external_transition=, a function that writes each "
-                "agent's next-turn prompt from the joint action just taken"
-            )
-        if args.num_turns == 1 and external_transition is not None:
-            raise ValueError(
-                "external_transition is given but num_turns=1, so it would never be called (comlrl 1.4.3's "
-                "default was num_turns=2; ours is 1): set num_turns=2 (or more) in the config, "
-                "or drop external_transition"
-            )
+        self.objective, self.reward_source, self.schedule, inputs = self.parts(args, inputs)
+        centralized = None
+        if args.centralized:
+            label = self.centralized_label or f"{type(self).__name__} with collaboration_mode='centralized'"
+            centralized = CentralizedSetup.build(args, inputs, label, self.one_model_per_role)
+            inputs, args = centralized.inputs, centralized.base_config
+        else:
+            refuse_unused_adapter(inputs.centralized_comparator_adapter, args)
+        check_required_inputs(args, inputs)
+        self.comparator_adapter = None if centralized else inputs.centralized_comparator_adapter
+        """With one model per agent: the adapter of a comparator that writes every agent's part."""
         self.sampling = SamplingSpec.from_config(args)
         """How completions are sampled, fixed for the run: generation, the log-probs'
         temperature and the loss's constants all read it."""
         self.parallel = DataParallel.from_environment()
-        several_steps = args.train_batch_size not in (None, args.per_device_train_batch_size)
-        if self.parallel.enabled and args.train_batch_size_counts_rows and several_steps:
-            raise ValueError(
-                f"train_batch_size={args.train_batch_size} (several optimizer steps per rollout) is not supported "
-                "under torchrun yet: leave it None, or lower per_device_train_batch_size instead"
-            )
-        model_config = split_model_config(model_config)
+        self.parallel.check_optimizer_steps(args)
+        model_config = split_model_config(inputs.model_config)
         self.model_kwargs, self.tokenizer_kwargs = model_config.model_kwargs, model_config.tokenizer_kwargs
         self.agents = Agents.build(
-            agents,
-            agent_model,
-            num_agents,
-            tokenizer,
+            inputs.agents,
+            inputs.agent_model,
+            inputs.num_agents,
+            inputs.tokenizer,
             model_config,
-            peft_config,
+            inputs.peft_config,
             args,
             self.parallel.local_rank if self.parallel.enabled else None,
+            with_references=self.objective.needs_reference,
+            reference_devices=self.objective.reference_devices,
         )
         self.num_agents = len(self.agents)
         check_generation_names(args.generation_kwargs, self.agents)
-        self.reward = JointReward(
-            reward_func,
-            self.num_agents,
-            reward_processor,
-            weights=args.reward_weights,
-            call=args.reward_call,
-            actor_critic_calls=self.actor_critic_reward_calls,
+        self.reward = self.joint_reward(
+            inputs.reward_func, inputs.reward_processor, weights=args.reward_weights, call=args.reward_call
         )
-        self.train_reward = (
-            self.reward
-            if train_reward_func is None
-            else JointReward(
-                train_reward_func, self.num_agents, call="batch", actor_critic_calls=self.actor_critic_reward_calls
-            )
-        )
-        """What scores the training rollouts; ``self.reward`` (the task reward) scores evaluations."""
-        self.transition = None if external_transition is None else Transition(external_transition, self.num_agents)
-        self.train_prompts = PromptTable(train_dataset, formatters, self.num_agents, "train_dataset")
+        """The task reward: scores evaluations (and, unless the reward source says otherwise, training)."""
+        self.train_reward = self.reward_source.training_reward(self, inputs)
+        """What scores the training rollouts."""
+        transition = inputs.external_transition
+        self.transition = None if transition is None else Transition(transition, self.num_agents)
+        self.train_prompts = PromptTable(inputs.train_dataset, inputs.formatters, self.num_agents, "train_dataset")
         self.parallel.check_rows(len(self.train_prompts), args.per_device_train_batch_size)
         self.eval_prompts = (
-            None if eval_dataset is None else PromptTable(eval_dataset, formatters, self.num_agents, "eval_dataset")
+            None
+            if inputs.eval_dataset is None
+            else PromptTable(inputs.eval_dataset, inputs.formatters, self.num_agents, "eval_dataset")
         )
         for table in (self.train_prompts, self.eval_prompts):
             if table is not None:
                 check_prompts_fit(self.agents, self.agents.tokenizers, table.prompts, args.max_new_tokens, table.name)
-        self.eval_hooks = EvalHooks(eval_logger, eval_aggregator)
-        self.metrics_callback = MetricsCallback(metrics_callback)
-        self.wandb_config = wandb_config
+        self.eval_hooks = EvalHooks(inputs.eval_logger, inputs.eval_aggregator)
+        self.metrics_callback = MetricsCallback(inputs.metrics_callback)
+        self.wandb_config = inputs.wandb_config
         self.joint_indices = joint_action_indices(self.num_agents, args.num_generations, args.joint_mode)
         check_tree_budget(
             args.per_device_train_batch_size,
@@ -268,67 +175,83 @@ class MultiAgentTrainer(abc.ABC):
         )
         self.learners = Learners()
         """Every optimizer and schedule: one per agent ("agent 0", ...), then the critics'."""
+        self.pending_learners: list[tuple[Sequence[str], Sequence[Sequence[torch.nn.Parameter]], Sequence[float]]] = []
         self.add_learners(
             [f"agent {i}" for i in range(self.num_agents)],
             self.agents.parameters,
             per_agent_learning_rates(args.agent_learning_rate, self.num_agents),
         )
-        if args.precision == "bf16" and self.agents.device(0).type == "cpu" and cpu_has_bf16_units() is False:
-            warnings.warn(
-                "precision='bf16' on a CPU without bf16 matrix units (no amx_bf16 or avx512_bf16 in /proc/cpuinfo): "
-                "torch emulates bf16 products here, far slower than fp32; precision='fp32' is the fast choice on "
-                "this machine",
-                stacklevel=user_stacklevel(),
-            )
+        if args.precision == "bf16":
+            warn_if_bf16_is_emulated(self.agents.device(0))
         self.backend = build_backend(
             args.generation_backend,
             self.agents,
             args.vllm_gpu_memory_utilization,
             torch.bfloat16 if args.precision == "bf16" else None,
         )
-        self.update = PolicyUpdate(self.agents, self.learners, args, self.sampling, self.parallel, self.passes)
         self.global_step = 0
+        if centralized is not None:
+            centralized.attach(self)
+        for part in self.all_parts:
+            part.attach(self, inputs)
 
-    @classmethod
-    def accept_config(cls, args: TrainerConfig | None) -> TrainerConfig:
-        """The run's config: ``args``, which must be a ``config_class``, or its defaults."""
-        if args is None:
-            return cls.config_class()
-        if not isinstance(args, cls.config_class):
-            raise TypeError(f"args must be a {cls.config_class.__name__}, got {type(args).__name__}")
-        return args
-
-    # ----------------------------------------------------------------------------------------
-    # what an algorithm says
-    # ----------------------------------------------------------------------------------------
-    @abc.abstractmethod
-    def estimate(self, tree: RolloutTree) -> Estimate:
-        """The returns, per-agent credits and advantages of a step's rollout tree."""
+    def joint_reward(self, func: Any, processor: Any = None, weights: Any = None, call: str = "batch") -> JointReward:
+        """``func`` called on this trainer's joint actions, as its objective calls rewards."""
+        return JointReward(
+            func,
+            self.num_agents,
+            processor,
+            weights=weights,
+            call=call,
+            actor_critic_calls=self.objective.actor_critic_reward_calls,
+        )
 
     @property
-    @abc.abstractmethod
+    def all_parts(self) -> tuple[Any, ...]:
+        return (self.schedule, self.reward_source, self.objective)
+
+    def add_learners(
+        self, names: Sequence[str], parameters: Sequence[Sequence[torch.nn.Parameter]], learning_rates: Sequence[float]
+    ) -> None:
+        """One AdamW and one learning-rate schedule (the config's) for each named parameter set;
+        every update pass steps them all, after clipping each set's gradient on its own. Every
+        rank takes rank 0's weights now; when the run's length waits for ``prepare`` (MADPO's
+        pairs), so do the optimizers."""
+        self.parallel.broadcast_parameters(p for group in parameters for p in group)
+        self.pending_learners.append((names, parameters, learning_rates))
+        if self.objective.schedule_known_at_setup:
+            self.build_pending_learners()
+
+    def build_pending_learners(self) -> None:
+        args = self.args
+        for names, parameters, rates in self.pending_learners:
+            steps = self.total_optimizer_steps
+            self.learners.add(
+                names, parameters, rates, args.weight_decay, args.lr_scheduler_type, args.warmup_ratio, steps
+            )
+        self.pending_learners = []
+
+    # ----------------------------------------------------------------------------------------
+    # what the loop goes through
+    # ----------------------------------------------------------------------------------------
+    @property
     def discount(self) -> float:
         """Weight of the next turn in a joint action's return (logged and evaluated returns)."""
+        return self.objective.discount
 
     @property
-    @abc.abstractmethod
-    def passes(self) -> int:
-        """Passes each update makes over a step's rollout (one optimizer step per minibatch each)."""
+    def progress_metric(self) -> tuple[str, str]:
+        return self.objective.progress_metric
 
-    # ----------------------------------------------------------------------------------------
-    # set-up
-    # ----------------------------------------------------------------------------------------
     @property
     def num_train_items(self) -> int:
-        """What an epoch goes through, in a new order each epoch: the dataset rows here (MADPO:
-        its preference pairs)."""
-        return len(self.train_prompts)
+        """What an epoch goes through (dataset rows; MADPO: preference pairs)."""
+        return self.objective.num_items(self)
 
     @property
     def items_per_step(self) -> int:
-        """Items one training step takes, over every data-parallel rank: here
-        ``per_device_train_batch_size`` rows on each rank."""
-        return self.args.per_device_train_batch_size * self.parallel.world_size
+        """Items one training step takes, over every data-parallel rank."""
+        return self.objective.items_per_step(self)
 
     @property
     def steps_per_epoch(self) -> int:
@@ -337,34 +260,20 @@ class MultiAgentTrainer(abc.ABC):
 
     @property
     def total_optimizer_steps(self) -> int:
-        """Optimizer steps each learner takes over the run: the learning-rate schedules' length."""
-        args = self.args
-        steps_per_rollout = self.passes * minibatch_count(args.per_device_train_batch_size, args.train_batch_size)
-        return args.num_train_epochs * self.steps_per_epoch * steps_per_rollout
-
-    def add_learners(
-        self, names: Sequence[str], parameters: Sequence[Sequence[torch.nn.Parameter]], learning_rates: Sequence[float]
-    ) -> None:
-        """One AdamW and one learning-rate schedule (the config's) for each named parameter set;
-        every update pass steps them all, after clipping each set's gradient on its own."""
-        args = self.args
-        self.parallel.broadcast_parameters(p for group in parameters for p in group)
-        self.learners.add(
-            names,
-            parameters,
-            learning_rates,
-            args.weight_decay,
-            args.lr_scheduler_type,
-            args.warmup_ratio,
-            self.total_optimizer_steps,
-        )
+        """Optimizer steps each learner takes over one learning-rate schedule: its length."""
+        per_epoch = self.steps_per_epoch * self.objective.optimizer_steps_per_step(self)
+        return self.schedule.epochs_per_lr_schedule(self.args) * per_epoch
 
     def prepare(self, checkpoint: str | None) -> dict[str, float]:
-        """Make what a run needs that the constructor could not, before the first step (MADPO:
-        its preference pairs); ``train()`` calls it after seeding a new run, or, resuming, with
-        the ``checkpoint`` to read before anything is loaded from it. Returns metrics to log
-        when training starts. Nothing here: the dataset rows are ready at construction."""
-        return {}
+        """What a run needs that the set-up could not make, from every part (MADPO: its pairs;
+        MARLHF: its reward model), then the optimizers that waited for it; ``train()`` calls it
+        after seeding a new run, or, resuming, with the ``checkpoint`` to read. Returns the
+        metrics to log when training starts."""
+        metrics: dict[str, float] = {}
+        for part in self.all_parts:
+            metrics.update(part.prepare(self, checkpoint))
+        self.build_pending_learners()
+        return metrics
 
     # ----------------------------------------------------------------------------------------
     # training
@@ -376,90 +285,44 @@ class MultiAgentTrainer(abc.ABC):
         checkpoint_interval: int | None = None,
         checkpoint_total_limit: int | None = None,
     ) -> TrainResult:
-        """Train every agent for ``num_train_epochs`` epochs; returns a ``TrainResult``.
+        """Train every agent for ``num_train_epochs`` epochs (rounds: every round's); returns a
+        ``TrainResult``.
 
         Args:
             resume_from_checkpoint: True continues from the newest complete checkpoint in
                 the checkpoint folder, a path from that checkpoint; the run then goes on
                 exactly as if it had not stopped (same data order, samples and weights).
-            checkpoint_dir: where checkpoints go (default ``output_dir``), as in comlrl 1.4.3;
-                given alone, a checkpoint is written after every epoch.
-            checkpoint_interval: write a checkpoint every this many epochs (comlrl 1.4.3's
-                cadence; the config's ``save_steps`` counts steps: set one of the two).
-            checkpoint_total_limit: comlrl 1.4.3's name of the config's ``save_total_limit``.
+            checkpoint_dir: where checkpoints go (default ``output_dir``); given alone, a
+                checkpoint is written after every epoch (rounds: every round).
+            checkpoint_interval: write a checkpoint every this many epochs (rounds: rounds;
+                the config's ``save_steps`` counts steps: set one of the two).
+            checkpoint_total_limit: another name of the config's ``save_total_limit``.
 
         With an ``eval_dataset``, ``evaluate()`` runs before the first step and every
         ``eval_interval`` steps (when it is > 0), and always after the last step. Every
         ``save_steps`` steps a checkpoint is written; SIGINT or SIGTERM during training
         writes one after the current step and returns early (a second signal stops at once).
+        A trainer whose parts make something from the starting policy (MADPO's pairs, MARLHF's
+        reward model) trains once: a second call is an error, raised before anything is
+        cleared, unless it resumes a checkpoint.
         """
-        self.start_training(resume_from_checkpoint)
+        made = [part.made_once for part in self.all_parts if part.made_once is not None]
+        if made and self.train_started and not resume_from_checkpoint:
+            raise_second_train(type(self).__name__, made[0])
+        self.train_started = True
         plan = CheckpointPlan.resolve(self.args, checkpoint_dir, checkpoint_interval, checkpoint_total_limit)
         return TrainingLoop(self, resume_from_checkpoint, plan).run()
 
-    def start_training(self, resume_from_checkpoint: bool | str | None) -> None:
-        """Called first by ``train()``, before the output folder is claimed (and maybe cleared):
-        a trainer that may train only once (its pairs or reward model come from the policy it
-        started from) refuses a second call here. MAGRPO and actor-critic train on."""
-        return None
+    def step(self, items: list[int]) -> Any:
+        """One training step on this rank's ``items`` (dataset rows; MADPO: pairs): the objective's."""
+        return self.objective.step(self, items)
 
-    def step(self, row_ids: list[int]) -> StepResult:
-        """Sample, score and update every agent on this rank's dataset rows ``row_ids``."""
-        started = time.perf_counter()
-        tree = self.rollout(self.train_prompts, row_ids, reward=self.train_reward)
-        generated = time.perf_counter()
-        frozen = self.update.frozen(tree)
-        shaping_metrics: dict[str, metric_stats.Stat] = {}
-        estimated_tree = tree
-        if self.args.reference_kl_enabled:
-            estimated_tree, shaping_metrics = self.shape_with_reference_kl(tree, frozen)
-        estimate = self.estimate(estimated_tree)
-        stats = self.update(tree, estimate, frozen, self.global_step + 1)
-        # Once, after the last pass: nothing samples between the passes.
-        for i in range(self.num_agents):
-            self.backend.sync_weights(i)
-        updated = time.perf_counter()
-        stats.update(rollout_metrics(tree, estimate.returns, estimate.credits, estimate.advantages))
-        stats.update(shaping_metrics)
-        if self.metrics_callback.callback is not None:
-            samples = rollout_samples(tree, estimate.credits, estimate.advantages, self.train_prompts)
-            stats.update({key: metric_stats.mean(value, 1) for key, value in self.metrics_callback(samples).items()})
-        generated_tokens = sum(agent.lengths.sum().item() for turn in tree.turns for agent in turn.agents)
-        # Ranks work side by side: a step lasts as long as the slowest, their throughputs add.
-        stats["time/generate_s"] = metric_stats.maximum(generated - started)
-        stats["time/update_s"] = metric_stats.maximum(updated - generated)
-        stats["time/step_s"] = metric_stats.maximum(updated - started)
-        stats["time/generated_tokens_per_s"] = metric_stats.total(generated_tokens / max(generated - started, 1e-9))
-        return StepResult(self.parallel.reduce_metrics(stats), tree, estimate.returns)
-
-    def shape_with_reference_kl(
-        self, tree: RolloutTree, frozen: FrozenLogprobs
-    ) -> tuple[RolloutTree, dict[str, metric_stats.Stat]]:
-        """``tree`` with each agent's rewards lowered by ``reference_kl_coef`` times the KL of
-        its completion to its frozen reference (comlrl 1.4.3's reference KL), and the KL's
-        metrics per turn; the tree itself keeps the task rewards (logged as such)."""
-        coef = self.args.reference_kl_coef
-        turns, metrics = [], {}
-        for t, turn in enumerate(tree.turns):
-            kls = [
-                sequence_kl(
-                    frozen.sampling[i][t], frozen.reference[i][t], agent.completion_mask.to(frozen.sampling[i][t])
-                )
-                for i, agent in enumerate(turn.agents)
-            ]
-            shaped = kl_shaped_rewards(turn.rewards, kls, tree.joint_indices, tree.num_generations, coef)
-            turns.append(dataclasses.replace(turn, rewards=shaped))
-            all_kls = torch.cat([kl.cpu() for kl in kls])
-            metrics[f"turn_{turn.number}/reference_kl_mean"] = metric_stats.mean_of(all_kls)
-            metrics[f"turn_{turn.number}/reference_kl_penalty_mean"] = metric_stats.mean_of(coef * all_kls)
-        return dataclasses.replace(tree, turns=turns), metrics
-
-    def step_samples(self, result: StepResult, count: int) -> list[dict[str, Any]]:
-        """What a logging step shows of the step just taken: its first ``count`` joint actions per turn."""
-        return completion_samples(result.tree, result.returns, self.train_prompts, count)
+    def step_samples(self, result: Any, count: int) -> list[dict[str, Any]]:
+        """What a logging step shows of the step just taken."""
+        return self.objective.step_samples(self, result, count)
 
     def training_step(self, row_ids: list[int]) -> dict[str, float]:
-        """Sample, score and update every agent on the dataset rows ``row_ids``; returns the step's metrics."""
+        """One training step on the dataset rows ``row_ids``; returns the step's metrics."""
         return self.step(row_ids).metrics
 
     def rollout(
@@ -496,7 +359,7 @@ class MultiAgentTrainer(abc.ABC):
             prompt_passthrough=self.args.external_prompt_passthrough,
             early_termination_threshold=self.args.early_termination_threshold,
             map_agents=functools.partial(map_agents, self.agents, cpu_threads=self.backend.uses_generators(kwargs)),
-            written_prompts=not self.actor_critic_reward_calls,
+            written_prompts=not self.objective.actor_critic_reward_calls,
         )
 
     def generate(
@@ -515,58 +378,16 @@ class MultiAgentTrainer(abc.ABC):
     # evaluation
     # ----------------------------------------------------------------------------------------
     def evaluate(self, num_eval_samples: int | None = None) -> dict[str, float]:
-        """Score the first ``eval_num_samples`` rows of ``eval_dataset``: one episode per row
-        (one sample per agent and turn, greedy or sampled as ``eval_do_sample`` says), with
-        the reward mean over all turns, the reward and expected return of each turn, and the
-        metrics of the ``eval_logger`` hook.
-
-        Sampling uses generators seeded by ``seed``, and every generator (the CPU's and each
-        GPU's) is put back afterwards: evaluations of the same weights agree, and evaluating
-        during training does not change the training samples.
-        """
-        if self.eval_prompts is None:
-            warnings.warn(
-                "evaluate() without an eval_dataset scores nothing: pass eval_dataset= to the trainer", stacklevel=2
-            )
-            return {}
-        args = self.args
-        count = args.eval_num_samples if num_eval_samples is None else num_eval_samples
-        if count is not None and (isinstance(count, bool) or not isinstance(count, int) or count < 1):
-            raise ValueError(f"num_eval_samples must be an integer >= 1 or None (all rows), got {count!r}")
-        rows = list(range(len(self.eval_prompts)))[:count]
-        single_path = torch.zeros(1, self.num_agents, dtype=torch.long)
-        sampling = self.sampling if args.eval_do_sample else self.sampling.greedy()
-        # manual_seed reseeds the CPU's generator and every GPU's: all of them are put back.
-        with torch.random.fork_rng(devices=seeded_cuda_devices(), device_type="cuda"):
-            torch.manual_seed(args.seed)
-            trees = [
-                self.rollout(
-                    self.eval_prompts,
-                    rows[first : first + args.eval_batch_size],
-                    num_generations=1,
-                    joint_indices=single_path,
-                    sampling=sampling,
-                )
-                for first in range(0, len(rows), args.eval_batch_size)
-            ]
-        metrics, completions = evaluation_metrics(trees, self.discount, args.num_turns)
-        metrics.update(
-            self.eval_hooks(
-                completions,
-                [self.eval_prompts.rows[r] for r in rows],
-                self.eval_prompts.row_prompts(rows),
-                args.num_turns,
-            )
-        )
-        if self.metrics_callback.callback is not None:
-            metrics.update(self.metrics_callback.evaluation(trees, self.discount, self.eval_prompts))
-        return metrics
+        """Score the first ``eval_num_samples`` rows of ``eval_dataset``
+        (:func:`comlrl.trainers.evaluation.evaluate` says how)."""
+        return evaluate(self, num_eval_samples)
 
     # ----------------------------------------------------------------------------------------
     # saving
     # ----------------------------------------------------------------------------------------
     def save_model(self, output_dir: str, merge_adapters: bool = False) -> list[str]:
-        """Write each agent to ``output_dir/agent_{i}`` in Hugging Face format, with its tokenizer.
+        """Write each agent to ``output_dir/agent_{i}`` in Hugging Face format, with its
+        tokenizer, and what the parts keep beside them (critics, the reward model).
 
         An agent trained with LoRA is written as its adapter (``adapter_model.safetensors``,
         loadable with ``peft.PeftModel.from_pretrained(base, folder)``), or, with
@@ -580,31 +401,36 @@ class MultiAgentTrainer(abc.ABC):
         self.learners.require_finite(f": {output_dir} was not written")
         return write_folders(output_dir, self.model_writers(merge_adapters))
 
-    def model_writers(self, merge_adapters: bool = False) -> list[tuple[str, Callable[[str], None]]]:
+    def model_writers(self, merge_adapters: bool = False) -> list[Writer]:
         """Folder name and writer of every trained model, for ``save_model`` and checkpoints."""
-        return [
+        agents = [
             (f"agent_{i}", functools.partial(self.write_agent, i, merge_adapters=merge_adapters))
             for i in range(self.num_agents)
         ]
+        return agents + [writer for part in (self.objective, self.reward_source) for writer in part.writers(self)]
 
     def write_agent(self, agent: int, folder: str, merge_adapters: bool = False) -> None:
-        """Agent ``agent``'s weights (or adapter) and tokenizer into ``folder``."""
+        """Agent ``agent``'s weights (or adapter) and tokenizer into ``folder``, with what its
+        objective keeps there (a value head on the agent)."""
         self.agents.write(agent, folder, merge_adapters)
+        self.objective.write_with_agent(self, agent, folder)
 
     def write_models(self, folder: str) -> None:
-        """Every trained model of a checkpoint into ``folder`` (``agent_{i}/``, ...)."""
+        """Every trained model of a checkpoint into ``folder`` (``agent_{i}/``, ...), and what
+        the parts keep in a checkpoint only (MADPO's pairs, the rounds)."""
         for name, write in self.model_writers():
             write(os.path.join(folder, name))
+        for part in self.all_parts:
+            part.write_checkpoint(self, folder)
 
     def load_models(self, path: str) -> None:
         """The weights ``write_models`` wrote into checkpoint ``path``, loaded in place."""
         self.agents.load(path)
+        for part in (self.objective, self.reward_source):
+            part.load(self, path)
 
     def sinks(self) -> list:
         """Where metrics go: ``metrics.jsonl`` always, W&B and TensorBoard when asked."""
-        sinks: list = [JsonlSink(os.path.join(self.output_dir, "metrics.jsonl"))]
-        if self.wandb_config is not None:
-            sinks.append(WandbSink(self.wandb_config, config_record(self.args)))
-        if self.args.log_tensorboard:
-            sinks.append(TensorBoardSink(os.path.join(self.output_dir, "tensorboard")))
-        return sinks
+        return run_sinks(
+            self.output_dir, self.wandb_config, lambda: config_record(self.args), self.args.log_tensorboard
+        )

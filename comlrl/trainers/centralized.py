@@ -29,10 +29,10 @@ from comlrl.metrics.evaluation import EvalHooks
 from comlrl.metrics.hooks import RolloutSample
 from comlrl.metrics.stats import Stat
 from comlrl.rewards import JointReward
-from comlrl.rewards.joint_reward import describe
 from comlrl.rollout.prompts import Formatter, PromptTable, prompt_column
 from comlrl.rollout.tree import Turn
 from comlrl.utils.per_agent import per_agent
+from comlrl.utils.signatures import describe
 from comlrl.utils.text import short_repr
 
 __all__ = [
@@ -300,53 +300,45 @@ class RoleEvalHooks:
 # ------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class CentralizedSetup:
-    """A multi-agent trainer in centralized mode: what its base class gets in place of the
-    user's arguments (one agent, whose prompt is the joint prompt and whose reward and metrics
-    callback see roles), and what :meth:`attach` puts on the trainer once the base is built.
-
-    CentralizedMAGRPO and MADPO's centralized mode are built through it, so the roles meet
-    the one model in one place.
+    """A multi-agent trainer in centralized mode: what the engine's set-up reads in place of
+    the user's inputs (one agent, whose prompt is the joint prompt and whose reward and metrics
+    callback see roles), and what :meth:`attach` puts on the trainer once it is built. Every
+    centralized trainer (centralized MAGRPO; MADPO and MARLHF with
+    ``collaboration_mode="centralized"``) is built through it, so the roles meet the one model
+    in one place.
     """
 
     collaboration: CentralizedCollaboration
     config: Any
     """The user's config, whose ``num_agents`` counts the roles."""
-    base_arguments: dict[str, Any]
-    """``num_agents``, ``reward_func``, ``formatters``, ``args`` and ``metrics_callback`` for
-    the base trainer: those of one agent that writes the joint response."""
+    inputs: Any
+    """The user's inputs as those of one agent that writes the joint response: its
+    ``num_agents``, ``reward_func``, ``formatters`` and ``metrics_callback``."""
+    base_config: Any
+    """The config the set-up reads, which counts one model (``num_agents=1``)."""
 
     @classmethod
-    def build(
-        cls,
-        config: Any,
-        *,
-        num_agents: int | None,
-        agents: Any,
-        formatters: Any,
-        reward_func: Any,
-        metrics_callback: Callable[[list[RolloutSample]], Any] | None,
-        adapter: CentralizedComparatorAdapter | None,
-        trainer: str,
-        one_model_per_role: str,
-    ) -> CentralizedSetup:
-        """The set-up from the user's arguments; ``trainer`` (how errors name it) and
-        ``one_model_per_role`` (what to use instead) word the error about several models."""
-        num_roles = role_count(num_agents, config.num_agents)
-        check_one_model(agents, num_roles, trainer, one_model_per_role)
-        adapter = TaggedCentralizedComparatorAdapter() if adapter is None else adapter
-        collaboration = CentralizedCollaboration(adapter, formatters, num_roles)
-        base_arguments = {
-            "num_agents": 1,
-            "reward_func": collaboration.role_rewards(reward_func, config.reward_call),
-            "formatters": collaboration.joint_prompt,
-            # The base reads the config's num_agents as the number of models; here it counts roles.
-            "args": dataclasses.replace(config, num_agents=1),
-            "metrics_callback": collaboration.role_samples(metrics_callback),
-        }
-        return cls(collaboration, config, base_arguments)
+    def build(cls, config: Any, inputs: Any, trainer: str, one_model_per_role: str) -> CentralizedSetup:
+        """The set-up from the user's ``inputs``; ``trainer`` (how errors name it) and
+        ``one_model_per_role`` (what to use instead) word the errors."""
+        if inputs.external_transition is not None:
+            raise ValueError(
+                f"{trainer} does not support multi-turn episodes, so it takes no external_transition: drop it"
+            )
+        num_roles = role_count(inputs.num_agents, config.num_agents)
+        check_one_model(inputs.agents, num_roles, trainer, one_model_per_role)
+        adapter = inputs.centralized_comparator_adapter or TaggedCentralizedComparatorAdapter()
+        collaboration = CentralizedCollaboration(adapter, inputs.formatters, num_roles)
+        one_agent = inputs.replace(
+            num_agents=1,
+            reward_func=collaboration.role_rewards(inputs.reward_func, config.reward_call),
+            formatters=collaboration.joint_prompt,
+            metrics_callback=collaboration.role_samples(inputs.metrics_callback),
+        )
+        return cls(collaboration, config, one_agent, dataclasses.replace(config, num_agents=1))
 
     def attach(self, trainer: Any) -> None:
-        """Once the base trainer is built: the user's config back (checkpoints record it), the
+        """Once the trainer is built: the user's config back (checkpoints record it), the
         collaboration and the role count on the trainer, and ``eval_logger`` given role texts."""
         trainer.args = self.config
         trainer.collaboration = self.collaboration

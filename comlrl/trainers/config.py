@@ -9,7 +9,7 @@ import os
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
-from comlrl.algorithms import JOINT_MODES, LOSS_AGGREGATIONS, TURN_WEIGHTINGS
+from comlrl.algorithms import JOINT_MODES
 from comlrl.optim import LR_SCHEDULES
 from comlrl.rewards.joint_reward import REWARD_CALLS
 from comlrl.rollout.backends import BACKENDS
@@ -21,7 +21,6 @@ from comlrl.trainers.config_checks import (
     apply_renamed_fields,
     check_bool,
     check_choice,
-    check_coefficient,
     check_devices,
     check_int,
     check_learning_rate,
@@ -44,9 +43,18 @@ class TrainerConfig:
     reference_page: ClassVar[str] = "docs/reference/trainers.md"
     """Where the API reference documents the config's fields (named in the unknown-field error)."""
 
+    absent_fields: ClassVar[dict[str, str]] = {}
+    """Fields of other trainers' configs this one lacks because they mean nothing here, and
+    why: setting one is an error that says so."""
+
     def __new__(cls, *args: Any, **kwargs: Any) -> TrainerConfig:
         # Before the dataclass's __init__, whose TypeError would name no field meant.
         unknown = [name for name in kwargs if name not in {spec.name for spec in fields(cls) if spec.init}]
+        for name in unknown:
+            if name in cls.absent_fields:
+                raise ValueError(
+                    f"{name}={kwargs[name]!r} has no effect in {cls.trainer_name} ({cls.absent_fields[name]}); drop it"
+                )
         if unknown:
             raise unknown_fields_error(cls, unknown)
         return super().__new__(cls)
@@ -123,23 +131,7 @@ class TrainerConfig:
     """Refuse a config whose rollout tree could sample more completions per step than this
     (all agents and turns, no branch ended early): trees grow as J**turns."""
 
-    # --- objective ------------------------------------------------------------------------
-    epsilon: float = 0.2
-    """Clip range of the ratio: ``[1 - epsilon, 1 + epsilon_high]``."""
-    epsilon_high: float | None = None
-    """Upper clip range (DAPO's clip-higher); ``None`` uses ``epsilon``."""
-    beta: float = 0.0
-    """Weight of the k3 KL penalty to a frozen copy of each agent, in the loss (per token, as
-    GRPO); 0 creates no reference model for it."""
-    reference_kl_enabled: bool = False
-    """KL as reward shaping (comlrl 1.4.3's reference KL): each agent's reward of a joint action
-    becomes ``r - reference_kl_coef * KL``, KL the sum over its completion's tokens of k3 against
-    a frozen copy of the agent, at sampling time; advantages are computed from the shaped rewards."""
-    reference_kl_coef: float = 0.1
-    """Weight of the shaping KL (only with ``reference_kl_enabled``)."""
-    entropy_coef: float = 0.0
-    """Weight of an entropy bonus on each agent's token distributions (0: off; above 0 the
-    update computes a softmax over the whole vocabulary at every completion token)."""
+    # --- rewards --------------------------------------------------------------------------
     reward_call: str = "auto"
     """How reward functions are called: ``batch`` (all joint actions of a turn in one call,
     one list per agent), ``per_joint_action`` (one call per joint action with one-element
@@ -148,14 +140,6 @@ class TrainerConfig:
     then on, with a warning)."""
     reward_weights: list[float] | None = None
     """Weight of each reward function when several are given; ``None`` weighs each 1."""
-    loss_type: str = "dapo"
-    """Token normalisation of the loss: ``dapo`` (mean over all tokens of the batch, the
-    default: no length bias), ``grpo`` (per-sequence mean, then mean), ``dr_grpo`` (sum over
-    ``num_sequences * max_new_tokens``)."""
-    turn_weighting: str = "episode"
-    """How a multi-turn loss weighs its turns: ``episode`` (each turn normalised over its own
-    sequences, scaled by the share of its possible nodes played, averaged over turns, as an
-    episode's policy gradient) or ``sequence`` (all turns' sequences pooled: wider turns weigh more)."""
 
     agent_devices: str | list[str] | None = None
     """Where each agent (and its reference model, unless ``reference_devices`` says otherwise)
@@ -167,20 +151,10 @@ class TrainerConfig:
     """comlrl 1.4.3's switch for agents on several devices: ``"mp"`` requires ``agent_devices``
     (agents on different GPUs then generate and update at the same time, as here whenever they
     are placed so); ``"none"``: as ``agent_devices`` says."""
-    reference_devices: str | list[str] | None = None
-    """Where each agent's frozen reference (for ``beta`` and ``reference_kl_enabled``) lives, as
-    comlrl 1.4.3 had it: ``None`` beside its agent, or a device of its own to spare the agent's
-    memory, read as ``agent_devices`` is (one for all, ``"cpu"`` or ``"cuda:1"``, a list with one
-    per agent, or ``"auto"``); its log-probs are computed there. An adapter's reference is its
-    own base model, so with LoRA only the agent's device is allowed."""
     precision: str = "fp32"
     """``"bf16"``: sample from a bf16 copy of each agent (refreshed from the learner before
     every sampling call) and run the update's forward passes under bf16 autocast, while the
     weights, gradients, optimizer state, log-probs and loss stay fp32; ``"fp32"``: all in fp32."""
-    sampler_ratio_cap: float | None = 2.0
-    """When the sampler is not the learner (``precision="bf16"``): weight each token's
-    policy-gradient term by min(pi_learner / pi_sampler, cap), truncated importance sampling
-    (``None``: no correction; the log-prob gap is logged either way)."""
     mixed_precision: str | None = None
     """Replaced by ``precision`` (which no longer autocasts sampling): setting it is an error saying so."""
     disable_dropout: bool = True
@@ -243,9 +217,17 @@ class TrainerConfig:
     rollout_buffer_size: int | None = renamed("per_device_train_batch_size")
     """comlrl 1.4.3's name of ``per_device_train_batch_size`` (prompt groups per rollout)."""
 
+    trainer_name: ClassVar[str] = "this trainer"
+    """How errors about this config's fields name its trainer."""
     train_batch_size_counts_rows: ClassVar[bool] = True
     """``train_batch_size`` counts rows of a step's rollout (so at most
     ``per_device_train_batch_size`` of them); MADPO's counts preference pairs."""
+
+    @property
+    def centralized(self) -> bool:
+        """Whether ONE model writes every role (centralized collaboration; MADPO's and MARLHF's
+        ``collaboration_mode="centralized"``, centralized MAGRPO)."""
+        return False
 
     def renamed_advice(self, old_name: str, value: Any) -> str | None:
         """What the warning for comlrl 1.4.3's field ``old_name`` (set to ``value``) tells the
@@ -285,7 +267,6 @@ class TrainerConfig:
             "eval_do_sample",
             "log_tensorboard",
             "disable_dropout",
-            "reference_kl_enabled",
             "overwrite_output_dir",
         )
         bounded = self.train_batch_size_counts_rows and self.train_batch_size is not None
@@ -294,7 +275,6 @@ class TrainerConfig:
                 f"train_batch_size={self.train_batch_size} is more rows than a rollout holds "
                 f"(per_device_train_batch_size={self.per_device_train_batch_size}); it must be at most that"
             )
-        check_coefficient(self, "reference_kl_coef")
         if isinstance(self.parallel_training, str) and self.parallel_training.strip().lower() == "null":
             self.parallel_training = "none"
         check_choice(self, "parallel_training", ("none", "mp"))
@@ -316,12 +296,6 @@ class TrainerConfig:
         check_choice(self, "lr_scheduler_type", LR_SCHEDULES)
         if not (is_real(self.warmup_ratio) and 0 <= self.warmup_ratio < 1):
             raise ValueError(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio!r}")
-        if not (is_real(self.epsilon) and self.epsilon > 0):
-            raise ValueError(f"epsilon must be > 0, got {self.epsilon!r}")
-        if self.epsilon_high is not None and not (is_real(self.epsilon_high) and self.epsilon_high > 0):
-            raise ValueError(f"epsilon_high must be > 0 or None, got {self.epsilon_high!r}")
-        for name in ("beta", "entropy_coef"):
-            check_coefficient(self, name)
         if self.reward_weights is not None and (
             not isinstance(self.reward_weights, list | tuple)
             or not self.reward_weights
@@ -357,23 +331,17 @@ class TrainerConfig:
                 "rollout copy of each agent and bf16 autocast in the update, fp32 weights) or precision='fp32'"
             )
         check_choice(self, "precision", PRECISIONS)
-        if self.sampler_ratio_cap is not None:
-            why = " or None (no correction)"
-            check_scalar(self.sampler_ratio_cap, "sampler_ratio_cap", 1, MAX_COEFFICIENT, why=why)
         if self.early_termination_threshold is not None and not is_real(self.early_termination_threshold):
             raise ValueError(
                 f"early_termination_threshold must be a number or None (off), got {self.early_termination_threshold!r}"
             )
         check_devices(self, "agent_devices")
-        check_devices(self, "reference_devices")
         check_choice(self, "reward_call", REWARD_CALLS)
         normalise_spelling(self, "joint_mode", JOINT_MODE_SPELLINGS)  # 1.4.3's spellings mean the same modes
         check_choice(self, "joint_mode", JOINT_MODES)
         check_choice(self, "generation_backend", BACKENDS)
         if not (is_real(self.vllm_gpu_memory_utilization) and 0 < self.vllm_gpu_memory_utilization < 1):
             raise ValueError(f"vllm_gpu_memory_utilization must be in (0, 1), got {self.vllm_gpu_memory_utilization!r}")
-        check_choice(self, "loss_type", LOSS_AGGREGATIONS)
-        check_choice(self, "turn_weighting", TURN_WEIGHTINGS)
         if isinstance(self.output_dir, os.PathLike):
             self.output_dir = os.fspath(self.output_dir)
         if self.output_dir is not None and (not isinstance(self.output_dir, str) or not self.output_dir):

@@ -198,7 +198,7 @@ class TrainingLoop:
         else:
             say = tqdm.write if self.main else lambda note: None
             self.progress = resume_trainer(trainer, checkpoint, self.data_order, say, checkpoints.folder)
-        self.save_every = checkpoints.cadence(trainer.steps_per_epoch)
+        self.save_every = trainer.schedule.save_every_steps(checkpoints, trainer.steps_per_epoch)
         self.logger = MetricsLogger(trainer.sinks() if self.main else [])
         self.zero_spread = ZeroSpreadWatch()
         if start_metrics:
@@ -251,24 +251,31 @@ class TrainingLoop:
 
     @property
     def num_epochs(self) -> int:
-        """Epochs the run goes through (MADPOIter's loop: every round's epochs)."""
-        return self.args.num_train_epochs
+        """Epochs the run goes through (the schedule's: in rounds, every round's epochs)."""
+        return self.trainer.schedule.num_epochs(self.args)
 
     @property
     def periodic_evaluation(self) -> bool:
         return self.evaluates and self.args.eval_interval > 0
 
     def finished_with_save(self) -> bool:
-        """The step just taken is the run's last, and the plan keeps the end (1.4.3's epoch checkpoints)."""
-        last = self.num_epochs * self.trainer.steps_per_epoch
-        return self.checkpoints.at_end and self.trainer.global_step == last
+        """The step just taken is one the plan keeps at the end (of the run; in rounds, of a round)."""
+        return self.trainer.schedule.ends_with_save(self.checkpoints, self.progress, self.trainer)
 
     def due(self, every: int | None) -> bool:
         """Whether the step just taken is a multiple of ``every`` (None or 0: never)."""
         return bool(every) and self.trainer.global_step % every == 0
 
     def epoch_order(self) -> list[int]:
-        """The order of the epoch's items (dataset rows; MADPO: preference pairs)."""
+        """The order of the epoch's items (dataset rows; MADPO: preference pairs), after the
+        schedule has started the epoch (in rounds, maybe a new round and its items)."""
+        metrics = self.trainer.schedule.start_epoch(self.trainer, self.progress.epoch)
+        if metrics:
+            # Logged with the round's first step: a run resumed from a checkpoint taken before
+            # the round (which drops later lines from the log) makes and logs them again.
+            self.log_once(metrics, self.trainer.global_step + 1)
+            # A round's items may differ from the last's (MADPOIter's pairs): the bar counts on this round's.
+            self.bar.total = self.bar.n + (self.num_epochs - self.progress.epoch) * self.trainer.steps_per_epoch
         items = self.trainer.num_train_items
         if self.args.shuffle:
             return torch.randperm(items, generator=self.data_order).tolist()
@@ -306,6 +313,7 @@ class TrainingLoop:
             progress.epoch_reward_means.append(sum(progress.step_rewards) / len(progress.step_rewards))
             progress.epoch_raw_reward_means.append(sum(progress.step_raw_rewards) / len(progress.step_raw_rewards))
         progress.step_rewards, progress.step_raw_rewards, progress.step_in_epoch = [], [], 0
+        self.trainer.schedule.end_epoch(self.trainer, progress.epoch)
 
     def evaluate(self) -> None:
         metrics = self.trainer.evaluate()

@@ -6,7 +6,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from comlrl.trainers.config import TrainerConfig
 from comlrl.trainers.config_checks import (
     check_bool,
     check_choice,
@@ -20,6 +19,7 @@ from comlrl.trainers.config_checks import (
     normalise_spelling,
     renamed,
 )
+from comlrl.trainers.policy_gradient_config import PolicyGradientConfig
 
 CRITIC_TYPES = ("v", "q")
 CRITIC_TYPE_SPELLINGS = {None: "v", "v": "v", "q": "q"}
@@ -27,7 +27,7 @@ CRITIC_TYPE_SPELLINGS = {None: "v", "v": "v", "q": "q"}
 
 
 @dataclass
-class ActorCriticConfig(TrainerConfig):
+class ActorCriticConfig(PolicyGradientConfig):
     """Everything that shapes an IAC or MAAC run. Every field is checked in ``__post_init__``."""
 
     reference_page: ClassVar[str] = "docs/reference/actor-critic.md"

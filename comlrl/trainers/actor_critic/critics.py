@@ -1,6 +1,6 @@
-"""The critics of IAC and MAAC: where they come from (the trainer's critic arguments, as
-comlrl 1.4.3 read them too), what each critic reads and predicts (a layout), its values at
-rollout time, and its clipped value loss in the update.
+"""The critics of IAC and MAAC at work: what each critic reads and predicts (a layout), its
+values at rollout time, and its clipped value loss in the update. How they are built from
+the trainer's critic arguments: :mod:`~comlrl.trainers.actor_critic.critic_setup`.
 
 IAC has one critic per agent reading that agent's prompt (and, for a Q-critic, its
 completion); MAAC has one centralized critic reading every agent's prompt (and the joint
@@ -10,10 +10,9 @@ action), with one output per agent. The two differ only in the three functions o
 
 from __future__ import annotations
 
-import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
 from torch import Tensor
@@ -23,7 +22,6 @@ from comlrl.distributed import DataParallel
 from comlrl.metrics import stats
 from comlrl.metrics.stats import Stat
 from comlrl.models.modes import frozen
-from comlrl.models.placement import resolve_agent_devices
 from comlrl.models.value import Critic, EncodedInputs
 from comlrl.rollout.tree import RolloutTree, Turn
 from comlrl.trainers.agents import Agents
@@ -46,79 +44,6 @@ class CriticEstimate:
     """``[critic][turn]`` ``(S, K)`` the critic's values at rollout time."""
     targets: list[list[Tensor]]
     """``[critic][turn]`` ``(S, K)`` what the critic learns to predict (lambda-returns)."""
-
-
-# ------------------------------------------------------------------------------------------
-# where the critics come from
-# ------------------------------------------------------------------------------------------
-CRITIC_MODEL_CONFIG = ("critic_model_kwargs", "critic_value_head_hidden_dim")
-"""comlrl 1.4.3's critic keys of ``model_config``."""
-
-
-@dataclass
-class CriticModelConfig:
-    """comlrl 1.4.3's critic keys of ``model_config``, taken out before the rest reaches the
-    agents' ``from_pretrained`` (which would refuse them, or ignore them for given models)."""
-
-    model_kwargs: dict[str, Any]
-    """``critic_model_kwargs``: the critics' ``from_pretrained`` arguments, over the agents'."""
-    head_width: int | None
-    """``critic_value_head_hidden_dim``: 1.4.3 MAAC's hidden width of its critic's value head."""
-
-
-def split_critic_model_config(config: Any) -> tuple[Any, CriticModelConfig]:
-    """``model_config`` without comlrl 1.4.3's critic keys, and what those keys say."""
-    if not isinstance(config, Mapping) or not set(CRITIC_MODEL_CONFIG) & set(config):
-        return config, CriticModelConfig({}, None)
-    config = dict(config)
-    model_kwargs = config.pop("critic_model_kwargs", None) or {}
-    width = config.pop("critic_value_head_hidden_dim", None)
-    if not isinstance(model_kwargs, Mapping):
-        raise TypeError(f"model_config['critic_model_kwargs'] must be a dict, got {type(model_kwargs).__name__}")
-    if width is not None and (isinstance(width, bool) or not isinstance(width, int) or width < 1):
-        raise ValueError(f"model_config['critic_value_head_hidden_dim'] must be an integer >= 1 or None, got {width!r}")
-    return config, CriticModelConfig(dict(model_kwargs), width)
-
-
-def named_source(source: Any) -> str | None:
-    """The folder or hub id a critic source names: itself, or where a model was loaded from."""
-    if isinstance(source, str | os.PathLike):
-        return os.fspath(source)
-    return getattr(getattr(source, "config", None), "_name_or_path", None) or None
-
-
-def check_same_model(critic_model: Any, critics: Sequence[Any]) -> None:
-    """comlrl 1.4.3's meaning of ``critic_model`` and ``critics`` both given: ``critics`` is
-    used, and each of its entries must name ``critic_model``'s model."""
-    name, names = named_source(critic_model), [named_source(source) for source in critics]
-    if name is None or None in names:
-        raise ValueError(
-            "critic_model and critics are both given, and whether they name the same model cannot be told "
-            "(a model instance that was not loaded from a folder or hub id); pass only critics"
-        )
-    if any(other != name for other in names):
-        raise ValueError(f"critic_model={name!r} and critics={names!r} name different models; pass only critics")
-
-
-def lacks_tokenizer(model: torch.nn.Module) -> bool:
-    """The model was loaded from a folder holding no tokenizer (comlrl 1.4.3 saved its critics so)."""
-    source = getattr(model, "name_or_path", "") or ""
-    return os.path.isdir(source) and not os.path.isfile(os.path.join(source, "tokenizer_config.json"))
-
-
-def critic_device_list(spec: str | Sequence[str], count: int, local_rank: int | None) -> list[torch.device]:
-    """``critic_devices`` read as comlrl 1.4.3 read it: ``"auto"`` (as ``agent_devices``'s),
-    one device for every critic, or a list of one, or of one per critic."""
-    if spec == "auto":
-        return resolve_agent_devices("auto", count, local_rank)
-    names = [spec] if isinstance(spec, str) else list(spec)
-    names = names * count if len(names) == 1 else names
-    if len(names) != count:
-        raise ValueError(f"critic_devices lists {len(names)} devices for {count} critics; give one, or one per critic")
-    try:
-        return [torch.device(name) for name in names]
-    except (RuntimeError, TypeError) as error:
-        raise ValueError(f"critic_devices={spec!r} is not a device or list of devices ({error})") from error
 
 
 def joint_critic_text(prompts: Sequence[str], completions: Sequence[str] | None = None) -> str:

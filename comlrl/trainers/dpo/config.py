@@ -26,9 +26,16 @@ COLLABORATION_MODES = ("decentralized", "centralized")
 
 UNUSED_SHARED_FIELDS = {
     "num_generations": "MADPO samples preference_num_candidates candidates per prompt and agent: set that",
+}
+"""Fields of :class:`TrainerConfig` that MADPO does not use, and why: a value other than the
+default is an error (it would otherwise be silently ignored)."""
+
+POLICY_GRADIENT_FIELDS = {
     "beta": "the DPO loss's temperature is dpo_beta, and its reference policy dpo_reference",
     "reference_kl_enabled": "there are no rewards to shape while training on pairs (comlrl 1.4.3 ignored it "
     "too); for a reference policy in the DPO loss set dpo_reference='initial'",
+    "reference_kl_coef": "there are no rewards to shape while training on pairs; for a reference policy in "
+    "the DPO loss set dpo_reference='initial'",
     "reference_devices": "MADPO keeps no reference model: dpo_reference='initial' takes the sampling policy's "
     "log-probs once, on the agents",
     "epsilon": "the DPO loss has no ratio to clip",
@@ -36,9 +43,10 @@ UNUSED_SHARED_FIELDS = {
     "entropy_coef": "the DPO loss has no entropy bonus",
     "loss_type": "the DPO loss sums each completion's token log-probs",
     "turn_weighting": "MADPO is single-turn",
+    "sampler_ratio_cap": "the DPO loss has no sampling ratio to correct",
 }
-"""Fields of :class:`TrainerConfig` that MADPO does not use, and why: a value other than the
-default is an error (it would otherwise be silently ignored)."""
+"""The policy-gradient trainers' fields (:class:`~comlrl.trainers.policy_gradient_config.PolicyGradientConfig`),
+which MADPO's config does not have, and why."""
 
 
 def inert() -> object:
@@ -99,6 +107,7 @@ class MADPOConfig(TrainerConfig):
     train_batch_size_counts_rows = False  # it counts preference pairs
     unused_shared_fields: ClassVar[dict[str, str]] = UNUSED_SHARED_FIELDS
     """Shared fields this trainer does not use, and why (MARLHF's RL phase uses them)."""
+    absent_fields: ClassVar[dict[str, str]] = POLICY_GRADIENT_FIELDS
     trainer_name: ClassVar[str] = "MADPO"
     """The trainer errors about those fields name."""
     pair_selections: ClassVar[dict[str, Any]] = PAIR_SELECTIONS
@@ -132,6 +141,10 @@ class MADPOConfig(TrainerConfig):
                     f"{name}={value!r} has no effect in {self.trainer_name} ({why}); leave it at {default!r}"
                 )
         self._warn_inert_fields()
+
+    @property
+    def centralized(self) -> bool:
+        return self.collaboration_mode == "centralized"
 
     @property
     def uses_adapter(self) -> bool:

@@ -18,13 +18,12 @@ rules in :mod:`comlrl.trainers.dpo.replay`, the pair order in
 from __future__ import annotations
 
 import json
-import warnings
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
-from comlrl.optim import build_schedulers
 from comlrl.trainers.config_checks import check_bool, check_choice, check_int, field_default, is_real
-from comlrl.trainers.dpo.api_comparator import API_FORMAT_SPELLINGS, API_FORMATS, secret_problem
+from comlrl.trainers.dpo.api_comparator import secret_problem
+from comlrl.trainers.dpo.api_formats import API_FORMAT_SPELLINGS, API_FORMATS
 from comlrl.trainers.dpo.comparators import (
     COMPARATOR_SPELLINGS,
     COMPARATORS,
@@ -32,11 +31,21 @@ from comlrl.trainers.dpo.comparators import (
 )
 from comlrl.trainers.dpo.config import MADPOConfig
 from comlrl.trainers.dpo.madpo import MADPOTrainer
-from comlrl.trainers.dpo.pairs import COMPARISON_SELECTIONS, PreferencePair
+from comlrl.trainers.dpo.objective import DirectPreference
+from comlrl.trainers.dpo.pairs import COMPARISON_SELECTIONS
 from comlrl.trainers.dpo.replay import REPLAY_MODE_SPELLINGS, REPLAY_MODES
-from comlrl.trainers.dpo.rounds import InRounds, PreferenceRounds
+from comlrl.trainers.dpo.rounds import PreferenceRounds
+from comlrl.trainers.dpo.schedule import Rounds
+from comlrl.trainers.inputs import TrainerInputs
+from comlrl.trainers.parts import MadeOnce, Parts, TaskReward
 
 __all__ = ["MADPOIterConfig", "MADPOIterTrainer"]
+
+ONCE = MadeOnce(
+    "preference pairs",
+    "more rounds in one run (a larger num_iterations; each round samples fresh pairs of the current policy)",
+)
+"""MADPOIter's rounds start from the policy before the first ``train()``; what to use instead."""
 
 
 def respell(config: Any, name: str, spellings: dict[str, str]) -> None:
@@ -335,7 +344,7 @@ class MADPOIterConfig(MADPOConfig):
                 raise ValueError(f"{name} must be None or a folder path, got {folder!r}")
 
 
-class MADPOIterTrainer(InRounds, MADPOTrainer):
+class MADPOIterTrainer(MADPOTrainer):
     """Iterative MADPO: ``num_iterations`` rounds, each making new pairs of the current policy
     against a comparator policy and training on them (with earlier rounds' pairs, as
     ``preference_replay_mode`` says) with MADPO's joint DPO loss.
@@ -376,62 +385,13 @@ class MADPOIterTrainer(InRounds, MADPOTrainer):
     config_class = MADPOIterConfig
     algorithm_name = "MADPOIter"
     args: MADPOIterConfig
+    schedule: Rounds
 
-    def __init__(self, *args: Any, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        self.rounds = PreferenceRounds(self, self.args, self.comparator_adapter)
-        """The rounds: every round's pairs, the round in progress, the comparator."""
+    def parts(self, args: Any, inputs: TrainerInputs) -> Parts:
+        objective = DirectPreference(args, ONCE)
+        return Parts(objective, TaskReward(), Rounds(objective, schedule_per_round=True), inputs)
 
-    rounds_alternative = (
-        "more rounds in one run (a larger num_iterations; each round samples fresh pairs of the current policy)"
-    )
-
-    def prepare(self, checkpoint: str | None) -> dict[str, float]:
-        """A new run starts round 1 (its metrics are returned); a resumed one reads its rounds back."""
-        if checkpoint is None:
-            self.rounds.reset()
-        return super().prepare(checkpoint)
-
-    def build_pairs(self) -> tuple[list[PreferencePair], dict[str, float]]:
-        """Round 1's training pairs, when a run starts, and what making them found."""
-        metrics = self.start_round(0)
-        return self.pairs, metrics
-
-    def start_epoch(self, epoch: int) -> dict[str, float]:
-        """Start the round epoch ``epoch`` belongs to, if it is a new one (its metrics are
-        returned); its learning-rate schedules start over, spanning its steps."""
-        round_index = self.rounds.round_of(epoch)
-        if round_index == self.rounds.round:
-            return {}
-        metrics = self.start_round(round_index)
-        args = self.args
-        self.learners.schedulers = build_schedulers(
-            self.learners.optimizers, args.lr_scheduler_type, args.warmup_ratio, self.total_optimizer_steps
-        )
-        return metrics
-
-    def start_round(self, round_index: int) -> dict[str, float]:
-        """Round ``round_index``: its pairs (with DPO's reference margins when the loss has a
-        reference) become the round's training pairs; returns the round's metrics."""
-        annotate = self.with_reference if self.args.dpo_reference == "initial" else None
-        self.pairs, metrics = self.rounds.start(self, round_index, annotate=annotate)
-        if not self.pairs:
-            warnings.warn(
-                f"MADPOIter round {round_index + 1}: no preference pairs to train on (every comparison tied, "
-                "and the replay found none): the round trains nothing",
-                stacklevel=2,
-            )
-        return metrics
-
-    # ----------------------------------------------------------------------------------------
-    # checkpoints: the rounds go with MADPO's pairs
-    # ----------------------------------------------------------------------------------------
-    def write_models(self, folder: str) -> None:
-        """MADPO's (the agents, the round's training pairs) and the rounds (``preference_rounds.pt``)."""
-        super().write_models(folder)
-        self.rounds.write(folder)
-
-    def read_pairs(self, checkpoint: str) -> list[PreferencePair]:
-        """MADPO's pairs of ``checkpoint``, after putting back the rounds :meth:`write_models` wrote."""
-        self.rounds.read(checkpoint)
-        return super().read_pairs(checkpoint)
+    @property
+    def rounds(self) -> PreferenceRounds:
+        """Every round's pairs, the round in progress, the comparator."""
+        return self.schedule.rounds

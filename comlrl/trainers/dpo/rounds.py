@@ -52,7 +52,6 @@ from comlrl.trainers.dpo.pairs import (
 )
 from comlrl.trainers.dpo.replay import replay_choice
 from comlrl.trainers.dpo.reward_histograms import log_reward_distribution, raw_reward_range
-from comlrl.trainers.loop import CheckpointPlan, TrainingLoop, TrainResult
 from comlrl.utils.run_control import seeded_cuda_devices
 
 ROUNDS_FILE = "preference_rounds.pt"
@@ -355,65 +354,3 @@ def sampling_with(trainer: Any, backend: GenerationBackend, stream: torch.Genera
     with torch.random.fork_rng(devices=seeded_cuda_devices(), device_type="cuda"), using_backend(trainer, backend):
         torch.manual_seed(int(torch.randint(0, 2**62, (1,), generator=stream)))
         yield
-
-
-class InRounds:
-    """A trainer whose ``train()`` goes through every round's epochs (``RoundLoop``); it
-    must have ``rounds`` (:class:`PreferenceRounds`), ``start_epoch(epoch)`` and
-    ``start_training(resume_from_checkpoint)`` (MADPO's, MARLHF's RL trainer's)."""
-
-    def train(
-        self,
-        resume_from_checkpoint: bool | str | None = None,
-        checkpoint_dir: str | None = None,
-        checkpoint_interval: int | None = None,
-        checkpoint_total_limit: int | None = None,
-    ) -> TrainResult:
-        """Train for ``num_iterations`` rounds; as :meth:`MultiAgentTrainer.train
-        <comlrl.trainers.base.MultiAgentTrainer.train>`, except that ``checkpoint_interval``
-        counts rounds (comlrl 1.4.3's meaning for the iterative trainers), and
-        ``checkpoint_dir`` alone writes a checkpoint after every round. Once per trainer,
-        unless resuming a checkpoint (see ``start_training``)."""
-        self.start_training(resume_from_checkpoint)
-        plan = CheckpointPlan.resolve(self.args, checkpoint_dir, checkpoint_interval, checkpoint_total_limit)
-        return RoundLoop(self, resume_from_checkpoint, plan).run()
-
-
-class RoundLoop(TrainingLoop):
-    """The training loop over every round's epochs: a round starts when its first epoch does
-    (MADPOIter: its pairs' count sets that round's steps), and an epoch cadence of
-    checkpoints counts rounds."""
-
-    def __init__(self, trainer: Any, resume_from_checkpoint: bool | str | None, checkpoints: CheckpointPlan):
-        super().__init__(trainer, resume_from_checkpoint, checkpoints)
-        self.save_every = checkpoints.every_steps  # checkpoint_interval counts rounds: see finished_with_save
-
-    @property
-    def num_epochs(self) -> int:
-        return self.trainer.rounds.num_rounds * self.args.num_train_epochs
-
-    def epoch_order(self) -> list[int]:
-        """The epoch's order of its items, its round started first when the epoch starts one."""
-        metrics = self.trainer.start_epoch(self.progress.epoch)
-        if metrics:
-            # Logged with the round's first step: a run resumed from a checkpoint taken before
-            # the round (which drops later lines from the log) makes and logs them again.
-            self.log_once(metrics, self.trainer.global_step + 1)
-        # Later rounds' sizes may differ (MADPOIter's pairs): the bar counts on this round's.
-        self.bar.total = self.bar.n + (self.num_epochs - self.progress.epoch) * self.trainer.steps_per_epoch
-        return super().epoch_order()
-
-    def end_epoch(self) -> None:
-        super().end_epoch()
-        epoch, rounds = self.progress.epoch, self.trainer.rounds
-        if (epoch + 1) % self.args.num_train_epochs == 0:
-            rounds.end(self.trainer, rounds.round_of(epoch))
-
-    def finished_with_save(self) -> bool:
-        """The step just taken ends a round the plan keeps: every ``checkpoint_interval``-th, and the last."""
-        every, epochs = self.checkpoints.every_epochs, self.args.num_train_epochs
-        epoch, progress = self.progress.epoch, self.progress
-        if not every or (epoch + 1) % epochs or progress.step_in_epoch != self.trainer.steps_per_epoch:
-            return False
-        rounds_done = (epoch + 1) // epochs
-        return rounds_done % every == 0 or rounds_done == self.trainer.rounds.num_rounds

@@ -4,18 +4,9 @@ response; the collaboration (prompts joined, responses split into roles) is
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
-from comlrl.metrics.hooks import RolloutSample
-from comlrl.rollout.prompts import Formatter
-from comlrl.trainers.base import StepResult
-from comlrl.trainers.centralized import (
-    CentralizedCollaboration,
-    CentralizedComparatorAdapter,
-    CentralizedSetup,
-)
+from comlrl.trainers.centralized import CentralizedCollaboration
 from comlrl.trainers.reinforce.config import MAGRPOConfig
 from comlrl.trainers.reinforce.trainer import MAGRPOTrainer
 
@@ -31,6 +22,10 @@ class CentralizedMAGRPOConfig(MAGRPOConfig):
     trainer's ``num_agents``, else 2."""
     collaboration_mode: str = "centralized"
     """comlrl 1.4.3's switch; only ``centralized`` (one model writes every role) exists here."""
+
+    @property
+    def centralized(self) -> bool:
+        return True
 
     def __post_init__(self):
         super().__post_init__()
@@ -48,8 +43,7 @@ class CentralizedMAGRPOConfig(MAGRPOConfig):
 class CentralizedMAGRPOTrainer(MAGRPOTrainer):
     """MAGRPO for ONE model that writes the output of every role in one response.
 
-    Arguments are :class:`~comlrl.trainers.base.MultiAgentTrainer`'s, in its order, with these
-    meanings here:
+    Its inputs (:class:`~comlrl.trainers.inputs.TrainerInputs`) mean here:
 
     Args:
         agent_model / agents: the one model: ``agent_model``, or ``agents=[model]``.
@@ -61,11 +55,12 @@ class CentralizedMAGRPOTrainer(MAGRPOTrainer):
         external_transition: not supported (single-turn only).
         eval_logger: gets ``agent_completions_turns`` as ``[role][row][turn]`` texts.
         metrics_callback: gets one sample per role (``agent_idx`` the role).
-        centralized_adapter: builds the joint prompt and splits responses into roles
-            (default :class:`TaggedCentralizedComparatorAdapter`).
+        centralized_comparator_adapter: builds the joint prompt and splits responses into
+            roles (default :class:`TaggedCentralizedComparatorAdapter`); also by the name
+            ``centralized_adapter``.
         train_reward_func: scores the training rollouts' joint responses in place of
-            ``reward_func`` (as :class:`~comlrl.trainers.base.MultiAgentTrainer`'s; MARLHF's
-            reward model reads the joint prompt and the joint response, unsplit).
+            ``reward_func`` (MARLHF's reward model reads the joint prompt and the joint
+            response, unsplit).
 
     A joint response the adapter cannot split is scored as empty roles; the share of such
     responses is logged as ``centralized/parse_failure_frac`` (and under ``eval/``).
@@ -74,73 +69,12 @@ class CentralizedMAGRPOTrainer(MAGRPOTrainer):
 
     config_class = CentralizedMAGRPOConfig
     algorithm_name = "CentralizedMAGRPO"
+    optional_inputs = frozenset({"train_reward_func", "centralized_comparator_adapter"})
+    centralized_label = "CentralizedMAGRPOTrainer"
+    one_model_per_role = "use MAGRPOTrainer"
 
     args: CentralizedMAGRPOConfig
     collaboration: CentralizedCollaboration
     """Joins the roles' prompts into the one model's and splits its responses into roles."""
     num_roles: int
     """How many roles the one model writes (``num_agents`` counts the models: 1)."""
-
-    def __init__(
-        self,
-        agent_model: str | None = None,
-        agents: Sequence[Any] | None = None,
-        num_agents: int | None = None,
-        tokenizer: Any = None,
-        model_config: dict[str, Any] | None = None,
-        train_dataset: Any = None,
-        eval_dataset: Any = None,
-        reward_func: Callable | Sequence[Callable] | None = None,
-        reward_processor: Callable[[float], float] | None = None,
-        formatters: Formatter | Sequence[Formatter] | None = None,
-        external_transition: Callable | None = None,
-        wandb_config: dict[str, Any] | None = None,
-        eval_logger: Callable[..., Any] | None = None,
-        eval_aggregator: Callable[..., dict[str, float]] | None = None,
-        args: CentralizedMAGRPOConfig | None = None,
-        *,
-        centralized_adapter: CentralizedComparatorAdapter | None = None,
-        peft_config: Any = None,
-        metrics_callback: Callable[[list[RolloutSample]], dict[str, float]] | None = None,
-        train_reward_func: Callable | None = None,
-    ):
-        args = self.accept_config(args)
-        if external_transition is not None:
-            raise ValueError(
-                "CentralizedMAGRPOTrainer does not support multi-turn episodes, so it takes no "
-                "external_transition: drop it"
-            )
-        setup = CentralizedSetup.build(
-            args,
-            num_agents=num_agents,
-            agents=agents,
-            formatters=formatters,
-            reward_func=reward_func,
-            metrics_callback=metrics_callback,
-            adapter=centralized_adapter,
-            trainer="CentralizedMAGRPOTrainer",
-            one_model_per_role="use MAGRPOTrainer",
-        )
-        super().__init__(
-            agent_model=agent_model,
-            agents=agents,
-            tokenizer=tokenizer,
-            model_config=model_config,
-            train_dataset=train_dataset,
-            eval_dataset=eval_dataset,
-            reward_processor=reward_processor,
-            wandb_config=wandb_config,
-            eval_logger=eval_logger,
-            eval_aggregator=eval_aggregator,
-            peft_config=peft_config,
-            train_reward_func=train_reward_func,
-            **setup.base_arguments,
-        )
-        setup.attach(self)
-
-    def step(self, row_ids: list[int]) -> StepResult:
-        """MAGRPO's step, plus the share of its joint responses the adapter could not split."""
-        result = super().step(row_ids)
-        stats = self.collaboration.parse_failure_stats(result.tree.turns[0], self.train_prompts)
-        result.metrics.update(self.parallel.reduce_metrics(stats))
-        return result

@@ -7,12 +7,12 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from comlrl.algorithms import BASELINES
-from comlrl.trainers.config import TrainerConfig
 from comlrl.trainers.config_checks import check_bool, check_choice, check_fraction, check_int, is_real
+from comlrl.trainers.policy_gradient_config import PolicyGradientConfig
 
 
 @dataclass
-class MAGRPOConfig(TrainerConfig):
+class MAGRPOConfig(PolicyGradientConfig):
     """Everything that shapes a MAGRPO run. Every field is checked in ``__post_init__``."""
 
     reference_page: ClassVar[str] = "docs/reference/reinforce.md"

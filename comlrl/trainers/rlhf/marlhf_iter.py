@@ -20,18 +20,12 @@ from typing import Any, ClassVar
 
 from comlrl.trainers.config_checks import check_choice
 from comlrl.trainers.dpo.iterative import MADPOIterConfig, respell
-from comlrl.trainers.dpo.rounds import InRounds, PreferenceRounds, Stream, round_generator
-from comlrl.trainers.rlhf.marlhf import (
-    RL_ALGORITHMS,
-    CentralizedMAGRPOOnRewardModel,
-    IACOnRewardModel,
-    MAACOnRewardModel,
-    MAGRPOOnRewardModel,
-    MARLHFConfig,
-    MARLHFTrainer,
-    RewardModelStage,
-    RLAlgorithm,
-)
+from comlrl.trainers.dpo.rounds import PreferenceRounds, Stream, round_generator
+from comlrl.trainers.dpo.schedule import Rounds
+from comlrl.trainers.parts import MadeOnce, Schedule
+from comlrl.trainers.rlhf.config import MARLHFConfig
+from comlrl.trainers.rlhf.marlhf import MARLHFTrainer
+from comlrl.trainers.rlhf.reward_model import FittedRewardModel
 
 __all__ = ["MARLHFIterConfig", "MARLHFIterTrainer"]
 
@@ -78,38 +72,30 @@ class MARLHFIterConfig(MARLHFConfig, MADPOIterConfig):
         check_choice(self, "preference_scoring_reward", ("task", "reward_model"))
 
 
-class RoundsRewardModelStage(RewardModelStage):
-    """MARLHFIter's phases 1-3, once per round: the round's pairs (``trainer.rounds``) and a
-    fresh reward model fitted to them."""
+class RoundsRewardModel(FittedRewardModel):
+    """MARLHFIter's reward source: phases 1-3 once per round (the rounds' consumer), the
+    round's pairs and a fresh reward model fitted to them."""
 
     args: MARLHFIterConfig
-    rounds_alternative = (
-        "more rounds in one run (a larger num_iterations; each round fits a reward model to fresh pairs)"
+    made_once = MadeOnce(
+        "preference pairs and reward model",
+        "more rounds in one run (a larger num_iterations; each round fits a reward model to fresh pairs)",
     )
 
     def prepare(self, trainer: Any, checkpoint: str | None) -> dict[str, float]:
-        """Resuming: the reward model and the rounds read back from ``checkpoint``; a new run
-        starts round 1 (its metrics are returned)."""
-        if checkpoint is not None:
-            super().prepare(trainer, checkpoint)
-            trainer.rounds.read(checkpoint)
-            return {}
-        trainer.rounds.reset()
-        self.function.model, self.pairs = None, None
-        return self.start_round(trainer, 0)
-
-    def start_epoch(self, trainer: Any, epoch: int) -> dict[str, float]:
-        """Start the round epoch ``epoch`` belongs to, if it is a new one; returns its metrics."""
-        round_index = trainer.rounds.round_of(epoch)
-        return {} if round_index == trainer.rounds.round else self.start_round(trainer, round_index)
+        """Resuming: the reward model read back from ``checkpoint``; a new run's first round
+        (the schedule's ``prepare``, before this) has fitted one."""
+        return super().prepare(trainer, checkpoint) if checkpoint is not None else {}
 
     def start_round(self, trainer: Any, round_index: int) -> dict[str, float]:
         """Round ``round_index``'s pairs and a fresh reward model fitted to its training pairs.
         A round without any keeps the previous round's reward model (comlrl 1.4.3 skipped the
         round's RL instead); round 1 without any is an error."""
         args = self.args
+        if round_index == 0:  # a new run
+            self.function.model, self.pairs = None, None
         by_reward_model = args.preference_scoring_reward == "reward_model" and round_index > 0
-        pairs, metrics = trainer.rounds.start(
+        pairs, metrics = trainer.schedule.rounds.start(
             trainer, round_index, reward=trainer.train_reward if by_reward_model else None
         )
         if pairs:
@@ -132,54 +118,6 @@ class RoundsRewardModelStage(RewardModelStage):
             stacklevel=2,
         )
         return metrics
-
-
-class RewardModelRounds(InRounds):
-    """Makes a MARLHF RL trainer (one of ``RL_ALGORITHMS``' classes) go through rounds: its
-    loop is ``RoundLoop``, each round starts with the stage's new reward model, its one
-    learning-rate schedule spans every round, and its checkpoints keep the rounds."""
-
-    stage: RoundsRewardModelStage
-
-    def __init__(self, *args: Any, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        self.rounds = PreferenceRounds(self, self.stage.args, self.stage.comparator_adapter)
-        """Every round's pairs, the round in progress, the comparator."""
-
-    @property
-    def total_optimizer_steps(self) -> int:
-        return self.stage.args.num_iterations * super().total_optimizer_steps
-
-    def start_epoch(self, epoch: int) -> dict[str, float]:
-        return self.stage.start_epoch(self, epoch)
-
-    def write_models(self, folder: str) -> None:
-        """The RL trainer's (agents, critics, reward model) and the rounds (``preference_rounds.pt``)."""
-        super().write_models(folder)
-        self.rounds.write(folder)
-
-
-class MAGRPOOnRewardModelRounds(RewardModelRounds, MAGRPOOnRewardModel):
-    """MAGRPO, or one of its REINFORCE variants, in MARLHFIter's rounds."""
-
-
-class CentralizedMAGRPOOnRewardModelRounds(RewardModelRounds, CentralizedMAGRPOOnRewardModel):
-    """Centralized MAGRPO (or a REINFORCE variant) in MARLHFIter's rounds."""
-
-
-class IACOnRewardModelRounds(RewardModelRounds, IACOnRewardModel):
-    """IAC in MARLHFIter's rounds."""
-
-
-class MAACOnRewardModelRounds(RewardModelRounds, MAACOnRewardModel):
-    """MAAC in MARLHFIter's rounds."""
-
-
-ROUNDS_TRAINERS = {
-    MAGRPOOnRewardModel: MAGRPOOnRewardModelRounds,
-    IACOnRewardModel: IACOnRewardModelRounds,
-    MAACOnRewardModel: MAACOnRewardModelRounds,
-}
 
 
 class MARLHFIterTrainer(MARLHFTrainer):
@@ -211,11 +149,14 @@ class MARLHFIterTrainer(MARLHFTrainer):
     """
 
     config_class = MARLHFIterConfig
-    algorithm_name = "MARLHFIter"
-    stage_class = RoundsRewardModelStage
-    centralized_rl_trainer = CentralizedMAGRPOOnRewardModelRounds
-    rl_algorithms: ClassVar[dict[str, RLAlgorithm]] = {
-        name: RLAlgorithm(ROUNDS_TRAINERS[algorithm.trainer_class], algorithm.config_class)
-        for name, algorithm in RL_ALGORITHMS.items()
-    }
+    reward_source_class = RoundsRewardModel
     args: MARLHFIterConfig
+    schedule: Rounds
+
+    def schedule_of(self, reward: FittedRewardModel) -> Schedule:
+        return Rounds(reward, schedule_per_round=False)
+
+    @property
+    def rounds(self) -> PreferenceRounds:
+        """Every round's pairs, the round in progress, the comparator."""
+        return self.schedule.rounds

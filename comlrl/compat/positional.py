@@ -1,0 +1,72 @@
+"""comlrl 1.4.3's positional argument orders of the trainers, and its other names of trainer
+arguments: a call written for it is turned here into keyword arguments, with the meaning it
+had there, before the trainer reads any.
+
+1.4.3's MAGRPO, its variants, centralized MAGRPO, MADPO and MARLHF take
+:data:`POSITIONAL_ORDER`; its IAC and MAAC take :data:`ACTOR_CRITIC_ORDER`, a different order.
+Its ``CentralizedMAGRPOTrainer`` named the adapter ``centralized_adapter``, where MADPO and
+MARLHF said ``centralized_comparator_adapter`` (the one name here)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+POSITIONAL_ORDER = (
+    "agent_model",
+    "agents",
+    "num_agents",
+    "tokenizer",
+    "model_config",
+    "train_dataset",
+    "eval_dataset",
+    "reward_func",
+    "reward_processor",
+    "formatters",
+    "external_transition",
+    "wandb_config",
+    "eval_logger",
+    "eval_aggregator",
+    "args",
+)
+"""1.4.3's order of the MAGRPO family's, centralized MAGRPO's, MADPO's and MARLHF's arguments."""
+
+ACTOR_CRITIC_ORDER = (
+    "agent_model",
+    "critic_model",
+    "tokenizer",
+    "reward_func",
+    "reward_processor",
+    "formatters",
+    "args",
+    "train_dataset",
+    "eval_dataset",
+    "model_config",
+    "wandb_config",
+    "metrics_callback",
+    "external_transition",
+    "agents",
+    "critics",
+)
+"""1.4.3's order of IAC's and MAAC's arguments."""
+
+RENAMED_ARGUMENTS = {"centralized_adapter": "centralized_comparator_adapter"}
+"""1.4.3's other name of a trainer argument -> ours (the same meaning)."""
+
+
+def named_arguments(trainer: str, order: Sequence[str], positional: Sequence[Any], named: dict[str, Any]) -> dict:
+    """Every argument of a call of ``trainer`` by name: ``positional`` ones in ``order``,
+    1.4.3's other names as ours. Too many positional arguments, or one given twice, is the
+    TypeError Python gives for such a call."""
+    if len(positional) > len(order):
+        raise TypeError(
+            f"{trainer}() takes at most {len(order)} positional arguments ({', '.join(order)}), "
+            f"but {len(positional)} were given"
+        )
+    result = dict(zip(order, positional))
+    for name, value in named.items():
+        name = RENAMED_ARGUMENTS.get(name, name)
+        if name in result:
+            raise TypeError(f"{trainer}() got multiple values for argument {name!r}")
+        result[name] = value
+    return result

@@ -1,0 +1,194 @@
+"""The actor-critic objective (IAC, MAAC; MARLHF's iac / maac): the policy-gradient step with
+critics. Rollouts, rewards, the policy loss, logging and checkpoints are the engine's and the
+policy-gradient objective's; this module adds the critics.
+
+One training step:
+
+    rollout tree (as MAGRPO: G completions per prompt and agent, joint actions, turns)
+    ─critic (no gradient)─▶ value of every node V (a Q-critic: of every action; V = their mean)
+    ─GAE over the tree (gamma, gae_lambda)─▶ lambda-returns G of the joint actions
+    ─credit per agent sample, minus V of its node─▶ advantages (whitened per agent)
+    ─ppo_epochs passes: clipped policy loss per agent + clipped value loss per critic
+      ─▶ one optimizer step per actor and per critic each pass
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any
+
+import torch
+
+from comlrl.algorithms import per_agent_returns
+from comlrl.algorithms.critic import whiten
+from comlrl.algorithms.returns import tree_lambda_returns, tree_returns
+from comlrl.checkpoint import load_weights
+from comlrl.compat.actor_critic import CriticModelConfig, split_critic_model_config
+from comlrl.models.loading import split_model_config
+from comlrl.models.value import Critic, EncodedInputs
+from comlrl.rollout.tree import RolloutTree, Turn
+from comlrl.trainers.actor_critic.config import ActorCriticConfig
+from comlrl.trainers.actor_critic.critic_setup import build_critics, critic_learning_rates, width_setting
+from comlrl.trainers.actor_critic.critics import (
+    CentralizedCritic,
+    CriticEstimate,
+    CriticLayout,
+    CriticLoss,
+    IndependentCritics,
+    frozen_values,
+    joint_critic_text,
+)
+from comlrl.trainers.parts import Writer
+from comlrl.trainers.policy_gradient import PolicyGradient
+
+
+class ActorCritic(PolicyGradient):
+    """Values and GAE: the advantages come from critics, trained beside the agents.
+
+    Args:
+        config: the actor-critic config (``gamma``, ``gae_lambda``, ``ppo_epochs``, the critics').
+        centralized: one critic for all agents (MAAC) instead of one per agent (IAC).
+        critic_config: ``model_config``'s critic keys.
+    """
+
+    config: ActorCriticConfig
+    actor_critic_reward_calls = True
+    critics: list[Critic]
+    """The critics, in the order of their learners (after the agents')."""
+
+    def __init__(self, config: ActorCriticConfig, centralized: bool, critic_config: CriticModelConfig):
+        super().__init__(config)
+        self.centralized = centralized
+        self.critic_config = critic_config
+
+    @property
+    def discount(self) -> float:
+        """``gamma``: the discount of the returns logged and evaluated."""
+        return self.config.gamma
+
+    @property
+    def passes(self) -> int:
+        return self.config.ppo_epochs
+
+    def attach(self, trainer: Any, inputs: Any) -> None:
+        """The critics from the inputs, their learners, and their loss in the update."""
+        super().attach(trainer, inputs)
+        config = self.config
+        self.agents, self.parallel = trainer.agents, trainer.parallel
+        special_tokens = split_model_config(inputs.model_config).special_tokens
+        self.critics = build_critics(
+            trainer,
+            inputs.critic_model,
+            inputs.critics,
+            inputs.critic_tokenizer,
+            self.critic_config,
+            special_tokens,
+            centralized=self.centralized,
+            config=config,
+        )
+        layout = CentralizedCritic if self.centralized else IndependentCritics
+        self.layout: CriticLayout = layout(trainer.num_agents, config.critic_type)
+        trainer.add_learners(
+            [critic.name for critic in self.critics],
+            [critic.parameters() for critic in self.critics],
+            critic_learning_rates(trainer, self.critics, config),
+        )
+        self.update.auxiliary.append(
+            CriticLoss(
+                self.critics,
+                trainer.agents,
+                trainer.parallel,
+                config.value_clip_range,
+                config.value_loss_coef,
+                config.micro_batch_size,
+            )
+        )
+        self.check_first_turn_inputs(trainer)
+
+    def check_first_turn_inputs(self, trainer: Any) -> None:
+        """Encode every training row's first-turn prompts with each separate critic's
+        tokenizer, so a critic that cannot read them fails here, before any training."""
+        rows = list(range(len(trainer.train_prompts)))
+        prompts = [trainer.train_prompts.agent_prompts(i, rows) for i in range(trainer.num_agents)]
+        for c, critic in enumerate(self.critics):
+            if critic.agent is None:
+                texts = [joint_critic_text(joint) for joint in zip(*prompts)] if self.centralized else prompts[c]
+                critic.encode(texts, lambda k: f"dataset row {k} (turn 1)")
+
+    def estimate(self, tree: RolloutTree) -> CriticEstimate:
+        config, agents = self.config, self.agents
+        inputs: list[list[EncodedInputs]] = [[] for _ in self.critics]
+        old_values: list[list[torch.Tensor]] = [[] for _ in self.critics]
+        node_values = []
+        for turn in tree.turns:
+            texts = self.layout.texts(turn, tree.joint_indices)
+            for c, critic in enumerate(self.critics):
+                encoded = critic.encode(texts[c], functools.partial(describe_input, turn, len(texts[c])))
+                inputs[c].append(encoded)
+                old_values[c].append(frozen_values(critic, agents, encoded, config.micro_batch_size).cpu())
+            node_values.append(self.layout.node_values([v[-1] for v in old_values], turn))
+        rewards = [turn.rewards for turn in tree.turns]
+        children = [turn.children for turn in tree.turns]
+        lambda_returns = tree_lambda_returns(rewards, children, node_values, config.gamma, config.gae_lambda)
+        credits = [per_agent_returns(g, tree.joint_indices, tree.num_generations) for g in lambda_returns]
+        advantages = [
+            [(credit[i] - values[:, i : i + 1]).reshape(-1) for credit, values in zip(credits, node_values)]
+            for i in range(len(agents))
+        ]
+        if config.advantage_normalization:
+            reduce = self.parallel.sum_values
+            advantages = [list(whiten(torch.cat(a), reduce=reduce).split([x.numel() for x in a])) for a in advantages]
+        targets_per_turn = [self.layout.targets(g, credit) for g, credit in zip(lambda_returns, credits)]
+        return CriticEstimate(
+            returns=tree_returns(rewards, children, config.gamma),
+            credits=credits,
+            advantages=advantages,
+            inputs=inputs,
+            old_values=old_values,
+            targets=[[turn_targets[c] for turn_targets in targets_per_turn] for c in range(len(self.critics))],
+        )
+
+    # ----------------------------------------------------------------------------------------
+    # saving and loading
+    # ----------------------------------------------------------------------------------------
+    def write_with_agent(self, trainer: Any, agent: int, folder: str) -> None:
+        """The value head of a critic that sits on agent ``agent``'s model (``value_head.safetensors``)."""
+        for critic in self.critics:
+            if critic.agent == agent:
+                critic.head.save(folder)
+
+    def writers(self, trainer: Any) -> list[Writer]:
+        """Each separate critic's model, tokenizer and value head, in ``critic_{c}/``."""
+        return [
+            (f"critic_{c}", functools.partial(write_critic, critic))
+            for c, critic in enumerate(self.critics)
+            if critic.agent is None
+        ]
+
+    def load(self, trainer: Any, path: str) -> None:
+        separate = [critic for critic in self.critics if critic.agent is None]
+        load_weights(path, [critic.backbone for critic in separate], [None] * len(separate), prefix="critic")
+        for c, critic in enumerate(self.critics):
+            folder = f"agent_{critic.agent}" if critic.agent is not None else f"critic_{c}"
+            critic.head.load(os.path.join(path, folder), width_setting(critic))
+
+
+def describe_input(turn: Turn, count: int, k: int) -> str:
+    """Which turn, dataset row (and agent) critic input ``k`` of a turn comes from."""
+    per_node = count // turn.num_nodes
+    return f"turn {turn.number}, dataset row {turn.rows[k // per_node]}"
+
+
+def write_critic(critic: Critic, folder: str) -> None:
+    """A separate critic's model, tokenizer and value head into ``folder``."""
+    critic.backbone.save_pretrained(folder)
+    critic.tokenizer.save_pretrained(folder)
+    critic.head.save(folder)
+
+
+def actor_critic_parts(config: ActorCriticConfig, inputs: Any, centralized: bool) -> tuple[ActorCritic, Any]:
+    """The objective of an actor-critic run, and the inputs as the engine reads them:
+    ``model_config`` without its critic keys, which the objective keeps."""
+    model_config, critic_config = split_critic_model_config(inputs.model_config)
+    return ActorCritic(config, centralized, critic_config), inputs.replace(model_config=model_config)
