@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import comlrl
-import comlrl.trainers.config_checks as trainer_config
+import comlrl.utils.caller as trainer_config
 from comlrl.algorithms import joint_preference, others_deltas, preference_deltas
 from comlrl.trainers import MADPOConfig, MADPOTrainer
 from comlrl.trainers.preference import madpo

@@ -10,7 +10,7 @@ import warnings
 import pytest
 import torch
 
-import comlrl.trainers.config_checks as trainer_config
+import comlrl.utils.caller as trainer_config
 from comlrl.models.value import last_token_hidden
 from comlrl.trainers.actor_critic import IACConfig, IACTrainer, MAACConfig, MAACTrainer
 from comlrl.trainers.actor_critic.critics import joint_critic_text

@@ -22,33 +22,22 @@ from typing import Any, ClassVar
 
 import torch
 
-from comlrl.algorithms import joint_action_indices
 from comlrl.checkpoint import write_folders
 from comlrl.checkpoint.config_record import config_record
-from comlrl.compat.positional import POSITIONAL_ORDER, named_arguments
-from comlrl.distributed import DataParallel
-from comlrl.metrics.evaluation import EvalHooks
-from comlrl.metrics.hooks import MetricsCallback
+from comlrl.compat.arguments import POSITIONAL_ORDER, named_arguments
 from comlrl.metrics.sinks import run_sinks
-from comlrl.models.hardware import warn_if_bf16_is_emulated
-from comlrl.models.loading import split_model_config
 from comlrl.models.placement import map_agents
-from comlrl.optim import Learners, per_agent_learning_rates
 from comlrl.rewards import JointReward
 from comlrl.rollout import AgentRollout
-from comlrl.rollout.backends import build_backend
-from comlrl.rollout.prompt_fit import check_prompts_fit
 from comlrl.rollout.prompts import PromptTable
-from comlrl.rollout.sampling import SamplingSpec, check_generation_names
-from comlrl.rollout.transition import Transition
-from comlrl.rollout.tree import RolloutTree, build_tree, check_tree_budget
-from comlrl.trainers.agents import Agents
-from comlrl.trainers.centralized import CentralizedSetup, refuse_unused_adapter
+from comlrl.rollout.sampling import SamplingSpec
+from comlrl.rollout.tree import RolloutTree, build_tree
 from comlrl.trainers.config import TrainerConfig
 from comlrl.trainers.evaluation import evaluate
-from comlrl.trainers.inputs import TrainerInputs, call_signature, check_required_inputs
+from comlrl.trainers.inputs import TrainerInputs, call_signature
 from comlrl.trainers.loop import CheckpointPlan, TrainingLoop, TrainResult
 from comlrl.trainers.parts import Parts, Writer, raise_second_train
+from comlrl.trainers.setup import set_up
 
 
 class MultiAgentTrainer:
@@ -61,7 +50,7 @@ class MultiAgentTrainer:
     config_class: ClassVar[type[TrainerConfig]] = TrainerConfig
     """The config class: built when ``args`` is not given, and what ``args`` must be."""
     positional_order: ClassVar[tuple[str, ...]] = POSITIONAL_ORDER
-    """The order positional arguments are read in (:mod:`comlrl.compat.positional`)."""
+    """The order positional arguments are read in (:mod:`comlrl.compat.arguments`)."""
     optional_inputs: ClassVar[frozenset[str]] = frozenset()
     """The inputs beyond :data:`~comlrl.trainers.inputs.COMMON_INPUTS` this trainer takes."""
     algorithm_name = "train"
@@ -87,7 +76,7 @@ class MultiAgentTrainer:
     def __init__(self, *positional: Any, **named: Any):
         named = named_arguments(type(self).__name__, self.positional_order, positional, named)
         args = self.accept_config(named.pop("args", None))
-        self.setup(args, TrainerInputs.of(type(self), named))
+        set_up(self, args, TrainerInputs.of(type(self), named))
 
     def parts(self, args: Any, inputs: TrainerInputs) -> Parts:
         """The trainer's objective, reward source and schedule for config ``args``."""
@@ -103,98 +92,8 @@ class MultiAgentTrainer:
         return args
 
     # ----------------------------------------------------------------------------------------
-    # set-up
+    # set-up (the rest: comlrl.trainers.setup)
     # ----------------------------------------------------------------------------------------
-    def setup(self, args: TrainerConfig, inputs: TrainerInputs) -> None:
-        """Every part of the run from the config and the inputs, checked before anything slow
-        where it can be."""
-        self.args = args
-        self.output_dir = args.output_dir
-        self.objective, self.reward_source, self.schedule, inputs = self.parts(args, inputs)
-        centralized = None
-        if args.centralized:
-            label = self.centralized_label or f"{type(self).__name__} with collaboration_mode='centralized'"
-            centralized = CentralizedSetup.build(args, inputs, label, self.one_model_per_role)
-            inputs, args = centralized.inputs, centralized.base_config
-        else:
-            refuse_unused_adapter(inputs.centralized_comparator_adapter, args)
-        check_required_inputs(args, inputs)
-        self.comparator_adapter = None if centralized else inputs.centralized_comparator_adapter
-        """With one model per agent: the adapter of a comparator that writes every agent's part."""
-        self.sampling = SamplingSpec.from_config(args)
-        """How completions are sampled, fixed for the run: generation, the log-probs'
-        temperature and the loss's constants all read it."""
-        self.parallel = DataParallel.from_environment()
-        self.parallel.check_optimizer_steps(args)
-        model_config = split_model_config(inputs.model_config)
-        self.model_kwargs, self.tokenizer_kwargs = model_config.model_kwargs, model_config.tokenizer_kwargs
-        self.agents = Agents.build(
-            inputs.agents,
-            inputs.agent_model,
-            inputs.num_agents,
-            inputs.tokenizer,
-            model_config,
-            inputs.peft_config,
-            args,
-            self.parallel.local_rank if self.parallel.enabled else None,
-            with_references=self.objective.needs_reference,
-            reference_devices=self.objective.reference_devices,
-        )
-        self.num_agents = len(self.agents)
-        check_generation_names(args.generation_kwargs, self.agents)
-        self.reward = self.joint_reward(
-            inputs.reward_func, inputs.reward_processor, weights=args.reward_weights, call=args.reward_call
-        )
-        """The task reward: scores evaluations (and, unless the reward source says otherwise, training)."""
-        self.train_reward = self.reward_source.training_reward(self, inputs)
-        """What scores the training rollouts."""
-        transition = inputs.external_transition
-        self.transition = None if transition is None else Transition(transition, self.num_agents)
-        self.train_prompts = PromptTable(inputs.train_dataset, inputs.formatters, self.num_agents, "train_dataset")
-        self.parallel.check_rows(len(self.train_prompts), args.per_device_train_batch_size)
-        self.eval_prompts = (
-            None
-            if inputs.eval_dataset is None
-            else PromptTable(inputs.eval_dataset, inputs.formatters, self.num_agents, "eval_dataset")
-        )
-        for table in (self.train_prompts, self.eval_prompts):
-            if table is not None:
-                check_prompts_fit(self.agents, self.agents.tokenizers, table.prompts, args.max_new_tokens, table.name)
-        self.eval_hooks = EvalHooks(inputs.eval_logger, inputs.eval_aggregator)
-        self.metrics_callback = MetricsCallback(inputs.metrics_callback)
-        self.wandb_config = inputs.wandb_config
-        self.joint_indices = joint_action_indices(self.num_agents, args.num_generations, args.joint_mode)
-        check_tree_budget(
-            args.per_device_train_batch_size,
-            self.num_agents,
-            args.num_generations,
-            self.joint_indices.shape[0],
-            args.num_turns,
-            args.joint_mode,
-            args.max_generations_per_step,
-        )
-        self.learners = Learners()
-        """Every optimizer and schedule: one per agent ("agent 0", ...), then the critics'."""
-        self.pending_learners: list[tuple[Sequence[str], Sequence[Sequence[torch.nn.Parameter]], Sequence[float]]] = []
-        self.add_learners(
-            [f"agent {i}" for i in range(self.num_agents)],
-            self.agents.parameters,
-            per_agent_learning_rates(args.agent_learning_rate, self.num_agents),
-        )
-        if args.precision == "bf16":
-            warn_if_bf16_is_emulated(self.agents.device(0))
-        self.backend = build_backend(
-            args.generation_backend,
-            self.agents,
-            args.vllm_gpu_memory_utilization,
-            torch.bfloat16 if args.precision == "bf16" else None,
-        )
-        self.global_step = 0
-        if centralized is not None:
-            centralized.attach(self)
-        for part in self.all_parts:
-            part.attach(self, inputs)
-
     def joint_reward(self, func: Any, processor: Any = None, weights: Any = None, call: str = "batch") -> JointReward:
         """``func`` called on this trainer's joint actions, as its objective calls rewards."""
         return JointReward(

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
 from comlrl.algorithms import JOINT_MODES
+from comlrl.compat.fields import apply_renamed_fields, renamed
+from comlrl.compat.spellings import JOINT_MODE_SPELLINGS, PARALLEL_TRAINING_SPELLINGS, respell
 from comlrl.optim import LR_SCHEDULES
 from comlrl.rewards.joint_reward import REWARD_CALLS
 from comlrl.rollout.backends import BACKENDS
@@ -18,22 +20,16 @@ from comlrl.trainers.config_checks import (
     MAX_COEFFICIENT,
     MAX_NEW_TOKENS,
     PRECISIONS,
-    apply_renamed_fields,
     check_bool,
     check_choice,
     check_devices,
     check_int,
     check_learning_rate,
     check_scalar,
-    is_real,
-    normalise_spelling,
     refuse_number_strings,
-    renamed,
     unknown_fields_error,
 )
-
-JOINT_MODE_SPELLINGS = {"aligned": "aligned", "align": "aligned", "cross": "cross", "crossed": "cross"}
-"""Every ``joint_mode`` comlrl 1.4.3 accepted (any letter case), and what it is here."""
+from comlrl.utils.checks import is_real
 
 
 @dataclass
@@ -275,8 +271,7 @@ class TrainerConfig:
                 f"train_batch_size={self.train_batch_size} is more rows than a rollout holds "
                 f"(per_device_train_batch_size={self.per_device_train_batch_size}); it must be at most that"
             )
-        if isinstance(self.parallel_training, str) and self.parallel_training.strip().lower() == "null":
-            self.parallel_training = "none"
+        respell(self, "parallel_training", PARALLEL_TRAINING_SPELLINGS, strip=True)
         check_choice(self, "parallel_training", ("none", "mp"))
         if self.parallel_training == "mp" and self.agent_devices is None:
             raise ValueError("parallel_training='mp' needs agent_devices: a list with one device per agent (or 'auto')")
@@ -337,7 +332,7 @@ class TrainerConfig:
             )
         check_devices(self, "agent_devices")
         check_choice(self, "reward_call", REWARD_CALLS)
-        normalise_spelling(self, "joint_mode", JOINT_MODE_SPELLINGS)  # 1.4.3's spellings mean the same modes
+        respell(self, "joint_mode", JOINT_MODE_SPELLINGS)
         check_choice(self, "joint_mode", JOINT_MODES)
         check_choice(self, "generation_backend", BACKENDS)
         if not (is_real(self.vllm_gpu_memory_utilization) and 0 < self.vllm_gpu_memory_utilization < 1):

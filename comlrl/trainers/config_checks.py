@@ -1,36 +1,21 @@
 """The checks the trainers' configs are built from: each takes a config (or a value and the
 name the error gives it) and raises a ValueError or TypeError that names the field, the value
-and what is allowed; and comlrl 1.4.3's renamed fields, moved to their new names."""
+and what is allowed."""
 
 from __future__ import annotations
 
 import difflib
 import functools
 import math
-import numbers
 import types
 import typing
-import warnings
 from collections.abc import Sequence
-from dataclasses import MISSING, field, fields, is_dataclass
+from dataclasses import fields, is_dataclass
 from typing import Any
 
-from comlrl.utils.caller import user_stacklevel
+from comlrl.compat.fields import current_name, is_inert
+from comlrl.utils.checks import is_real, require_int
 from comlrl.utils.text import number_string_error
-
-
-def is_real(value: Any) -> bool:
-    """A number that is not a bool and not NaN."""
-    return isinstance(value, numbers.Real) and not isinstance(value, bool) and not math.isnan(value)
-
-
-def require_int(value: Any, name: str, minimum: int = 1, allow_none: bool = False, note: str = "") -> None:
-    """``value`` (called ``name`` in the error) must be an integer >= ``minimum`` (or None when allowed)."""
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        allowed = f"an integer >= {minimum}" + (" or None" if allow_none else "") + note
-        raise ValueError(f"{name} must be {allowed}, got {value!r}")
 
 
 def check_int(config: Any, name: str, minimum: int = 1, allow_none: bool = False, note: str = "") -> None:
@@ -94,8 +79,8 @@ class NumericField(typing.NamedTuple):
 @functools.cache
 def numeric_fields(config_class: type) -> dict[str, NumericField]:
     """The fields of ``config_class`` that hold numbers: annotated ``int`` or ``float`` (alone,
-    in a list, or with None) and never ``str``. MADPO's inert fields (no effect: anything is
-    accepted, as in comlrl 1.4.3) are left out."""
+    in a list, or with None) and never ``str``. Inert fields (:func:`~comlrl.compat.fields.inert`:
+    anything is accepted) are left out."""
     try:
         hints = typing.get_type_hints(config_class)
     except NameError:  # a user's subclass annotated with names its module lacks: its bases' fields still count
@@ -106,7 +91,7 @@ def numeric_fields(config_class: type) -> dict[str, NumericField]:
         hint = hints[spec.name]
         arms = typing.get_args(hint) if typing.get_origin(hint) in UNIONS else (hint,)
         scalars = {typing.get_args(arm)[0] if typing.get_origin(arm) is list else arm for arm in arms}
-        if str not in scalars and scalars & {int, float} and not spec.metadata.get("inert"):
+        if str not in scalars and scalars & {int, float} and not is_inert(spec):
             numeric[spec.name] = NumericField(float not in scalars, type(None) in scalars)
     return numeric
 
@@ -148,69 +133,11 @@ def check_choice(config: Any, name: str, allowed: Any) -> None:
         raise ValueError(f"{name}={getattr(config, name)!r}; expected one of {sorted(allowed)}")
 
 
-def normalise_spelling(config: Any, name: str, spellings: dict[Any, str]) -> None:
-    """Replace a comlrl 1.4.3 spelling of ``config.<name>`` (any letter case, or a key such as
-    None that 1.4.3 read as a default) by the value it meant; anything else is left for
-    :func:`check_choice` to name."""
-    value = getattr(config, name)
-    key = value.lower() if isinstance(value, str) else value
-    if key is None or isinstance(key, str):
-        setattr(config, name, spellings.get(key, value))
-
-
-_WARNED: set[tuple[str, ...]] = set()
-
-
-def warn_once(key: tuple[str, ...], message: str, category: type[Warning]) -> None:
-    """``message`` the first time this process meets ``key`` (a config class and field), pointed at the user's line."""
-    if key not in _WARNED:
-        _WARNED.add(key)
-        warnings.warn(message, category, stacklevel=user_stacklevel())
-
-
-def renamed(new_name: str) -> Any:
-    """A field that holds comlrl 1.4.3's name of ``new_name``: accepted, with a one-time
-    warning, and moved to ``new_name`` by :func:`apply_renamed_fields` (then back to None)."""
-    return field(default=None, repr=False, metadata={"renamed_to": new_name})
-
-
-def field_default(config: Any, name: str) -> Any:
-    spec = next(f for f in fields(config) if f.name == name)
-    return spec.default_factory() if spec.default is MISSING else spec.default
-
-
-def apply_renamed_fields(config: Any) -> None:
-    """Move every value set under an old name (a :func:`renamed` field) to its new name.
-
-    Both names set to different values is an error: which one the user meant is unknowable.
-    """
-    for spec in fields(config):
-        new_name = spec.metadata.get("renamed_to")
-        value = getattr(config, spec.name)
-        if new_name is None or value is None:
-            continue
-        current = getattr(config, new_name)
-        if current != value and current != field_default(config, new_name):
-            raise ValueError(
-                f"{spec.name}={value!r} (comlrl 1.4.3's name for {new_name}) and {new_name}={current!r} "
-                f"disagree: set only {new_name}"
-            )
-        advice = config.renamed_advice(spec.name, value) or f"write {new_name}={value!r}"
-        warn_once(
-            (type(config).__name__, spec.name),
-            f"{type(config).__name__}: {spec.name} is comlrl 1.4.3's name for {new_name}; {advice}",
-            FutureWarning,
-        )
-        setattr(config, new_name, value)
-        setattr(config, spec.name, None)
-
-
 def unknown_fields_error(config_class: type, names: Sequence[str]) -> TypeError:
     """The error for keyword arguments ``names`` that ``config_class`` has no field for: each
     with the closest field's name when one is close (a typo, a dropped prefix), and where the
     fields are documented."""
-    # A close 1.4.3 name (a renamed field) is suggested as the name it became.
-    known = {spec.name: spec.metadata.get("renamed_to", spec.name) for spec in fields(config_class) if spec.init}
+    known = {spec.name: current_name(spec) for spec in fields(config_class) if spec.init}
     problems = []
     for name in names:
         close = difflib.get_close_matches(name, known, n=1, cutoff=0.6) or [k for k in known if name in k][:1]

@@ -2,7 +2,7 @@
 the data, the reward and the hooks. Each trainer class names the optional inputs it also
 takes (:attr:`~comlrl.trainers.base.MultiAgentTrainer.optional_inputs`: critics, a
 centralized adapter, a training reward); an input of another trainer is refused by name.
-Positional calls are read in :mod:`comlrl.compat.positional`, before anything here."""
+Positional calls are read in :mod:`comlrl.compat.arguments`, before anything here."""
 
 from __future__ import annotations
 

@@ -32,7 +32,7 @@ from comlrl.checkpoint.trainer import resume_trainer, save_trainer, start_state
 from comlrl.metrics import MetricsLogger
 from comlrl.metrics.alerts import ZeroSpreadWatch
 from comlrl.metrics.rollout import format_metrics, reward_fields
-from comlrl.trainers.config_checks import require_int
+from comlrl.utils.checks import require_int
 from comlrl.utils.run_control import StopOnSignal, seed_everything
 
 

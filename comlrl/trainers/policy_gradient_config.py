@@ -14,8 +14,8 @@ from comlrl.trainers.config_checks import (
     check_coefficient,
     check_devices,
     check_scalar,
-    is_real,
 )
+from comlrl.utils.checks import is_real
 
 
 @dataclass

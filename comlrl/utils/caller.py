@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -17,3 +18,13 @@ def user_stacklevel() -> int:
     ):
         frame, level = frame.f_back, level + 1
     return level
+
+
+_WARNED: set[tuple[str, ...]] = set()
+
+
+def warn_once(key: tuple[str, ...], message: str, category: type[Warning]) -> None:
+    """``message`` the first time this process meets ``key`` (a config class and field), pointed at the user's line."""
+    if key not in _WARNED:
+        _WARNED.add(key)
+        warnings.warn(message, category, stacklevel=user_stacklevel())

@@ -41,7 +41,7 @@ from comlrl.tasks.code.scoring import (
     weighted,
 )
 from comlrl.tasks.sandbox import Job, SandboxLimits, SandboxPool, SandboxResult
-from comlrl.trainers.config_checks import require_int
+from comlrl.utils.checks import require_int
 
 
 class CodeTask(Task):

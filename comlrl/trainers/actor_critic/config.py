@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from comlrl.compat.fields import renamed
+from comlrl.compat.spellings import CRITIC_TYPE_SPELLINGS, respell
 from comlrl.trainers.config_checks import (
     check_bool,
     check_choice,
@@ -14,16 +16,11 @@ from comlrl.trainers.config_checks import (
     check_fraction,
     check_int,
     check_learning_rate,
-    field_default,
-    is_real,
-    normalise_spelling,
-    renamed,
 )
 from comlrl.trainers.policy_gradient_config import PolicyGradientConfig
+from comlrl.utils.checks import field_default, is_real
 
 CRITIC_TYPES = ("v", "q")
-CRITIC_TYPE_SPELLINGS = {None: "v", "v": "v", "q": "q"}
-"""Every ``critic_type`` comlrl 1.4.3 accepted (any letter case; ``None`` meant ``v``), and what it is here."""
 
 
 @dataclass
@@ -90,7 +87,7 @@ class ActorCriticConfig(PolicyGradientConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        normalise_spelling(self, "critic_type", CRITIC_TYPE_SPELLINGS)
+        respell(self, "critic_type", CRITIC_TYPE_SPELLINGS)
         check_choice(self, "critic_type", CRITIC_TYPES)
         check_int(self, "value_head_hidden_dim", allow_none=True)
         check_int(self, "critic_value_head_hidden_dim", allow_none=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from comlrl.compat.positional import ACTOR_CRITIC_ORDER
+from comlrl.compat.arguments import ACTOR_CRITIC_ORDER
 from comlrl.models.value import Critic
 from comlrl.trainers.actor_critic.config import ActorCriticConfig, IACConfig, MAACConfig
 from comlrl.trainers.actor_critic.critics import CriticEstimate, joint_critic_text
@@ -18,7 +18,7 @@ from comlrl.trainers.parts import Parts, Schedule, TaskReward
 class ActorCriticTrainer(MultiAgentTrainer):
     """What IAC and MAAC share. Arguments: :class:`~comlrl.trainers.inputs.TrainerInputs`,
     with ``critic_model``, ``critics`` and ``critic_tokenizer``, positionally in the order of
-    :data:`~comlrl.compat.positional.ACTOR_CRITIC_ORDER`; ``args`` is the trainer's config.
+    :data:`~comlrl.compat.arguments.ACTOR_CRITIC_ORDER`; ``args`` is the trainer's config.
 
     A critic given as a folder that holds a value head starts from that head. The critic
     folders and value heads (``value_head.pt``) 1.4.3 saved load too, and ``model_config`` may

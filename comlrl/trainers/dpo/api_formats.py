@@ -23,20 +23,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-API_FORMAT_SPELLINGS = {
-    "generic": "generic",
-    "openai_chat": "openai_chat",
-    "openai": "openai_chat",
-    "chat": "openai_chat",
-    "anthropic_messages": "anthropic_messages",
-    "anthropic": "anthropic_messages",
-    "messages": "anthropic_messages",
-    "openai_responses": "openai_responses",
-    "responses": "openai_responses",
-    "codex": "openai_responses",
-}
-"""Every ``comparator_api_format`` comlrl 1.4.3 accepted (any letter case), and what it is here."""
-
 ANTHROPIC_VERSION = "2023-06-01"
 """The ``anthropic-version`` header 1.4.3 sent (``comparator_api_headers`` may set another)."""
 

@@ -32,42 +32,6 @@ from comlrl.models.placement import resolve_agent_devices
 from comlrl.rollout.backends import GenerationBackend, HFBackend
 from comlrl.trainers.dpo.api_comparator import ApiBackend, ApiClient
 
-COMPARATOR_SPELLINGS = {
-    "current": "current",
-    "self": "current",
-    "online": "current",
-    "current_copy": "current_copy",
-    "copy": "current_copy",
-    "online_copy": "current_copy",
-    "current-offload": "current_copy",
-    "current_offload": "current_copy",
-    "model": "model",
-    "external": "model",
-    "comparator": "model",
-    "reference": "model",
-    "ref": "model",
-    "history": "history",
-    "checkpoint": "history",
-    "previous": "history",
-    "previous_iteration": "history",
-    "api": "api",
-    "http": "api",
-    "endpoint": "api",
-}
-"""Every ``comparator_policy`` comlrl 1.4.3 accepted (any letter case), and what it is here."""
-
-GENERATION_MODE_SPELLINGS = {
-    "decentralized": "decentralized",
-    "decentralised": "decentralized",
-    "multi_agent": "decentralized",
-    "multi-agent": "decentralized",
-    "centralized": "centralized",
-    "centralised": "centralized",
-    "single_agent": "centralized",
-    "single-agent": "centralized",
-}
-"""Every ``comparator_generation_mode`` comlrl 1.4.3 accepted (any letter case), and what it is here."""
-
 
 class Comparator(Protocol):
     def start_round(self, round_index: int) -> GenerationBackend:

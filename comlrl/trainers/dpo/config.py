@@ -3,19 +3,14 @@ loss's constants, with comlrl 1.4.3's names and defaults."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from comlrl.compat.fields import inert, warn_inert_fields
 from comlrl.trainers.config import TrainerConfig
-from comlrl.trainers.config_checks import (
-    MAX_COEFFICIENT,
-    check_choice,
-    check_int,
-    check_scalar,
-    field_default,
-    warn_once,
-)
+from comlrl.trainers.config_checks import MAX_COEFFICIENT, check_choice, check_int, check_scalar
 from comlrl.trainers.dpo.pairs import PAIR_SELECTIONS
+from comlrl.utils.checks import field_default
 
 DPO_REFERENCES = ("none", "initial")
 """The DPO loss's reference policy: none (reference-free, comlrl 1.4.3's loss), or the policy
@@ -47,12 +42,6 @@ POLICY_GRADIENT_FIELDS = {
 }
 """The policy-gradient trainers' fields (:class:`~comlrl.trainers.policy_gradient_config.PolicyGradientConfig`),
 which MADPO's config does not have, and why."""
-
-
-def inert() -> object:
-    """A comlrl 1.4.3 field MADPO accepts but that has no effect (it had none in 1.4.3 either):
-    any value but None gets a one-time warning, so 1.4.3 configs run unchanged."""
-    return field(default=None, repr=False, metadata={"inert": True})
 
 
 @dataclass
@@ -140,7 +129,7 @@ class MADPOConfig(TrainerConfig):
                 raise ValueError(
                     f"{name}={value!r} has no effect in {self.trainer_name} ({why}); leave it at {default!r}"
                 )
-        self._warn_inert_fields()
+        warn_inert_fields(self, "MADPO")  # the inert fields are MADPO's: its subclasses' warnings name it too
 
     @property
     def centralized(self) -> bool:
@@ -155,14 +144,3 @@ class MADPOConfig(TrainerConfig):
     def pairs_per_step(self) -> int:
         """Preference pairs per optimizer step: ``train_batch_size``, else ``per_device_train_batch_size``."""
         return self.per_device_train_batch_size if self.train_batch_size is None else self.train_batch_size
-
-    def _warn_inert_fields(self) -> None:
-        for spec in self.__dataclass_fields__.values():
-            value = getattr(self, spec.name)
-            if spec.metadata.get("inert") and value is not None:
-                warn_once(
-                    ("MADPOConfig", spec.name),
-                    f"MADPOConfig: {spec.name}={value!r} has no effect in MADPO (it had none in comlrl 1.4.3 "
-                    "either); remove it",
-                    UserWarning,
-                )

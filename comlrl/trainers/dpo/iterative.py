@@ -21,23 +21,27 @@ import json
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
-from comlrl.trainers.config_checks import check_bool, check_choice, check_int, field_default, is_real
-from comlrl.trainers.dpo.api_comparator import secret_problem
-from comlrl.trainers.dpo.api_formats import API_FORMAT_SPELLINGS, API_FORMATS
-from comlrl.trainers.dpo.comparators import (
+from comlrl.compat.spellings import (
+    API_FORMAT_SPELLINGS,
     COMPARATOR_SPELLINGS,
-    COMPARATORS,
     GENERATION_MODE_SPELLINGS,
+    REPLAY_MODE_SPELLINGS,
+    respell,
 )
+from comlrl.trainers.config_checks import check_bool, check_choice, check_int
+from comlrl.trainers.dpo.api_comparator import secret_problem
+from comlrl.trainers.dpo.api_formats import API_FORMATS
+from comlrl.trainers.dpo.comparators import COMPARATORS
 from comlrl.trainers.dpo.config import MADPOConfig
 from comlrl.trainers.dpo.madpo import MADPOTrainer
 from comlrl.trainers.dpo.objective import DirectPreference
 from comlrl.trainers.dpo.pairs import COMPARISON_SELECTIONS
-from comlrl.trainers.dpo.replay import REPLAY_MODE_SPELLINGS, REPLAY_MODES
+from comlrl.trainers.dpo.replay import REPLAY_MODES
 from comlrl.trainers.dpo.rounds import PreferenceRounds
 from comlrl.trainers.dpo.schedule import Rounds
 from comlrl.trainers.inputs import TrainerInputs
 from comlrl.trainers.parts import MadeOnce, Parts, TaskReward
+from comlrl.utils.checks import field_default, is_real
 
 __all__ = ["MADPOIterConfig", "MADPOIterTrainer"]
 
@@ -46,13 +50,6 @@ ONCE = MadeOnce(
     "more rounds in one run (a larger num_iterations; each round samples fresh pairs of the current policy)",
 )
 """MADPOIter's rounds start from the policy before the first ``train()``; what to use instead."""
-
-
-def respell(config: Any, name: str, spellings: dict[str, str]) -> None:
-    """``config.<name>`` as its canonical name when it is one of comlrl 1.4.3's spellings."""
-    value = getattr(config, name)
-    if isinstance(value, str):
-        setattr(config, name, spellings.get(value.strip().lower(), value))
 
 
 def check_string(config: Any, name: str, allow_none: bool = False, allow_empty: bool = False) -> None:
@@ -198,11 +195,11 @@ class MADPOIterConfig(MADPOConfig):
         return 1 if self.comparator_history_k is None else self.comparator_history_k
 
     def _check_comparator(self) -> None:
-        respell(self, "comparator_policy", COMPARATOR_SPELLINGS)
+        respell(self, "comparator_policy", COMPARATOR_SPELLINGS, strip=True)
         policy = self.comparator_policy
         check_choice(self, "comparator_policy", COMPARATORS)
         self._check_api()
-        respell(self, "comparator_generation_mode", GENERATION_MODE_SPELLINGS)
+        respell(self, "comparator_generation_mode", GENERATION_MODE_SPELLINGS, strip=True)
         check_choice(self, "comparator_generation_mode", ("decentralized", "centralized"))
         if self.collaboration_mode == "centralized":
             # The one model writes every role, and so does its comparator (1.4.3 forced this too).
@@ -266,7 +263,7 @@ class MADPOIterConfig(MADPOConfig):
         problem = secret_problem(self)
         if problem is not None:
             raise ValueError(problem)
-        respell(self, "comparator_api_format", API_FORMAT_SPELLINGS)
+        respell(self, "comparator_api_format", API_FORMAT_SPELLINGS, strip=True)
         if self.comparator_policy != "api":
             for spec in fields(self):
                 value = getattr(self, spec.name)
@@ -310,7 +307,7 @@ class MADPOIterConfig(MADPOConfig):
             ) from None
 
     def _check_replay(self) -> None:
-        respell(self, "preference_replay_mode", REPLAY_MODE_SPELLINGS)
+        respell(self, "preference_replay_mode", REPLAY_MODE_SPELLINGS, strip=True)
         mode = self.preference_replay_mode
         check_choice(self, "preference_replay_mode", REPLAY_MODES)
         if mode == "nearest_k" and self.preference_replay_k is None:

@@ -55,22 +55,6 @@ REPLAY_MODES: dict[str, Callable[[int, int | None, float | None], Tensor]] = {
 """``preference_replay_mode`` -> ``(num_rounds, k, λ) -> (num_rounds,)`` unnormalised weight of
 each round so far, oldest first."""
 
-REPLAY_MODE_SPELLINGS = {
-    "current": "current",
-    "latest": "current",
-    "new": "current",
-    "nearest_k": "nearest_k",
-    "recent_k": "nearest_k",
-    "last_k": "nearest_k",
-    "k": "nearest_k",
-    "all_history": "all_history",
-    "lambda_decay": "lambda_decay",
-    "lambda": "lambda_decay",
-    "td_lambda": "lambda_decay",
-    "td-lambda": "lambda_decay",
-}
-"""Every ``preference_replay_mode`` comlrl 1.4.3 accepted (any letter case), and what it is here."""
-
 
 def replay_weights(mode: str, num_rounds: int, k: int | None = None, decay: float | None = None) -> Tensor:
     """``(num_rounds,)`` probability that a draw picks each round, oldest first, before rounds

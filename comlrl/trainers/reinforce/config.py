@@ -7,8 +7,9 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from comlrl.algorithms import BASELINES
-from comlrl.trainers.config_checks import check_bool, check_choice, check_fraction, check_int, is_real
+from comlrl.trainers.config_checks import check_bool, check_choice, check_fraction, check_int
 from comlrl.trainers.policy_gradient_config import PolicyGradientConfig
+from comlrl.utils.checks import is_real
 
 
 @dataclass

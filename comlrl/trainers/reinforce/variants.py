@@ -7,8 +7,9 @@ spread, as GRPO does). Any field can still be set on the config.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
+from comlrl.compat.arguments import variant_config
 from comlrl.trainers.reinforce.config import MAGRPOConfig
 from comlrl.trainers.reinforce.trainer import MAGRPOTrainer
 
@@ -46,23 +47,14 @@ class MAReMaxConfig(MAGRPOConfig):
 
 
 class VariantTrainer(MAGRPOTrainer):
-    """A variant also takes a plain :class:`MAGRPOConfig`, as comlrl 1.4.3 documented: the
-    variant's ``advantage_mode`` replaces the config's default ``"mean"``; every other field
-    is kept as given (``advantage_normalization`` included)."""
+    """A variant also takes a plain :class:`MAGRPOConfig`, as comlrl 1.4.3 documented
+    (:func:`comlrl.compat.arguments.variant_config`)."""
 
     @classmethod
     def accept_config(cls, args: MAGRPOConfig | None) -> MAGRPOConfig:
-        if type(args) is not MAGRPOConfig:
-            return super().accept_config(args)
-        mode = cls.config_class.advantage_mode
-        if args.advantage_mode not in ("mean", mode):
-            raise ValueError(
-                f"{cls.__name__} uses advantage_mode={mode!r}, but its MAGRPOConfig says "
-                f"advantage_mode={args.advantage_mode!r}: use MAGRPOTrainer for that baseline, "
-                f"or a {cls.config_class.__name__}"
-            )
-        values = {spec.name: getattr(args, spec.name) for spec in fields(args) if spec.init}
-        return cls.config_class(**{**values, "advantage_mode": mode})
+        if type(args) is MAGRPOConfig:
+            return variant_config(cls.config_class, cls.__name__, args)
+        return super().accept_config(args)
 
 
 class MAREINFORCETrainer(VariantTrainer):

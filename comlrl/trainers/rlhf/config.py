@@ -9,26 +9,18 @@ from typing import ClassVar
 
 import torch
 
+from comlrl.compat.spellings import RL_ALGORITHM_ALIASES, respell
 from comlrl.trainers.actor_critic.config import IACConfig, MAACConfig
 from comlrl.trainers.config import TrainerConfig
-from comlrl.trainers.config_checks import (
-    check_bool,
-    check_choice,
-    check_int,
-    check_learning_rate,
-    field_default,
-    is_real,
-)
+from comlrl.trainers.config_checks import check_bool, check_choice, check_int, check_learning_rate
 from comlrl.trainers.dpo.config import MADPOConfig
 from comlrl.trainers.policy_gradient_config import PolicyGradientConfig
 from comlrl.trainers.reinforce.centralized import CentralizedMAGRPOConfig
 from comlrl.trainers.reinforce.config import MAGRPOConfig
 from comlrl.trainers.reinforce.variants import MAREINFORCEConfig, MAReMaxConfig, MARLOOConfig
+from comlrl.utils.checks import field_default, is_real
 
 __all__ = ["MARLHFConfig"]
-
-RL_ALGORITHM_ALIASES = {"mareforce": "mareinforce"}
-"""comlrl 1.4.3's other spellings of ``rl_algorithm``."""
 
 MAGRPO_BASELINES = {"magrpo": "mean", "mareinforce": "raw", "maremax": "max", "marloo": "rloo"}
 """The MAGRPO family's ``rl_algorithm`` -> its ``advantage_mode`` (what comlrl 1.4.3 forced)."""
@@ -133,9 +125,9 @@ class MARLHFConfig(MADPOConfig, PolicyGradientConfig):
     trainer_name: ClassVar[str] = "MARLHF"
 
     def __post_init__(self):
-        if isinstance(self.rl_algorithm, str):  # comlrl 1.4.3 took any letter case and an alias
-            name = self.rl_algorithm.strip().lower()
-            self.rl_algorithm = RL_ALGORITHM_ALIASES.get(name, name)
+        if isinstance(self.rl_algorithm, str):  # comlrl 1.4.3 took any letter case
+            self.rl_algorithm = self.rl_algorithm.strip().lower()
+        respell(self, "rl_algorithm", RL_ALGORITHM_ALIASES)
         super().__post_init__()
         check_choice(self, "rl_algorithm", RL_CONFIGS)
         self._resolve_separate_critic()

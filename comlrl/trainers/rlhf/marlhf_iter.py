@@ -18,8 +18,9 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from comlrl.compat.spellings import SCORING_REWARD_SPELLINGS, respell
 from comlrl.trainers.config_checks import check_choice
-from comlrl.trainers.dpo.iterative import MADPOIterConfig, respell
+from comlrl.trainers.dpo.iterative import MADPOIterConfig
 from comlrl.trainers.dpo.rounds import PreferenceRounds, Stream, round_generator
 from comlrl.trainers.dpo.schedule import Rounds
 from comlrl.trainers.parts import MadeOnce, Schedule
@@ -28,17 +29,6 @@ from comlrl.trainers.rlhf.marlhf import MARLHFTrainer
 from comlrl.trainers.rlhf.reward_model import FittedRewardModel
 
 __all__ = ["MARLHFIterConfig", "MARLHFIterTrainer"]
-
-SCORING_REWARD_SPELLINGS = {
-    "task": "task",
-    "oracle": "task",
-    "environment": "task",
-    "env": "task",
-    "reward_model": "reward_model",
-    "model": "reward_model",
-    "learned": "reward_model",
-}
-"""Every ``preference_scoring_reward`` comlrl 1.4.3 accepted (any letter case), and what it is here."""
 
 
 @dataclass
@@ -67,7 +57,7 @@ class MARLHFIterConfig(MARLHFConfig, MADPOIterConfig):
     trainer_name: ClassVar[str] = "MARLHFIter"
 
     def __post_init__(self):
-        respell(self, "preference_scoring_reward", SCORING_REWARD_SPELLINGS)
+        respell(self, "preference_scoring_reward", SCORING_REWARD_SPELLINGS, strip=True)
         super().__post_init__()
         check_choice(self, "preference_scoring_reward", ("task", "reward_model"))
 

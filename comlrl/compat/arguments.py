@@ -1,6 +1,7 @@
-"""comlrl 1.4.3's positional argument orders of the trainers, and its other names of trainer
-arguments: a call written for it is turned here into keyword arguments, with the meaning it
-had there, before the trainer reads any.
+"""comlrl 1.4.3's call shapes of the trainers: their positional argument orders, its other
+names of trainer arguments, and a REINFORCE variant given a plain ``MAGRPOConfig``. A call
+written for it is turned here into keyword arguments and a config, with the meaning it had
+there, before the trainer reads any.
 
 1.4.3's MAGRPO, its variants, centralized MAGRPO, MADPO and MARLHF take
 :data:`POSITIONAL_ORDER`; its IAC and MAAC take :data:`ACTOR_CRITIC_ORDER`, a different order.
@@ -10,6 +11,7 @@ MARLHF said ``centralized_comparator_adapter`` (the one name here)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import fields
 from typing import Any
 
 POSITIONAL_ORDER = (
@@ -70,3 +72,19 @@ def named_arguments(trainer: str, order: Sequence[str], positional: Sequence[Any
             raise TypeError(f"{trainer}() got multiple values for argument {name!r}")
         result[name] = value
     return result
+
+
+def variant_config(config_class: type, trainer: str, args: Any) -> Any:
+    """The config of a REINFORCE variant (``config_class``, e.g. ``MARLOOConfig``) from the
+    plain ``MAGRPOConfig`` ``args`` 1.4.3 documented passing: the variant's ``advantage_mode``
+    replaces the default ``"mean"``; every other field is kept as given
+    (``advantage_normalization`` included). Another baseline is an error naming what to use."""
+    mode = config_class.advantage_mode
+    if args.advantage_mode not in ("mean", mode):
+        raise ValueError(
+            f"{trainer} uses advantage_mode={mode!r}, but its MAGRPOConfig says "
+            f"advantage_mode={args.advantage_mode!r}: use MAGRPOTrainer for that baseline, "
+            f"or a {config_class.__name__}"
+        )
+    values = {spec.name: getattr(args, spec.name) for spec in fields(args) if spec.init}
+    return config_class(**{**values, "advantage_mode": mode})
