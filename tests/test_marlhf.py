@@ -422,3 +422,10 @@ def test_centralized_one_model_writes_every_role_and_its_reward_model_reads_the_
     assert "eval/reward_mean" in lines[-1]  # the task reward over the roles
     folders = run.save_model(str(tmp_path / "saved"))
     assert [f.rsplit("/", 1)[-1] for f in folders] == ["agent_0", "reward_model"]
+
+
+def test_model_names_may_be_paths():
+    from pathlib import Path
+
+    args = MARLHFConfig(reward_model_name=Path("/models/rm"), critic_model_name=Path("/models/critic"))
+    assert (args.reward_model_name, args.critic_model_name) == ("/models/rm", "/models/critic")

@@ -4,6 +4,7 @@ config the RL phase runs with."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, fields
 from typing import ClassVar
 
@@ -181,6 +182,9 @@ class MARLHFConfig(MADPOConfig, PolicyGradientConfig):
     def _check_reward_model_fields(self) -> None:
         for name in ("reward_model_name", "critic_model_name"):
             value = getattr(self, name)
+            if isinstance(value, os.PathLike):  # a pathlib.Path names a folder as a str does
+                value = os.fspath(value)
+                setattr(self, name, value)
             if value is not None and not (isinstance(value, str) and value):
                 raise ValueError(f"{name} must be a folder or hub id (a non-empty str) or None, got {value!r}")
         device = self.reward_model_device

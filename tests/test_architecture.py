@@ -1,0 +1,93 @@
+"""The layout's promises, checked on the source: no file of comlrl/ over 400 lines, no import
+circle among its modules, comlrl/compat/ and comlrl/tasks/ independent of comlrl/trainers/,
+and every trainer built by the one constructor."""
+
+import ast
+import inspect
+from pathlib import Path
+
+import pytest
+
+import comlrl
+from comlrl.trainers.base import MultiAgentTrainer
+
+PACKAGE = Path(comlrl.__file__).parent
+MODULES = {
+    ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__"): path
+    for path in PACKAGE.rglob("*.py")
+}
+
+
+def module_imports(name: str, path: Path) -> set[str]:
+    """The comlrl modules ``name`` imports when it is imported (module-level statements)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = package.split(".")[: len(package.split(".")) - (node.level - 1)] if node.level else []
+            module = ".".join(base + ([node.module] if node.module else []))
+            submodules = {f"{module}.{alias.name}" for alias in node.names} & MODULES.keys()
+            found |= submodules or {module}
+    return found & MODULES.keys() - {name}
+
+
+GRAPH = {name: module_imports(name, path) for name, path in MODULES.items()}
+
+
+def test_no_file_is_over_400_lines():
+    long = {name: n for name, path in MODULES.items() if (n := len(path.read_text().splitlines())) > 400}
+    assert not long
+
+
+def test_no_import_circle():
+    done, path = set(), []
+
+    def visit(name):
+        if name in path:
+            raise AssertionError("import circle: " + " -> ".join(path[path.index(name) :] + [name]))
+        if name in done:
+            return
+        path.append(name)
+        for imported in GRAPH[name]:
+            visit(imported)
+        path.pop()
+        done.add(name)
+
+    for name in GRAPH:
+        visit(name)
+
+
+@pytest.mark.parametrize("package", ["comlrl.compat", "comlrl.tasks", "comlrl.models", "comlrl.rollout"])
+def test_lower_layers_import_no_trainer(package):
+    offenders = {
+        name: sorted(i for i in imported if i.startswith("comlrl.trainers"))
+        for name, imported in GRAPH.items()
+        if name.startswith(package)
+    }
+    assert not {name: found for name, found in offenders.items() if found}
+
+
+def test_the_circle_check_finds_one():
+    """The check above is not blind: a circle made by hand is reported."""
+    GRAPH["comlrl.utils.text"] = GRAPH["comlrl.utils.text"] | {"comlrl.trainers.base"}
+    try:
+        with pytest.raises(AssertionError, match="import circle"):
+            test_no_import_circle()
+    finally:
+        GRAPH["comlrl.utils.text"] -= {"comlrl.trainers.base"}
+
+
+def test_no_trainer_declares_a_constructor():
+    """Every trainer takes its arguments through MultiAgentTrainer's one constructor."""
+
+    def trainers(cls):
+        for sub in cls.__subclasses__():
+            yield sub
+            yield from trainers(sub)
+
+    found = list(trainers(MultiAgentTrainer))
+    assert len(found) >= 12
+    assert [cls.__name__ for cls in found if "__init__" in vars(cls) or "train" in vars(cls)] == []
+    assert list(inspect.signature(comlrl.IACTrainer).parameters)[:3] == ["agent_model", "critic_model", "tokenizer"]
