@@ -427,5 +427,7 @@ def test_centralized_one_model_writes_every_role_and_its_reward_model_reads_the_
 def test_model_names_may_be_paths():
     from pathlib import Path
 
-    args = MARLHFConfig(reward_model_name=Path("/models/rm"), critic_model_name=Path("/models/critic"))
+    args = MARLHFConfig(
+        reward_model_name=Path("/models/rm"), critic_model_name=Path("/models/critic"), rl_algorithm="maac"
+    )
     assert (args.reward_model_name, args.critic_model_name) == ("/models/rm", "/models/critic")
