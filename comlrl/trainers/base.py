@@ -14,6 +14,7 @@ One training step of the MAGRPO family (:meth:`comlrl.trainers.policy_gradient.P
 
 from __future__ import annotations
 
+import abc
 import functools
 import math
 import os
@@ -40,7 +41,7 @@ from comlrl.trainers.parts import Parts, Writer, raise_second_train
 from comlrl.trainers.setup import set_up
 
 
-class MultiAgentTrainer:
+class MultiAgentTrainer(abc.ABC):
     """Trains N LLM agents together on a shared reward. Its arguments are
     :class:`~comlrl.trainers.inputs.TrainerInputs` (every one documented there) and ``args``,
     the config (a ``config_class``; default ``config_class()``); positionally, in the order of
@@ -78,9 +79,9 @@ class MultiAgentTrainer:
         args = self.accept_config(named.pop("args", None))
         set_up(self, args, TrainerInputs.of(type(self), named))
 
+    @abc.abstractmethod
     def parts(self, args: Any, inputs: TrainerInputs) -> Parts:
         """The trainer's objective, reward source and schedule for config ``args``."""
-        raise NotImplementedError(f"{type(self).__name__} names no parts")
 
     @classmethod
     def accept_config(cls, args: TrainerConfig | None) -> TrainerConfig:

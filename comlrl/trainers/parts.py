@@ -16,6 +16,7 @@ The defaults here do nothing, so a part says only what it adds.
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -56,7 +57,7 @@ class Part:
         """Read back what :meth:`writers` wrote into checkpoint ``path``."""
 
 
-class Objective(Part):
+class Objective(Part, abc.ABC):
     """What one training step learns from, and how. Subclasses give ``step``, ``discount``
     and, when they learn from something else than dataset rows, the items of an epoch."""
 
@@ -101,9 +102,9 @@ class Objective(Part):
         """Items one training step takes, over every rank: ``per_device_train_batch_size`` rows each."""
         return trainer.args.per_device_train_batch_size * trainer.parallel.world_size
 
+    @abc.abstractmethod
     def step(self, trainer: Any, items: list[int]) -> Any:
         """One training step on this rank's ``items``; returns a result with ``metrics``."""
-        raise NotImplementedError
 
     def step_samples(self, trainer: Any, result: Any, count: int) -> list[dict[str, Any]]:
         """What a logging step shows of the step ``result``: ``count`` samples."""
@@ -113,12 +114,12 @@ class Objective(Part):
         """What this objective keeps in agent ``agent``'s own folder (a value head on it)."""
 
 
-class RewardSource(Part):
+class RewardSource(Part, abc.ABC):
     """What scores the training rollouts."""
 
+    @abc.abstractmethod
     def training_reward(self, trainer: Any, inputs: Any) -> Any:
         """The :class:`~comlrl.rewards.JointReward` of the training rollouts."""
-        raise NotImplementedError
 
 
 class TaskReward(RewardSource):

@@ -6,6 +6,7 @@ reads top to bottom in :meth:`PolicyGradient.step`.
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import time
 from typing import Any, NamedTuple
@@ -47,13 +48,13 @@ class PolicyGradient(Objective):
         return self.config.reference_devices
 
     @property
+    @abc.abstractmethod
     def passes(self) -> int:
         """Passes each update makes over a step's rollout (one optimizer step per minibatch each)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def estimate(self, tree: RolloutTree) -> Estimate:
         """The returns, per-agent credits and advantages of a step's rollout tree."""
-        raise NotImplementedError
 
     def attach(self, trainer: Any, inputs: Any) -> None:
         self.update = PolicyUpdate(
