@@ -12,28 +12,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
-COMMON_INPUTS = frozenset(
-    {
-        "agent_model",
-        "agents",
-        "num_agents",
-        "tokenizer",
-        "model_config",
-        "train_dataset",
-        "eval_dataset",
-        "reward_func",
-        "reward_processor",
-        "formatters",
-        "external_transition",
-        "wandb_config",
-        "eval_logger",
-        "eval_aggregator",
-        "peft_config",
-        "metrics_callback",
-    }
-)
-"""The inputs every trainer takes; the others of :class:`TrainerInputs` are optional per trainer."""
-
 CRITIC_INPUTS = frozenset({"critic_model", "critics", "critic_tokenizer"})
 """The inputs of trainers with critics (IAC, MAAC; MARLHF with ``rl_algorithm`` iac / maac)."""
 
@@ -144,6 +122,13 @@ class TrainerInputs:
 
     def replace(self, **changes: Any) -> TrainerInputs:
         return dataclasses.replace(self, **changes)
+
+
+OPTIONAL_INPUTS = CRITIC_INPUTS | {"train_reward_func", "centralized_comparator_adapter"}
+"""The inputs only some trainers take (each says which: ``optional_inputs``)."""
+
+COMMON_INPUTS = frozenset(spec.name for spec in fields(TrainerInputs)) - OPTIONAL_INPUTS
+"""The inputs every trainer takes."""
 
 
 def owners(name: str) -> str:
