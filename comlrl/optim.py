@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 import torch
 from transformers import get_scheduler
 
+from comlrl.master_weights import MasterWeights
 from comlrl.utils.per_agent import per_agent
 
 # Our names -> transformers' schedule names; each warms up linearly over the warmup steps.
@@ -49,11 +50,15 @@ def build_schedulers(
 
 class Learners:
     """Everything a trainer optimizes, as named parameter sets ("agent 0", "critic 0", ...),
-    each with its own AdamW and learning-rate schedule."""
+    each with its own AdamW and learning-rate schedule; with ``fp32_masters``, the optimizer
+    steps fp32 masters of the lower-precision parameters (see :mod:`comlrl.master_weights`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, fp32_masters: bool = False) -> None:
+        self.fp32_masters = fp32_masters
         self.names: list[str] = []
+        self.masters: list[MasterWeights] = []
         self.parameters: list[list[torch.nn.Parameter]] = []
+        """Per learner, what its optimizer steps (the masters, where there are)."""
         self.optimizers: list[torch.optim.Optimizer] = []
         self.schedulers: list[torch.optim.lr_scheduler.LRScheduler] = []
 
@@ -68,9 +73,11 @@ class Learners:
         total_steps: int,
     ) -> None:
         """One AdamW and one schedule over ``total_steps`` optimizer steps per named set."""
-        optimizers = build_optimizers(parameters, learning_rates, weight_decay)
+        masters = [MasterWeights(p, enabled=self.fp32_masters) for p in parameters]
+        optimizers = build_optimizers([m.masters for m in masters], learning_rates, weight_decay)
         self.names.extend(names)
-        self.parameters.extend(list(p) for p in parameters)
+        self.masters.extend(masters)
+        self.parameters.extend(m.masters for m in masters)
         self.optimizers.extend(optimizers)
         self.schedulers.extend(build_schedulers(optimizers, schedule, warmup_ratio, total_steps))
 
@@ -95,9 +102,10 @@ class Learners:
                 )
             norms.append(norm)
         rates = self.learning_rates()
-        for optimizer, scheduler in zip(self.optimizers, self.schedulers):
+        for optimizer, scheduler, masters in zip(self.optimizers, self.schedulers, self.masters):
             optimizer.step()
             scheduler.step()
+            masters.write_back()
         used = ", ".join(f"{name} {rate:.3g}" for name, rate in zip(self.names, rates))
         self.require_finite(
             f" after the optimizer step of step {step_number} (learning rates: {used}); training stopped, "
@@ -116,10 +124,13 @@ class Learners:
         return [optimizer.param_groups[0]["lr"] for optimizer in self.optimizers]
 
     def state_dict(self) -> dict[str, list]:
-        return {
+        state = {
             "optimizers": [o.state_dict() for o in self.optimizers],
             "schedulers": [s.state_dict() for s in self.schedulers],
         }
+        if any(m.pairs for m in self.masters):
+            state["masters"] = [m.state() for m in self.masters]
+        return state
 
     def load_state_dict(self, state: dict[str, list], source: str) -> None:
         """Load what :meth:`state_dict` gave; ``source`` names where it came from in errors."""
@@ -128,6 +139,13 @@ class Learners:
                 f"{source} holds {len(state['optimizers'])} optimizers; this trainer has {len(self.optimizers)} "
                 f"({', '.join(self.names)})"
             )
+        # The models were loaded first: masters a checkpoint lacks are their values.
+        saved_masters = state.get("masters")
+        for i, masters in enumerate(self.masters):
+            if saved_masters is None:
+                masters.read_parameters()
+            else:
+                masters.load_state(saved_masters[i], f"{source} ({self.names[i]})")
         for optimizer, saved in zip(self.optimizers, state["optimizers"]):
             optimizer.load_state_dict(saved)
         for scheduler, saved in zip(self.schedulers, state["schedulers"]):

@@ -2,8 +2,9 @@
 
 import pytest
 import torch
+from transformers import LlamaForCausalLM
 
-from comlrl.models.forward import completion_logprobs, min_saved_prompt_tokens
+from comlrl.models.forward import completion_logprobs, min_saved_prompt_tokens, split_head
 from comlrl.models.modes import disable_dropout
 from comlrl.rollout import generate_group
 
@@ -85,9 +86,15 @@ def test_columns_of_padding_are_dropped_without_changing_the_logprobs():
 
 
 def forward_batch_sizes(model) -> list[int]:
-    """The number of rows of each forward ``model`` runs from now on."""
+    """The number of rows of each forward ``model``'s decoder runs from now on (the log-probs
+    run the decoder alone, and its LM head chunk by chunk: see ``split_head``)."""
     sizes = []
-    model.register_forward_pre_hook(lambda _, args, kwargs: sizes.append(len(kwargs["input_ids"])), with_kwargs=True)
+    assert split_head(model) is not None  # its one-time check runs now, not among the counted forwards
+
+    def count(_, args, kwargs):
+        sizes.append(len(kwargs["input_ids"] if "input_ids" in kwargs else args[0]))
+
+    model.get_decoder().register_forward_pre_hook(count, with_kwargs=True)
     return sizes
 
 
@@ -157,3 +164,32 @@ def test_prompts_run_with_their_completions_when_sharing_saves_little_or_checkpo
     model.train()
     completion_logprobs(model, enough.prompt_ids, enough.prompt_mask, enough.completion_ids, enough.completion_mask)
     assert sizes == [2, 2, 1, 3, 3, 3]
+
+
+class SoftCappedLlama(LlamaForCausalLM):
+    """Logits that are not ``hidden @ lm_head.weight.T`` (Gemma 2 soft-caps them so)."""
+
+    def forward(self, *args, **kwargs):
+        out = super().forward(*args, **kwargs)
+        out.logits = 0.5 * torch.tanh(out.logits / 0.5)
+        return out
+
+
+def test_a_model_whose_logits_are_not_its_heads_product_keeps_the_logits_path():
+    tok = char_tokenizer(MIXED)
+    plain = tiny_llama(tok)
+    capped = SoftCappedLlama(plain.config)
+    capped.load_state_dict(plain.state_dict())
+    assert split_head(plain) is not None and split_head(capped) is None
+    with torch.no_grad():
+        rollout = generate_group(capped, tok, ["Hi", "a cat"], 2, {"do_sample": True, "max_new_tokens": 5})
+        args = (rollout.prompt_ids, rollout.prompt_mask, rollout.completion_ids, rollout.completion_mask)
+        got = completion_logprobs(capped, *args, share_prompts=False)
+        logits = capped(
+            input_ids=torch.cat(args[::2], dim=1),
+            attention_mask=torch.cat([args[1], args[3].long()], dim=1),
+            position_ids=(torch.cat([args[1], args[3].long()], dim=1).cumsum(1) - 1).clamp(min=0),
+        ).logits[:, args[0].shape[1] - 1 : -1]
+    expected = torch.log_softmax(logits, dim=-1).gather(-1, args[2].unsqueeze(-1)).squeeze(-1)
+    mask = rollout.completion_mask
+    torch.testing.assert_close(got[mask], expected[mask], atol=1e-5, rtol=1e-5)

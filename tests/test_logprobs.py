@@ -1,11 +1,11 @@
-"""selective_log_softmax against log_softmax + gather (values and gradients) and a hand example."""
+"""selective_log_softmax and head_log_softmax against log_softmax + gather (values and gradients) and hand examples."""
 
 import math
 
 import pytest
 import torch
 
-from comlrl.algorithms.logprobs import selective_log_softmax
+from comlrl.algorithms.logprobs import head_log_softmax, selective_log_softmax
 
 
 def reference(logits, token_ids):
@@ -62,3 +62,45 @@ def test_tempered_values_and_gradients_of_a_sliced_view_match_the_plain_computat
     assert ours.grad.dtype == dtype
     torch.testing.assert_close(ours.grad.float(), plain.grad.float(), rtol=1e-5, atol=1e-5)
     assert (ours.grad[:, 8:] == 0).all() and (ours.grad[:, :3] == 0).all(), "unused positions get no gradient"
+
+
+# ---------------------------------------------------------------- the LM head in chunks
+def test_head_hand_example():
+    # hidden [1, 0] against head rows [0, 0], [0, 0], [ln 2, 0]: logits [0, 0, ln 2] -> p = [1/4, 1/4, 1/2]
+    hidden = torch.tensor([[[1.0, 0.0]]])
+    weight = torch.tensor([[0.0, 0.0], [0.0, 0.0], [math.log(2), 0.0]])
+    got = head_log_softmax(hidden, weight, torch.tensor([[2]]))
+    torch.testing.assert_close(got, torch.tensor([[-math.log(2)]]))
+
+
+@pytest.mark.parametrize("chunk_tokens", [1, 4, 1000], ids=["one token", "uneven chunks", "one chunk"])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_head_values_and_gradients_match_the_logits_path(monkeypatch, chunk_tokens, temperature):
+    vocabulary = 13
+    monkeypatch.setattr("comlrl.algorithms.logprobs.HEAD_CHUNK_ELEMENTS", chunk_tokens * vocabulary)
+    gen = torch.Generator().manual_seed(0)
+    hidden = torch.randn(3, 6, 8, generator=gen, requires_grad=True)  # 6 positions, 5 completion tokens
+    weight = torch.randn(vocabulary, 8, generator=gen, requires_grad=True)
+    token_ids = torch.randint(0, vocabulary, (3, 5), generator=gen)
+    upstream = torch.randn(3, 5, generator=gen)
+    got = head_log_softmax(hidden, weight, token_ids, temperature)
+    torch.autograd.backward(got, upstream)
+    grads = hidden.grad.clone(), weight.grad.clone()
+    hidden.grad = weight.grad = None
+    expected = reference(hidden[:, :5] @ weight.T / temperature, token_ids)
+    torch.autograd.backward(expected, upstream)
+    torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(grads[0], hidden.grad, atol=1e-6, rtol=1e-6)
+    assert grads[0][:, 5].eq(0).all()  # the last position predicts nothing
+    torch.testing.assert_close(grads[1], weight.grad, atol=1e-6, rtol=1e-6)
+
+
+def test_head_in_bf16_gives_float32_log_probs_and_bf16_gradients():
+    gen = torch.Generator().manual_seed(1)
+    hidden = torch.randn(2, 4, 8, generator=gen).bfloat16().requires_grad_()
+    weight = torch.randn(11, 8, generator=gen).bfloat16().requires_grad_()
+    token_ids = torch.randint(0, 11, (2, 4), generator=gen)
+    got = head_log_softmax(hidden, weight, token_ids)
+    got.sum().backward()
+    assert got.dtype == torch.float32 and hidden.grad.dtype == weight.grad.dtype == torch.bfloat16
+    torch.testing.assert_close(got, reference(hidden @ weight.T, token_ids))

@@ -1,5 +1,5 @@
-"""precision="bf16": sampling from a bf16 copy of each agent, updating fp32 weights under
-autocast, and the truncated importance-sampling correction of the sampler/learner gap."""
+"""precision="bf16": bf16 agents that sample and learn, fp32 master weights that the
+optimizer steps, and the truncated importance-sampling correction of the sampler/learner gap."""
 
 import math
 
@@ -9,12 +9,15 @@ import torch
 from comlrl.algorithms import policy_gradient_loss
 from comlrl.algorithms.sampler_correction import sampler_logprob_gap, truncated_importance_weights
 from comlrl.models.forward import completion_logprobs
-from comlrl.models.rollout_copy import RolloutCopies, low_precision_copy
+from comlrl.master_weights import MasterWeights
+from comlrl.models.precision import cast_parameters
 from comlrl.rollout.decoding import DecodingSettings, decode
 
 from .helpers import (
     char_tokenizer,
     content_score,
+    interrupting_reward,
+    log_lines,
     lora,
     make_trainer,
     small_config,
@@ -88,52 +91,122 @@ def test_decoded_logprobs_are_the_learners_when_the_sampler_is_the_learner(build
     torch.testing.assert_close(sampled * mask, learner * mask, atol=1e-5, rtol=1e-5)
 
 
-# ---------------------------------------------------------------- the rollout copy
-def test_copy_has_bf16_parameters_and_keeps_its_buffers_dtype():
-    tok = char_tokenizer()
-    model = tiny_llama(tok)
-    clone = low_precision_copy(model, torch.bfloat16)
-    assert all(p.dtype == torch.bfloat16 and not p.requires_grad for p in clone.parameters())
-    assert all(b.dtype == a.dtype for a, b in zip(model.buffers(), clone.buffers()))  # rotary frequencies stay fp32
-    assert not clone.training and all(p.dtype == torch.float32 for p in model.parameters())
+# ---------------------------------------------------------------- bf16 parameters, fp32 masters
+def test_cast_keeps_the_parameters_and_the_buffers_dtype():
+    model = tiny_llama(char_tokenizer())
+    before = list(model.parameters())
+    cast_parameters(model, torch.bfloat16)
+    assert all(p is q for p, q in zip(before, model.parameters()))  # optimizers and hooks still see them
+    assert all(p.dtype == torch.bfloat16 for p in model.parameters())
+    assert all(b.dtype == torch.float32 for b in model.buffers() if b.is_floating_point())  # rotary frequencies
 
 
-def test_copy_follows_every_change_of_the_learner():
-    tok = char_tokenizer()
-    models = [tiny_llama(tok, seed=i) for i in range(2)]
-    copies = RolloutCopies(models, [list(m.parameters()) for m in models], [None, None])
-    with torch.no_grad():
-        next(models[1].parameters()).add_(1.0)
-    clone = copies.model(1)
-    for p, c in zip(models[1].parameters(), clone.parameters()):
-        assert torch.equal(c, p.to(torch.bfloat16))
+def test_gradients_accumulate_in_the_fp32_master_and_the_bf16_gradient_is_freed():
+    weight = torch.nn.Parameter(torch.tensor([1.0, 2.0], dtype=torch.bfloat16))
+    masters = MasterWeights([weight])
+    (master,) = masters.masters
+    assert master.dtype == torch.float32 and master is not weight
+    # Two micro-batches: 1e-3 * 257 each. In bf16, 0.257 + 0.257 is 0.5137 (8 bits of mantissa
+    # round it); in fp32 the sum keeps more digits than either half had.
+    for _ in range(2):
+        (weight * torch.tensor([0.2571, 3.0], dtype=torch.bfloat16)).sum().backward()
+        assert weight.grad is None
+    expected = 2 * torch.tensor([0.2571, 3.0], dtype=torch.bfloat16).float()
+    assert torch.equal(master.grad, expected)
 
 
-def test_agents_sharing_a_base_share_one_copy_and_refresh_only_their_adapter(tmp_path):
-    base = tiny_llama(char_tokenizer())
-    args = small_config(tmp_path, precision="bf16")
-    trainer = make_trainer(tmp_path, agents=[base, base], args=args, peft_config=lora())
-    copies = trainer.backend.copies
-    assert copies.copies[0] is copies.copies[1]
-    trained = {id(p) for p in trainer.agents.parameters[0]}
-    assert len(copies.pairs[0]) == len(trainer.agents.parameters[0]) > 0
-    assert all(id(p) in trained for p, _ in copies.pairs[0])
-    assert len(copies.pairs[0]) < sum(1 for _ in trainer.agents[0].parameters())  # the base is not copied again
+def test_updates_below_bf16_spacing_add_up_in_the_master():
+    """1 + 1e-3 rounds back to 1 in bf16 (spacing 2**-7 at 1): without a master, a hundred
+    such steps change nothing; with one, they move the weight by 0.1 (rounded to bf16)."""
+    plain = torch.nn.Parameter(torch.ones(1, dtype=torch.bfloat16))
+    held = torch.nn.Parameter(torch.ones(1, dtype=torch.bfloat16))
+    masters = MasterWeights([held])
+    for _ in range(100):
+        with torch.no_grad():
+            plain.sub_(-1e-3)
+            masters.masters[0].sub_(-1e-3)
+        masters.write_back()
+    assert plain.item() == 1.0
+    assert held.item() == pytest.approx(1.1, abs=2**-6) and held.dtype == torch.bfloat16
+
+
+def test_fp32_parameters_are_their_own_masters():
+    weight = torch.nn.Parameter(torch.ones(2))
+    masters = MasterWeights([weight])
+    assert masters.masters == [weight] and masters.pairs == []
+
+
+def test_a_second_learner_of_the_same_parameter_takes_its_gradient_alone():
+    weight = torch.nn.Parameter(torch.ones(2, dtype=torch.bfloat16))
+    first = MasterWeights([weight])
+    second = MasterWeights([weight])
+    weight.sum().backward()
+    assert first.masters[0].grad is None and torch.equal(second.masters[0].grad, torch.ones(2))
+    MasterWeights([weight], enabled=False)  # a later fp32 learner: the bf16 parameter keeps its own gradient
+    weight.sum().backward()
+    assert torch.equal(weight.grad, torch.ones(2, dtype=torch.bfloat16)) and second.masters[0].grad.sum() == 2
+
+
+def test_masters_round_trip_and_a_mismatch_is_named():
+    weight = torch.nn.Parameter(torch.ones(3, dtype=torch.bfloat16))
+    masters = MasterWeights([weight])
+    masters.load_state([torch.tensor([1.0001, 2.0, 3.0])], "checkpoint x")
+    assert masters.masters[0][0].item() == pytest.approx(1.0001) and weight[0].item() == 1.0  # rounded
+    assert torch.equal(masters.state()[0], torch.tensor([1.0001, 2.0, 3.0]))
+    with pytest.raises(ValueError, match="checkpoint x holds 0 fp32 master weights for a learner with 1"):
+        masters.load_state([], "checkpoint x")
 
 
 # ---------------------------------------------------------------- training in bf16
-def test_bf16_training_samples_from_the_copy_and_keeps_fp32_weights(tmp_path):
+def test_bf16_training_samples_from_the_learner_itself_and_steps_fp32_masters(tmp_path):
     trainer = make_trainer(tmp_path, reward_func=content_score, args=small_config(tmp_path, precision="bf16"))
+    assert all(p.dtype == torch.bfloat16 for p in trainer.agents[0].parameters())
     rollout = trainer.rollout(trainer.train_prompts, [0]).turns[0].agents[0]
     assert rollout.sampler_logprobs is not None and rollout.sampler_logprobs.dtype == torch.float32
+    masters = trainer.learners.parameters[0]
+    assert all(m.dtype == torch.float32 for m in masters)
+    before = [m.detach().clone() for m in masters]
     metrics = trainer.training_step([0, 1])
-    assert all(p.dtype == torch.float32 for p in trainer.agents[0].parameters())
     assert math.isfinite(metrics["agent0/loss"]) and metrics["agent0/grad_norm"] > 0
-    assert 0 < metrics["agent0/sampler_logprob_gap"] < 0.5  # bf16 against fp32: small, not zero
+    assert 0 <= metrics["agent0/sampler_logprob_gap"] < 0.5  # one-token steps and whole sequences round apart
     assert 0 <= metrics["agent0/sampler_ratio_capped"] <= 1
-    clone = trainer.backend.copies.model(0)  # after the update, sampling uses the new weights
-    for p, c in zip(trainer.agents[0].parameters(), clone.parameters()):
-        assert torch.equal(c, p.detach().to(torch.bfloat16))
+    assert any(not torch.equal(a, b) for a, b in zip(before, masters))
+    for parameter, master in zip(trainer.agents.parameters[0], masters):  # sampling uses the new weights
+        assert torch.equal(parameter.detach(), master.detach().to(torch.bfloat16))
+
+
+def test_agents_sharing_a_base_train_their_adapters_through_masters(tmp_path):
+    base = tiny_llama(char_tokenizer())
+    args = small_config(tmp_path, precision="bf16")
+    trainer = make_trainer(tmp_path, agents=[base, base], args=args, peft_config=lora())
+    assert all(p.dtype == torch.bfloat16 for p in base.parameters())
+    for agent in range(2):
+        pairs = trainer.learners.masters[agent].pairs
+        assert len(pairs) == len(trainer.agents.parameters[agent]) > 0  # the adapter's, not the base's
+    trainer.training_step([0, 1])
+    adapter = trainer.agents.parameters[1]
+    assert all(torch.equal(p.detach(), m.detach().bfloat16()) for p, m in trainer.learners.masters[1].pairs)
+    assert len(adapter) < sum(1 for _ in base.parameters())
+
+
+def test_a_bf16_run_resumes_exactly_with_its_masters(tmp_path):
+    """The bf16 weights alone round the masters: a resume that rebuilt the masters from them
+    would continue from other numbers (and its later metrics would differ)."""
+
+    def config(folder):
+        return small_config(folder, precision="bf16", num_train_epochs=2, per_device_train_batch_size=2)
+
+    straight = make_trainer(tmp_path / "a", reward_func=content_score, args=config(tmp_path / "a"))
+    straight.train()
+    interrupting = interrupting_reward(2, content_score)
+    first = make_trainer(tmp_path / "b", reward_func=interrupting, args=config(tmp_path / "b"))
+    assert first.train().interrupted
+    second = make_trainer(tmp_path / "b", reward_func=content_score, args=config(tmp_path / "b"))
+    second.train(resume_from_checkpoint=True)
+    assert any(not torch.equal(m, p.float()) for m, p in zip(second.learners.parameters[0], second.agents[0].parameters()))
+    for a, b in zip(straight.learners.parameters[0], second.learners.parameters[0]):
+        assert torch.equal(a, b)
+    assert log_lines(tmp_path / "b" / "run", "metrics.jsonl") == log_lines(tmp_path / "a" / "run", "metrics.jsonl")
 
 
 def test_without_a_cap_the_gap_is_still_logged(tmp_path):
@@ -142,9 +215,9 @@ def test_without_a_cap_the_gap_is_still_logged(tmp_path):
     assert "agent0/sampler_logprob_gap" in metrics and "agent0/sampler_ratio_capped" not in metrics
 
 
-def test_fp32_training_keeps_no_copy_and_logs_no_gap(tmp_path):
+def test_fp32_training_keeps_no_masters_and_logs_no_gap(tmp_path):
     trainer = make_trainer(tmp_path)
-    assert trainer.backend.copies is None
+    assert trainer.learners.parameters[0] == trainer.agents.parameters[0]
     assert "agent0/sampler_logprob_gap" not in trainer.training_step([0, 1])
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -11,9 +12,10 @@ from torch import Tensor
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from comlrl.algorithms import selective_log_softmax
-from comlrl.algorithms.logprobs import token_entropy
+from comlrl.algorithms.logprobs import head_log_softmax, token_entropy
+from comlrl.models.modes import frozen
 
-# The shortcut of ``_shared_prompt_logits`` gives every parameter a second gradient, which
+# The shortcut of ``_shared_prompt_outputs`` gives every parameter a second gradient, which
 # autograd adds to the first: a fixed cost, set against the compute of the prompt tokens it
 # saves. Below this saving (prompt tokens per micro-batch) it does not pay, per device type:
 # - cpu: measured on a 2-core CPU as ~90 tokens (benchmarks/README.md, ``bench_update.py``).
@@ -75,7 +77,7 @@ def completion_logprobs(
     completion positions when the model supports ``logits_to_keep``.
 
     Rows that share a prompt (the G samples of a prompt) compute it once where the model
-    allows (see ``_shared_prompt_logits``): by default when that saves at least
+    allows (see ``_shared_prompt_outputs``): by default when that saves at least
     :func:`min_saved_prompt_tokens` tokens on the model's device, always with ``share_prompts=True``, never with
     ``False`` (one forward over the whole rows). The values are the same.
 
@@ -113,44 +115,119 @@ def _completion_logprobs(
     share_prompts: bool | None,
 ) -> tuple[Tensor, ...]:
     attention_mask = torch.cat([prompt_mask, completion_mask.to(prompt_mask.dtype)], dim=1)
-    # Position t of the logits predicts completion token t.
-    logits = (
-        _shared_prompt_logits(model, prompt_ids, prompt_mask, completion_ids, attention_mask, share_prompts is True)
+    # The entropy needs every position's whole distribution: there the logits are kept.
+    head = None if with_entropy else split_head(model)
+    forward = Forward(model, head)
+    # Position t of the outputs predicts completion token t.
+    outputs = (
+        _shared_prompt_outputs(forward, prompt_ids, prompt_mask, completion_ids, attention_mask, share_prompts is True)
         if share_prompts is not False
         else None
     )
-    if logits is None:
-        logits = _logits(model, torch.cat([prompt_ids, completion_ids], dim=1), attention_mask, completion_ids.shape[1])
+    if outputs is None:
+        outputs = _outputs(
+            forward, torch.cat([prompt_ids, completion_ids], dim=1), attention_mask, completion_ids.shape[1]
+        )
     # In float32 even when the model ran in bf16: log-probs and their differences (ratios,
     # KL) lose too much in 8 bits of mantissa.
-    logps = selective_log_softmax(logits, completion_ids, temperature)
+    if head is not None:
+        return (head_log_softmax(outputs, head.weight, completion_ids, temperature),)
+    logps = selective_log_softmax(outputs, completion_ids, temperature)
     if not with_entropy:
         return (logps,)
-    return logps, token_entropy(logits[:, : completion_ids.shape[1]].float() / temperature)
+    return logps, token_entropy(outputs[:, : completion_ids.shape[1]].float() / temperature)
 
 
-def _logits(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor, num_completion: int) -> Tensor:
-    """``(S, T+1, V)`` logits of the plain path, one forward over prompt and completion; the
-    last position predicts nothing."""
+@dataclass(frozen=True)
+class Head:
+    """A causal LM cut before its LM head: ``lm_head(decoder(...).last_hidden_state)`` is its logits."""
+
+    decoder: torch.nn.Module
+    weight: Tensor
+
+
+# Per model class: whether the split computes the model's own logits (checked once).
+_SPLIT_CHECKED: dict[type, bool] = {}
+
+
+def split_head(model: torch.nn.Module) -> Head | None:
+    """``model``'s decoder and LM-head weight, when its logits are exactly ``hidden @ weight.T``
+    (a plain bias-free linear head, no soft-capping or scaling after it: checked once per
+    model class on a short input), else None. Then :func:`head_log_softmax` computes the
+    log-probs without a logits tensor."""
+    get_head, get_decoder = getattr(model, "get_output_embeddings", None), getattr(model, "get_decoder", None)
+    if get_head is None or get_decoder is None:
+        return None
+    head = get_head()
+    if type(head) is not torch.nn.Linear or head.bias is not None:
+        return None
+    try:
+        decoder = get_decoder()
+    except (AttributeError, NotImplementedError, ValueError):
+        return None
+    if decoder is model or not isinstance(decoder, torch.nn.Module):
+        return None
+    split = Head(decoder, head.weight)
+    get_base_model = getattr(model, "get_base_model", None)
+    kind = type(get_base_model() if callable(get_base_model) else model)
+    if kind not in _SPLIT_CHECKED:
+        _SPLIT_CHECKED[kind] = _split_is_exact(model, split)
+    return split if _SPLIT_CHECKED[kind] else None
+
+
+def _split_is_exact(model: torch.nn.Module, split: Head) -> bool:
+    ids = torch.arange(3, device=split.weight.device).unsqueeze(0)
+    mask = torch.ones_like(ids)
+    with frozen(model):
+        logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits
+        hidden = split.decoder(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
+    return logits.shape[:-1] == hidden.shape[:-1] and torch.allclose(
+        logits.float(), (hidden @ split.weight.T).float(), rtol=1e-3, atol=1e-3
+    )
+
+
+@dataclass(frozen=True)
+class Forward:
+    """The forward the log-probs need: the model's logits, or (with ``head``) its decoder's
+    final hidden states."""
+
+    model: torch.nn.Module
+    head: Head | None
+
+    @property
+    def module(self) -> torch.nn.Module:
+        return self.model if self.head is None else self.head.decoder
+
+    def __call__(self, **kwargs: Any) -> Any:
+        return self.module(**kwargs)
+
+    def values(self, output: Any) -> Tensor:
+        return output.logits if self.head is None else output.last_hidden_state
+
+
+def _outputs(forward: Forward, input_ids: Tensor, attention_mask: Tensor, num_completion: int) -> Tensor:
+    """``(S, T+1, V)`` logits (or ``(S, T+1, H)`` hidden states) of the plain path, one forward
+    over prompt and completion; the last position predicts nothing."""
     # +1: the logit that predicts the first completion token sits on the last prompt token.
-    kwargs = padded_forward_kwargs(model, attention_mask, logits_to_keep=num_completion + 1)
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **kwargs).logits
+    kwargs = padded_forward_kwargs(forward.module, attention_mask, logits_to_keep=num_completion + 1)
+    outputs = forward.values(forward(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **kwargs))
     # Sliced only when the model computed more positions: a slice's backward would copy the
     # whole gradient into a new zero tensor.
-    return logits if logits.shape[1] == num_completion + 1 else logits[:, -num_completion - 1 :, :]
+    return outputs if outputs.shape[1] == num_completion + 1 else outputs[:, -num_completion - 1 :, :]
 
 
-def _shared_prompt_logits(
-    model: torch.nn.Module,
+def _shared_prompt_outputs(
+    forward: Forward,
     prompt_ids: Tensor,
     prompt_mask: Tensor,
     completion_ids: Tensor,
     attention_mask: Tensor,
     force: bool,
 ) -> Tensor | None:
-    """``(S, T, V)`` logits with each distinct prompt computed once, or None (-> one forward
-    over the whole rows) when no two rows share a prompt, the model cannot take the shortcut,
-    or (unless ``force``) it would save fewer than :func:`min_saved_prompt_tokens` tokens.
+    """``(S, T, V)`` logits (or ``(S, T, H)`` hidden states) with each distinct prompt computed
+    once, or None (-> one forward over the whole rows) when no two rows share a prompt, the
+    model cannot take the shortcut, or (unless ``force``) it would save fewer than
+    :func:`min_saved_prompt_tokens` tokens.
 
     The G samples of a prompt share it, so the plain path computes every prompt G times. Here
     the distinct prompts but their last token run once with a KV cache, the cache is gathered
@@ -163,6 +240,7 @@ def _shared_prompt_logits(
     saved_tokens = (len(prompt_ids) - len(unique_rows)) * (prompt_ids.shape[1] - 1)
     threshold = min_saved_prompt_tokens(prompt_ids.device)
     worth_it = saved_tokens > 0 and (force or saved_tokens >= threshold)
+    model = forward.module
     if not worth_it or completion_ids.shape[1] == 0 or _checkpointed(model):
         return None
     cache_name = next((name for name in ("cache", "past_key_values") if accepts(model, name)), None)
@@ -182,13 +260,14 @@ def _shared_prompt_logits(
     kwargs = padded_forward_kwargs(model, attention_mask[:, :-1], logits_to_keep=0)
     if "position_ids" in kwargs:
         kwargs["position_ids"] = kwargs["position_ids"][:, width - 1 :]
-    return model(
+    output = model(
         input_ids=torch.cat([prompt_ids[:, -1:], completion_ids[:, :-1]], dim=1),
         attention_mask=attention_mask[:, :-1],
         use_cache=True,
         **{cache_name: cache},
         **kwargs,
-    ).logits
+    )
+    return forward.values(output)
 
 
 def _checkpointed(model: torch.nn.Module) -> bool:

@@ -4,8 +4,8 @@ The trainer asks a backend for ``G`` completions of each prompt by one agent
 (:meth:`GenerationBackend.generate`), drawn from that agent's own ``torch.Generator`` so that
 agents can sample in parallel threads reproducibly, and tells it after every update (the
 optimizer steps of a training step) that an agent's weights changed
-(:meth:`GenerationBackend.sync_weights`). ``hf`` samples with the training model itself, or
-with a bf16 copy of it (``precision="bf16"``), through the lean loop of
+(:meth:`GenerationBackend.sync_weights`). ``hf`` samples with the training model itself
+(in bf16 with ``precision="bf16"``), through the lean loop of
 :mod:`comlrl.rollout.decoding` (or Hugging Face ``generate`` for settings outside it);
 ``vllm`` (optional, GPU) keeps an inference engine per agent beside the training model and
 copies the weights into it.
@@ -13,13 +13,11 @@ copies the weights into it.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import torch
 
-from comlrl.models.rollout_copy import RolloutCopies
 from comlrl.rollout.decoding import decoding_settings
 from comlrl.rollout.generation import AgentRollout, generate_group
 
@@ -52,36 +50,34 @@ class GenerationBackend(Protocol):
 
 
 def build_backend(
-    name: str, agents: Any, vllm_gpu_memory_utilization: float, rollout_dtype: torch.dtype | None = None
+    name: str, agents: Any, vllm_gpu_memory_utilization: float, sampler_logprobs: bool = False
 ) -> GenerationBackend:
     """The backend ``name`` (a key of ``BACKENDS``) for ``agents`` (the trainer's
-    :class:`~comlrl.trainers.agents.Agents`: models, tokenizers, adapters, precision);
-    ``rollout_dtype`` (``hf``): sample from copies of the agents in that dtype."""
+    :class:`~comlrl.trainers.agents.Agents`: models, tokenizers, adapters);
+    ``sampler_logprobs`` (``hf``): keep the log-probs the sampler gave its tokens."""
     if name == "vllm":
         from comlrl.rollout.vllm_backend import VLLMBackend
 
         return VLLMBackend(agents, agents.tokenizers, agents.adapters, vllm_gpu_memory_utilization)
-    copies = None
-    if rollout_dtype is not None:
-        copies = RolloutCopies(agents, agents.parameters, agents.adapters, rollout_dtype)
-    return HFBackend(agents, agents.tokenizers, agents.activate, agents.precision, copies)
+    return HFBackend(agents, agents.tokenizers, agents.activate, sampler_logprobs)
 
 
 class HFBackend:
-    """Sampling with the training models themselves, or with low-precision copies of them
-    (``copies``: refreshed at every call, and the sampler's log-probs kept for the update)."""
+    """Sampling with the training models themselves. ``sampler_logprobs``: keep the log-probs
+    the sampler gave its tokens, for the update to measure (and correct) how far the learner's
+    differ: in bf16 a one-token decoding step and the update's forward over the whole
+    sequence round differently, so the sampler is not exactly the learner."""
 
     def __init__(
         self,
         agents: Sequence[torch.nn.Module],
         tokenizers: Sequence[Any],
         activate: Callable[[int], None],
-        precision: Callable[[torch.nn.Module], contextlib.AbstractContextManager],
-        copies: RolloutCopies | None = None,
+        sampler_logprobs: bool = False,
     ):
         self.agents, self.tokenizers = agents, tokenizers
-        self.activate, self.precision = activate, precision
-        self.copies = copies
+        self.activate = activate
+        self.sampler_logprobs = sampler_logprobs
 
     def generate(
         self,
@@ -91,15 +87,16 @@ class HFBackend:
         sampling: dict[str, Any],
         generator: torch.Generator | None = None,
     ) -> AgentRollout:
-        if self.copies is not None:
-            model = self.copies.model(agent)
-            return generate_group(
-                model, self.tokenizers[agent], prompts, num_generations, sampling, generator, with_logprobs=True
-            )
         self.activate(agent)
-        model = self.agents[agent]
-        with self.precision(model):
-            return generate_group(model, self.tokenizers[agent], prompts, num_generations, sampling, generator)
+        return generate_group(
+            self.agents[agent],
+            self.tokenizers[agent],
+            prompts,
+            num_generations,
+            sampling,
+            generator,
+            with_logprobs=self.sampler_logprobs,
+        )
 
     def uses_generators(self, sampling: dict[str, Any]) -> bool:
         # Hugging Face generate draws from torch's default generator.

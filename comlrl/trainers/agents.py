@@ -27,6 +27,7 @@ from comlrl.models.loading import (
 from comlrl.models.lora import attach_adapters, is_peft_model, merged_copy, save_adapter, trainable_parameters
 from comlrl.models.modes import disable_dropout, frozen
 from comlrl.models.placement import frozen_copy_on, place_agents, resolve_agent_devices, same_device
+from comlrl.models.precision import cast_parameters
 from comlrl.models.vocabulary import add_special_tokens
 
 
@@ -50,14 +51,12 @@ class Agents(Sequence[torch.nn.Module]):
         adapters: Sequence[str | None],
         placed: bool,
         with_references: bool,
-        mixed_precision: str | None,
         reference_devices: Sequence[torch.device] | None = None,
     ):
         self.models = list(models)
         self.tokenizers = list(tokenizers)
         self.adapters = list(adapters)
         self.placed = placed
-        self.mixed_precision = mixed_precision
         self.parameters = [trainable_parameters(m, a) for m, a in zip(self.models, self.adapters)]
         devices = reference_devices or [None] * len(self.models)
         self.references = [
@@ -112,14 +111,10 @@ class Agents(Sequence[torch.nn.Module]):
         adapters: list[str | None] = [None] * len(models)
         if peft_config is not None:
             models, adapters = attach_adapters(models, peft_config)
-        for model in unique(models):
-            if args.gradient_checkpointing:
-                enable_activation_checkpointing(model)
-            if args.disable_dropout:
-                disable_dropout(model)
-        autocast = "bf16" if args.precision == "bf16" else None
+        for model in unique(models):  # before the references: they are copies of the learner
+            prepare_for_training(model, args)
         references = reference_placement(reference_devices, models, local_rank)
-        return cls(models, tokenizers, adapters, placed, with_references, autocast, references)
+        return cls(models, tokenizers, adapters, placed, with_references, references)
 
     def __len__(self) -> int:
         return len(self.models)
@@ -134,13 +129,6 @@ class Agents(Sequence[torch.nn.Module]):
         """Make agent ``agent``'s adapter the active one when agents share a base model."""
         if self.adapters[agent] is not None:
             self.models[agent].set_adapter(self.adapters[agent])
-
-    def precision(self, model: torch.nn.Module) -> contextlib.AbstractContextManager:
-        """bf16 autocast on the model's device for the update's forward passes when
-        ``precision="bf16"``; the weights, gradients and optimizer state stay in their own dtype."""
-        if self.mixed_precision is None:
-            return contextlib.nullcontext()
-        return torch.autocast(next(model.parameters()).device.type, dtype=torch.bfloat16)
 
     @contextlib.contextmanager
     def frozen(self, agent: int, reference: bool = False) -> Iterator[torch.nn.Module]:
@@ -200,6 +188,17 @@ def reference_placement(
                 f"leave reference_devices=None (or name {agent_device})"
             )
     return devices
+
+
+def prepare_for_training(model: torch.nn.Module, args: Any) -> None:
+    """What the config asks of a model that learns (an agent, a separate critic): activation
+    checkpointing, no dropout, bf16 parameters (``precision="bf16"``)."""
+    if args.gradient_checkpointing:
+        enable_activation_checkpointing(model)
+    if args.disable_dropout:
+        disable_dropout(model)
+    if args.precision == "bf16":
+        cast_parameters(model, torch.bfloat16)
 
 
 def unique(models: Sequence[torch.nn.Module]) -> list[torch.nn.Module]:

@@ -102,7 +102,7 @@ def set_up(trainer: Any, args: TrainerConfig, inputs: TrainerInputs) -> None:
         args.joint_mode,
         args.max_generations_per_step,
     )
-    trainer.learners = Learners()
+    trainer.learners = Learners(fp32_masters=args.precision == "bf16")
     """Every optimizer and schedule: one per agent ("agent 0", ...), then the critics'."""
     trainer.pending_learners: list[tuple[Sequence[str], Sequence[Sequence[torch.nn.Parameter]], Sequence[float]]] = []
     trainer.add_learners(
@@ -116,7 +116,7 @@ def set_up(trainer: Any, args: TrainerConfig, inputs: TrainerInputs) -> None:
         args.generation_backend,
         trainer.agents,
         args.vllm_gpu_memory_utilization,
-        torch.bfloat16 if args.precision == "bf16" else None,
+        sampler_logprobs=args.precision == "bf16",
     )
     trainer.global_step = 0
     if centralized is not None:

@@ -247,16 +247,15 @@ class PolicyUpdate:
         """Log-probs (and entropies) of the completions ``rows`` at the sampling temperature,
         on ``model``'s device (the rollout's tensors are on the agent's)."""
         device = next(model.parameters()).device
-        with self.agents.precision(model):
-            return completion_logprobs(
-                model,
-                rollout.prompt_ids[rows].to(device),
-                rollout.prompt_mask[rows].to(device),
-                rollout.completion_ids[rows].to(device),
-                rollout.completion_mask[rows].to(device),
-                temperature=self.sampling.temperature,
-                with_entropy=with_entropy,
-            )
+        return completion_logprobs(
+            model,
+            rollout.prompt_ids[rows].to(device),
+            rollout.prompt_mask[rows].to(device),
+            rollout.completion_ids[rows].to(device),
+            rollout.completion_mask[rows].to(device),
+            temperature=self.sampling.temperature,
+            with_entropy=with_entropy,
+        )
 
     def agent_backward(
         self,

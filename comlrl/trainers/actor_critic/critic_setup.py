@@ -25,14 +25,13 @@ from comlrl.compat.actor_critic import (
     warn_if_original_head,
 )
 from comlrl.distributed import DataParallel
-from comlrl.models.loading import check_agents, enable_activation_checkpointing, load_agents, resolve_tokenizers
-from comlrl.models.modes import disable_dropout
+from comlrl.models.loading import check_agents, load_agents, resolve_tokenizers
 from comlrl.models.placement import same_device
 from comlrl.models.value import Critic, ValueHead, hidden_size, saved_head_file
 from comlrl.models.vocabulary import TokenizedModel, fit_embeddings
 from comlrl.optim import per_agent_learning_rates
 from comlrl.trainers.actor_critic.config import ActorCriticConfig
-from comlrl.trainers.agents import Agents
+from comlrl.trainers.agents import Agents, prepare_for_training
 
 if TYPE_CHECKING:  # annotations only: the module that builds trainers may import this one
     from comlrl.trainers.base import MultiAgentTrainer
@@ -169,10 +168,7 @@ def _prepare_critic_models(setup: _Setup, models: list[torch.nn.Module]) -> None
             )
         if setup.agents.placed:  # a separate critic follows its agent (MAAC's, agent 0)
             model.to(setup.agents.device(c))
-        if setup.args.gradient_checkpointing:
-            enable_activation_checkpointing(model)
-        if setup.args.disable_dropout:
-            disable_dropout(model)
+        prepare_for_training(model, setup.args)
 
 
 def _uses_separate_critics(setup: _Setup, given: bool) -> bool:

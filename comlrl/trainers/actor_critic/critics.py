@@ -136,7 +136,7 @@ def frozen_values(critic: Critic, agents: Agents, inputs: EncodedInputs, micro_b
     """``(S, K)`` values of all ``inputs`` at rollout time: eval mode, no gradient (a value
     head on an agent with that agent's adapter active)."""
     context = agents.frozen(critic.agent) if critic.agent is not None else frozen(critic.backbone)
-    with context as backbone, agents.precision(backbone):
+    with context:
         return torch.cat([critic.values(inputs, rows) for rows in micro_batches(len(inputs), micro_batch_size)])
 
 
@@ -188,8 +188,7 @@ class CriticLoss:
             ):
                 for piece in micro_batches(len(inputs) if chosen is None else len(chosen), self.micro_batch_size):
                     rows = piece if chosen is None else chosen[piece]
-                    with self.agents.precision(critic.backbone):
-                        values = critic.values(inputs, rows)
+                    values = critic.values(inputs, rows)
                     losses, was_clipped = clipped_value_loss(
                         values, old[rows].to(values.device), targets[rows].to(values.device), self.value_clip_range
                     )

@@ -76,7 +76,7 @@ def policy_weights(agents: Any, agent: int) -> dict[str, torch.Tensor]:
 
 def frozen_backend(models: Sequence[torch.nn.Module], agents: Any) -> HFBackend:
     """Sampling with ``models`` (one per agent, frozen, no adapters) and the agents' tokenizers."""
-    return HFBackend(models, agents.tokenizers, lambda agent: None, agents.precision)
+    return HFBackend(models, agents.tokenizers, lambda agent: None)
 
 
 # ------------------------------------------------------------------------------------------

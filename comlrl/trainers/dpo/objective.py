@@ -201,10 +201,9 @@ class DirectPreference(Objective):
         rows = torch.cat([index, index + num_pairs])
         device = next(model.parameters()).device
         prompt_ids, prompt_mask, completion_ids, completion_mask = (part[rows].to(device) for part in batch)
-        with trainer.agents.precision(model):
-            token_logps = completion_logprobs(
-                model, prompt_ids, prompt_mask, completion_ids, completion_mask, temperature=DPO_TEMPERATURE
-            )
+        token_logps = completion_logprobs(
+            model, prompt_ids, prompt_mask, completion_ids, completion_mask, temperature=DPO_TEMPERATURE
+        )
         chosen, rejected = (token_logps * completion_mask).sum(dim=1).chunk(2)
         return chosen, rejected
 
