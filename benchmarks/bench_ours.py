@@ -3,13 +3,16 @@
     .venv/bin/python benchmarks/bench_ours.py                    # the embedded SmolLM2-135M-Instruct
     .venv/bin/python benchmarks/bench_ours.py --threads 2 --model DIR
     .venv/bin/python benchmarks/bench_ours.py --smoke            # 1 prompt, 2 generations, 4 tokens
-    .venv/bin/python benchmarks/bench_ours.py --precision bf16   # bf16 rollout copies, autocast updates
+    .venv/bin/python benchmarks/bench_ours.py --precision bf16   # bf16 agents, fp32 master weights
     .venv/bin/python benchmarks/bench_ours.py --max-grad-norm none   # no gradient clipping (the original's)
+    .venv/bin/python benchmarks/bench_ours.py --agents 1         # one agent (benchmarks/compare_trl.py)
 
 Config: one epoch, 2 dataset rows per step (``per_device_train_batch_size=2``: one optimizer
 step per agent per 2 prompts, as the original's rollout buffer of 2), rows in dataset order (the
 original does not shuffle), ``generation_kwargs={"min_new_tokens": ...}``, ``logging_steps=1``,
-metrics written to a temporary folder under /tmp, W&B off.
+metrics written to a temporary folder under /tmp, W&B off. ``--agents 1`` trains one agent on
+the same prompts, its reward the length ratio of each completion to its prompt
+(``workload.one_agent_length_ratio_reward``), as benchmarks/bench_trl.py does.
 
 Measured: ``train_s``, the wall time of ``trainer.train()``; ``generate_s`` and ``update_s``, the
 sums of the per-step ``time/generate_s`` (rollout: tokenising, ``generate``, decoding, rewards)
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import sys
@@ -76,7 +80,7 @@ def step_metrics(output_dir: str) -> list[dict]:
 def prompt_tokens(trainer: MAGRPOTrainer, work: wl.Workload) -> int:
     """Prompt tokens of every trained sequence (each prompt once per completion and agent)."""
     lengths = [len(trainer.agents.tokenizers[0](prompt)["input_ids"]) for prompt in work.prompts]
-    return sum(lengths) * work.num_generations * wl.NUM_AGENTS
+    return sum(lengths) * work.num_generations * work.num_agents
 
 
 def main(argv=None) -> None:
@@ -89,11 +93,19 @@ def main(argv=None) -> None:
         default=MAGRPOConfig.max_grad_norm,
         help="the config's gradient clipping, 'none' for none as the original (default: %(default)s)",
     )
+    parser.add_argument(
+        "--agents",
+        type=int,
+        default=wl.NUM_AGENTS,
+        choices=[1, 2],
+        help="agents (default: %(default)s; 1: the one-agent reward, as benchmarks/bench_trl.py)",
+    )
     measure.add_learning_arg(parser)
     measure.add_common_args(parser)
     args = parser.parse_args(argv)
     measure.set_threads(args.threads)
-    work = measure.workload_from_args(args)
+    work = dataclasses.replace(measure.workload_from_args(args), num_agents=args.agents)
+    reward = wl.one_agent_length_ratio_reward if args.agents == 1 else wl.length_ratio_reward
     if args.model is None:
         from comlrl.models import default_model_path
 
@@ -107,7 +119,9 @@ def main(argv=None) -> None:
             measure.run_learning(f"ours-{args.precision}", args.learning_seed, recorder, trainer.train)
         return
     with tempfile.TemporaryDirectory(prefix="bench_ours_") as output_dir:
-        trainer = build_trainer(args.model, work, output_dir, args.precision, max_grad_norm=args.max_grad_norm)
+        trainer = build_trainer(
+            args.model, work, output_dir, args.precision, reward=reward, max_grad_norm=args.max_grad_norm
+        )
         gflops = measure.matmul_gflops()
         with contextlib.redirect_stdout(sys.stderr):
             started = time.perf_counter()

@@ -29,12 +29,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPTS = {"original": "bench_original.py", "ours": "bench_ours.py"}
 
 
-def run_script(python: str, side: str, options: list[str]) -> dict:
-    """One run of one side's script (``original`` or ``ours``) in a fresh process; returns its JSON line."""
-    done = subprocess.run([python, os.path.join(HERE, SCRIPTS[side]), *options], capture_output=True, text=True)
+def run_script(python: str, script: str, options: list[str]) -> dict:
+    """One run of a side's ``script`` (a file of benchmarks/) in a fresh process; returns its JSON line."""
+    done = subprocess.run([python, os.path.join(HERE, script), *options], capture_output=True, text=True)
     if done.returncode != 0:
         sys.stderr.write(done.stdout + done.stderr)
-        sys.exit(f"{SCRIPTS[side]} failed with exit status {done.returncode}")
+        sys.exit(f"{script} failed with exit status {done.returncode}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -44,12 +44,15 @@ def medians(runs: list[dict]) -> dict[str, float]:
     return {key: statistics.median(run[key] for run in runs) for key in numeric}
 
 
-def print_medians(median: dict[str, dict[str, float]]) -> None:
-    print(f"\n{'median over runs':<24}{'original':>14}{'ours':>14}{'original/ours':>15}")
-    for key, original in median["original"].items():
-        ours = median["ours"][key]
-        ratio = f"x{original / ours:.2f}" if ours else "-"
-        print(f"{key:<24}{original:>14.4g}{ours:>14.4g}{ratio:>15}")
+def print_medians(median: dict[str, dict[str, float]], baseline: str = "original") -> None:
+    """Each figure both sides have: the ``baseline`` side's median, ours, and their ratio."""
+    print(f"\n{'median over runs':<24}{baseline:>14}{'ours':>14}{baseline + '/ours':>15}")
+    for key, theirs in median[baseline].items():
+        ours = median["ours"].get(key)
+        if ours is None:
+            continue
+        ratio = f"x{theirs / ours:.2f}" if ours else "-"
+        print(f"{key:<24}{theirs:>14.4g}{ours:>14.4g}{ratio:>15}")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -90,7 +93,7 @@ def main(argv=None) -> None:
     print(f"original with {args.original_dtype} agents, ours with precision={args.precision}", flush=True)
     pairs = []
     for pair in range(1, args.pairs + 1):
-        runs = {side: run_script(pythons[side], side, options + side_options[side]) for side in SCRIPTS}
+        runs = {side: run_script(pythons[side], SCRIPTS[side], options + side_options[side]) for side in SCRIPTS}
         ratio = runs["original"]["train_s"] / runs["ours"]["train_s"]
         pairs.append({**runs, "train_s_ratio": ratio})
         print(

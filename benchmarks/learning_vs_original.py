@@ -22,7 +22,7 @@ import os
 import statistics
 import sys
 
-from compare_original import HERE, run_script
+from compare_original import HERE, SCRIPTS, run_script
 
 SIDES = {
     "original": ("original", ["--dtype", "fp32"]),
@@ -72,7 +72,7 @@ def main(argv=None) -> None:
     for seed in range(args.seeds):
         for side in args.sides:
             library, options = SIDES[side]
-            run = run_script(pythons[library], library, [*common, *options, "--learning-seed", str(seed)])
+            run = run_script(pythons[library], SCRIPTS[library], [*common, *options, "--learning-seed", str(seed)])
             runs[side].append(run)
             means = ", ".join(f"{m:.1f}" for m in run["epoch_reward_means"])
             print(f"seed {seed} {side:<14} epochs [{means}] gain {gain(run):+.1f} ({run['train_s']:.0f} s)", flush=True)

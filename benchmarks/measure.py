@@ -17,7 +17,7 @@ import json
 import resource
 import sys
 import time
-from importlib.metadata import version
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 import torch
@@ -108,11 +108,11 @@ def trainer_inputs(
     model: str, work: wl.Workload, dtype: torch.dtype = torch.float32, reward: Any = wl.length_ratio_reward
 ) -> dict[str, Any]:
     """What both libraries' ``MAGRPOTrainer`` get for ``work`` (a ``workload.Workload``): the
-    agents (copies of ``model`` in ``dtype``), the shared tokenizer, the prompts, the reward
+    agents (``work.num_agents`` copies of ``model`` in ``dtype``), the shared tokenizer, the prompts, the reward
     (the length ratio, or a recording of it) and its processor. The configs differ: each
     library names its fields its own way."""
     return {
-        "agents": [AutoModelForCausalLM.from_pretrained(model, dtype=dtype) for _ in range(wl.NUM_AGENTS)],
+        "agents": [AutoModelForCausalLM.from_pretrained(model, dtype=dtype) for _ in range(work.num_agents)],
         "tokenizer": AutoTokenizer.from_pretrained(model),
         "train_dataset": [{"prompt": prompt} for prompt in work.prompts],
         "reward_func": reward,
@@ -124,6 +124,14 @@ def check_generated(generated_tokens: int, expected_tokens: int) -> None:
     """Both sides must sample the same tokens: every completion forced to ``max_new_tokens``."""
     if generated_tokens != expected_tokens:
         raise RuntimeError(f"{generated_tokens} tokens generated, the workload forces {expected_tokens}")
+
+
+def installed_version(package: str) -> str | None:
+    """``package``'s version, None where it is not installed (TRL's venv has no comlrl)."""
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return None
 
 
 def parameter_count(model: torch.nn.Module) -> int:
@@ -159,7 +167,7 @@ def result(
         "update_flop_util": update_flops / update_s / rate,
         "run_flop_util": (generate_flops + update_flops) / train_s / rate,
         "threads": torch.get_num_threads(),
-        "comlrl": version("comlrl"),
+        "comlrl": installed_version("comlrl"),
         "torch": torch.__version__,
         "transformers": version("transformers"),
     }

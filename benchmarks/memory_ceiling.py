@@ -59,7 +59,7 @@ def main(argv=None) -> None:
         options = ["--model", args.model, "--threads", str(args.threads)]
         options += ["--prompts", "2", "--num-generations", str(g), "--max-new-tokens", str(args.max_new_tokens)]
         for side in SCRIPTS:
-            run = run_script(pythons[side], side, options)
+            run = run_script(pythons[side], SCRIPTS[side], options)
             runs[side].append({"num_generations": g, **run})
             peak, seconds = run["peak_rss_mib"], run["train_s"]
             print(f"G={g:<4} {side:<9} peak RSS {peak:8.0f} MiB, train {seconds:.0f} s", flush=True)

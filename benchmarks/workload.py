@@ -55,11 +55,13 @@ class Workload:
     prompts: tuple[str, ...]
     num_generations: int
     max_new_tokens: int
+    num_agents: int = NUM_AGENTS
+    """1 in benchmarks/compare_trl.py (TRL trains one model)."""
 
     @property
     def generated_tokens(self) -> int:
         """Tokens sampled in one run (every completion is forced to ``max_new_tokens``)."""
-        return len(self.prompts) * self.num_generations * self.max_new_tokens * NUM_AGENTS
+        return len(self.prompts) * self.num_generations * self.max_new_tokens * self.num_agents
 
 
 FULL = Workload(prompts=PROMPTS, num_generations=8, max_new_tokens=64)
@@ -88,6 +90,14 @@ def length_ratio_reward(completions1, completions2, target_min=2.0, target_max=3
             reward = math.exp(-distance)
         rewards.append(float(reward))
     return rewards
+
+
+def one_agent_length_ratio_reward(prompts, completions, **_):
+    """The length-ratio reward for one agent (benchmarks/compare_trl.py): the completion
+    against its prompt, ``length_ratio_reward(prompts, completions)``. Both libraries call it
+    with the prompts first (ours because it has one more required parameter than agents, TRL
+    by keyword); ``**_`` takes the rest TRL passes."""
+    return length_ratio_reward(prompts, completions)
 
 
 def scale_reward(reward: float) -> float:

@@ -105,6 +105,26 @@ def with_lora(build):
     return wrapped
 
 
+def position_sensitive(build, tok):
+    """A tiny model whose next token depends strongly on positions, so that decoding with
+    shifted positions (padding counted) changes the greedy tokens."""
+    model = build(tok).eval()
+    with torch.no_grad():
+        if hasattr(model, "transformer"):  # GPT-2: learned absolute positions
+            model.transformer.wpe.weight.mul_(30)
+        else:  # Llama: rotary positions act through sharper attention
+            for layer in model.model.layers:
+                layer.self_attn.q_proj.weight.mul_(8)
+                layer.self_attn.k_proj.weight.mul_(8)
+    return model
+
+
+def left_padded(tok, prompts):
+    """``(ids, attention_mask)`` of ``prompts``, left-padded to the longest (as sampling pads them)."""
+    encoded = tok(prompts, return_tensors="pt", padding=True, padding_side="left")
+    return encoded["input_ids"], encoded["attention_mask"]
+
+
 def lora():
     return LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0, task_type="CAUSAL_LM")
 

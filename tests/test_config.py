@@ -92,11 +92,17 @@ def test_top_k_none_leaves_it_to_the_models_generation_config_as_143(model_top_k
         ("entropy_coef", -0.1, r"entropy_coef must be a finite number in \[0, 1000\]"),
         ("generation_backend", "tgi", r"generation_backend='tgi'; expected one of \['hf', 'vllm'\]"),
         ("vllm_gpu_memory_utilization", 1.0, r"vllm_gpu_memory_utilization must be in \(0, 1\)"),
+        ("compiled_decoding", "yes", "compiled_decoding must be True or False"),
     ],
 )
 def test_bad_field_is_named_with_what_is_allowed(field, value, match):
     with pytest.raises(ValueError, match=match):
         MAGRPOConfig(**{field: value})
+
+
+def test_compiled_decoding_is_the_hf_backends():
+    with pytest.raises(ValueError, match="generation_backend='vllm' runs its own engine: drop compiled_decoding"):
+        MAGRPOConfig(compiled_decoding=True, generation_backend="vllm")
 
 
 @pytest.mark.parametrize("mode", ["mean", "rloo", "max"])

@@ -10,28 +10,9 @@ from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogit
 from comlrl.rollout import generate_group
 from comlrl.rollout.decoding import DecodingSettings, decode, decoding_settings, filtered_distribution, next_tokens
 
-from .helpers import MIXED, char_tokenizer, tiny_gpt2, tiny_llama, with_lora
+from .helpers import MIXED, char_tokenizer, left_padded, position_sensitive, tiny_gpt2, tiny_llama, with_lora
 
 PROMPTS = ["Hi", "a much longer prompt:", "xyz"]
-
-
-def position_sensitive(build, tok):
-    """A tiny model whose next token depends strongly on positions, so that decoding with
-    shifted positions (padding counted) changes the greedy tokens."""
-    model = build(tok).eval()
-    with torch.no_grad():
-        if hasattr(model, "transformer"):  # GPT-2: learned absolute positions
-            model.transformer.wpe.weight.mul_(30)
-        else:  # Llama: rotary positions act through sharper attention
-            for layer in model.model.layers:
-                layer.self_attn.q_proj.weight.mul_(8)
-                layer.self_attn.k_proj.weight.mul_(8)
-    return model
-
-
-def left_padded(tok, prompts):
-    encoded = tok(prompts, return_tensors="pt", padding=True, padding_side="left")
-    return encoded["input_ids"], encoded["attention_mask"]
 
 
 @pytest.mark.parametrize("build", [tiny_llama, tiny_gpt2, with_lora(tiny_gpt2)], ids=["llama", "gpt2", "gpt2+lora"])

@@ -83,9 +83,9 @@ def test_eval_num_samples_and_batch_size_shape_the_generate_calls(tmp_path, monk
     calls = []
     real = backends_module.generate_group
 
-    def counting(model, tokenizer, prompts, num_generations, sampling, generator=None):
+    def counting(model, tokenizer, prompts, num_generations, sampling, generator=None, **options):
         calls.append((len(prompts), num_generations, sampling["do_sample"]))
-        return real(model, tokenizer, prompts, num_generations, sampling, generator)
+        return real(model, tokenizer, prompts, num_generations, sampling, generator, **options)
 
     monkeypatch.setattr(backends_module, "generate_group", counting)
     trainer = make_trainer(

@@ -30,9 +30,9 @@ def test_generate_and_transition_calls_match_the_tree(tmp_path, monkeypatch, num
     trainer = multi_turn_trainer(tmp_path, num_agents, counting_transition, joint_mode=joint_mode)
     real = backends_module.generate_group
 
-    def counting_generate(model, tokenizer, prompts, num_generations, sampling, generator=None):
+    def counting_generate(model, tokenizer, prompts, num_generations, sampling, generator=None, **options):
         generate_calls.append((trainer.agents.index(model), len(prompts)))
-        return real(model, tokenizer, prompts, num_generations, sampling, generator)
+        return real(model, tokenizer, prompts, num_generations, sampling, generator, **options)
 
     monkeypatch.setattr(backends_module, "generate_group", counting_generate)
     rows = [0, 2]

@@ -8,8 +8,8 @@ import torch
 
 from comlrl.algorithms import policy_gradient_loss
 from comlrl.algorithms.sampler_correction import sampler_logprob_gap, truncated_importance_weights
-from comlrl.models.forward import completion_logprobs
 from comlrl.master_weights import MasterWeights
+from comlrl.models.forward import completion_logprobs
 from comlrl.models.precision import cast_parameters
 from comlrl.rollout.decoding import DecodingSettings, decode
 
@@ -203,7 +203,8 @@ def test_a_bf16_run_resumes_exactly_with_its_masters(tmp_path):
     assert first.train().interrupted
     second = make_trainer(tmp_path / "b", reward_func=content_score, args=config(tmp_path / "b"))
     second.train(resume_from_checkpoint=True)
-    assert any(not torch.equal(m, p.float()) for m, p in zip(second.learners.parameters[0], second.agents[0].parameters()))
+    masters, bf16 = second.learners.parameters[0], second.agents[0].parameters()
+    assert any(not torch.equal(m, p.float()) for m, p in zip(masters, bf16))
     for a, b in zip(straight.learners.parameters[0], second.learners.parameters[0]):
         assert torch.equal(a, b)
     assert log_lines(tmp_path / "b" / "run", "metrics.jsonl") == log_lines(tmp_path / "a" / "run", "metrics.jsonl")

@@ -1,6 +1,7 @@
-"""When the sampler is not the learner (a bf16 rollout copy, an inference engine), the tokens
-were drawn from pi_sampler while the update treats them as the learner's own: the two
-distributions differ a little at every token. These measure the gap and correct for it with
+"""When the sampler is not exactly the learner (bf16 decoding steps, which round apart from
+the update's whole-sequence forward; an inference engine), the tokens were drawn from
+pi_sampler while the update treats them as the learner's own: the two distributions differ
+a little at every token. These measure the gap and correct for it with
 truncated importance sampling, as large RL systems do for their inference engines
 (https://fengyao.notion.site/off-policy-rl): each token's policy-gradient term is weighted by
 min(pi_learner / pi_sampler, cap), where pi_learner is the policy as it was when sampling."""

@@ -152,14 +152,16 @@ _SPLIT_CHECKED: dict[type, bool] = {}
 
 def split_head(model: torch.nn.Module) -> Head | None:
     """``model``'s decoder and LM-head weight, when its logits are exactly ``hidden @ weight.T``
-    (a plain bias-free linear head, no soft-capping or scaling after it: checked once per
-    model class on a short input), else None. Then :func:`head_log_softmax` computes the
+    (a plain bias-free linear head without hooks, no soft-capping or scaling after it:
+    checked once per model class on a short input), else None. Then :func:`head_log_softmax` computes the
     log-probs without a logits tensor."""
     get_head, get_decoder = getattr(model, "get_output_embeddings", None), getattr(model, "get_decoder", None)
     if get_head is None or get_decoder is None:
         return None
     head = get_head()
     if type(head) is not torch.nn.Linear or head.bias is not None:
+        return None
+    if head._forward_hooks or head._forward_pre_hooks:  # the split would not run them
         return None
     try:
         decoder = get_decoder()

@@ -50,23 +50,29 @@ class GenerationBackend(Protocol):
 
 
 def build_backend(
-    name: str, agents: Any, vllm_gpu_memory_utilization: float, sampler_logprobs: bool = False
+    name: str,
+    agents: Any,
+    vllm_gpu_memory_utilization: float,
+    sampler_logprobs: bool = False,
+    compiled: bool = False,
 ) -> GenerationBackend:
     """The backend ``name`` (a key of ``BACKENDS``) for ``agents`` (the trainer's
-    :class:`~comlrl.trainers.agents.Agents`: models, tokenizers, adapters);
-    ``sampler_logprobs`` (``hf``): keep the log-probs the sampler gave its tokens."""
+    :class:`~comlrl.trainers.agents.Agents`: models, tokenizers, adapters); for ``hf``,
+    ``sampler_logprobs``: keep the log-probs the sampler gave its tokens, ``compiled``: the
+    compiled decoding step."""
     if name == "vllm":
         from comlrl.rollout.vllm_backend import VLLMBackend
 
         return VLLMBackend(agents, agents.tokenizers, agents.adapters, vllm_gpu_memory_utilization)
-    return HFBackend(agents, agents.tokenizers, agents.activate, sampler_logprobs)
+    return HFBackend(agents, agents.tokenizers, agents.activate, sampler_logprobs, compiled)
 
 
 class HFBackend:
     """Sampling with the training models themselves. ``sampler_logprobs``: keep the log-probs
     the sampler gave its tokens, for the update to measure (and correct) how far the learner's
     differ: in bf16 a one-token decoding step and the update's forward over the whole
-    sequence round differently, so the sampler is not exactly the learner."""
+    sequence round differently, so the sampler is not exactly the learner. ``compiled``: the
+    compiled decoding step (:mod:`comlrl.rollout.compiled_decoding`) where a model supports it."""
 
     def __init__(
         self,
@@ -74,10 +80,11 @@ class HFBackend:
         tokenizers: Sequence[Any],
         activate: Callable[[int], None],
         sampler_logprobs: bool = False,
+        compiled: bool = False,
     ):
         self.agents, self.tokenizers = agents, tokenizers
         self.activate = activate
-        self.sampler_logprobs = sampler_logprobs
+        self.sampler_logprobs, self.compiled = sampler_logprobs, compiled
 
     def generate(
         self,
@@ -96,6 +103,7 @@ class HFBackend:
             sampling,
             generator,
             with_logprobs=self.sampler_logprobs,
+            compiled=self.compiled,
         )
 
     def uses_generators(self, sampling: dict[str, Any]) -> bool:

@@ -14,6 +14,7 @@ to stay reproducible.
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -159,17 +160,43 @@ def decode(
     if settings.max_new_tokens == 0:
         empty = prompt_ids.new_zeros(prompt_ids.shape[0], 0)
         return Decoded(empty, empty.float() if with_logprobs else None)
-    eos = torch.tensor(eos_ids, dtype=torch.long, device=prompt_ids.device)
     mask = prompt_mask
     kwargs = padded_forward_kwargs(model, mask, logits_to_keep=1)
     out = model(input_ids=prompt_ids, attention_mask=mask, use_cache=True, **kwargs)
     # transformers 5 names the cache ``cache`` (argument and output), 4.x ``past_key_values``.
     cache_name = "cache" if getattr(out, "cache", None) is not None else "past_key_values"
-    finished = torch.zeros(prompt_ids.shape[0], dtype=torch.bool, device=prompt_ids.device)
+
+    def forward(tokens: Tensor) -> Tensor:
+        nonlocal mask, out
+        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+        if "position_ids" in kwargs:
+            kwargs["position_ids"] = mask.sum(dim=1, keepdim=True) - 1
+        kwargs[cache_name] = getattr(out, cache_name)
+        out = model(input_ids=tokens.unsqueeze(1), attention_mask=mask, use_cache=True, **kwargs)
+        return out.logits[:, -1, :]
+
+    return sampling_loop(out.logits[:, -1, :], forward, settings, eos_ids, pad_id, generator, with_logprobs)
+
+
+def sampling_loop(
+    logits: Tensor,
+    forward: Callable[[Tensor], Tensor],
+    settings: DecodingSettings,
+    eos_ids: list[int],
+    pad_id: int,
+    generator: torch.Generator | None,
+    with_logprobs: bool,
+) -> Decoded:
+    """Draw tokens one step at a time: ``logits`` are the ``(R, V)`` last-position logits of
+    the prompts, ``forward(tokens)`` feeds the ``(R,)`` drawn tokens to the model and returns
+    the next ``(R, V)`` logits. Every decoding loop (:func:`decode`, the compiled one of
+    :mod:`comlrl.rollout.compiled_decoding`) runs this one, so that for the same logits and
+    generator they draw the same tokens, stop at the same step and pad alike."""
+    eos = torch.tensor(eos_ids, dtype=torch.long, device=logits.device)
+    finished = torch.zeros(logits.shape[0], dtype=torch.bool, device=logits.device)
     columns, logprob_columns = [], []
     temperature = settings.temperature if settings.do_sample else 1.0
     for step in range(settings.max_new_tokens):
-        logits = out.logits[:, -1, :]
         if with_logprobs:  # of the policy: before min_new_tokens holds EOS back
             policy_logits = logits
         if step < settings.min_new_tokens and eos_ids:
@@ -181,9 +208,5 @@ def decode(
         finished |= torch.isin(tokens, eos)
         if finished.all() or step + 1 == settings.max_new_tokens:
             break
-        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-        if "position_ids" in kwargs:
-            kwargs["position_ids"] = mask.sum(dim=1, keepdim=True) - 1
-        kwargs[cache_name] = getattr(out, cache_name)
-        out = model(input_ids=tokens.unsqueeze(1), attention_mask=mask, use_cache=True, **kwargs)
+        logits = forward(tokens)
     return Decoded(torch.stack(columns, dim=1), torch.stack(logprob_columns, dim=1) if with_logprobs else None)

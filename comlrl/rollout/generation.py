@@ -13,6 +13,7 @@ from torch import Tensor
 
 from comlrl.algorithms import completion_mask
 from comlrl.models.modes import frozen
+from comlrl.rollout.compiled_decoding import decode_compiled, supports_compiled
 from comlrl.rollout.decoding import decode, decoding_settings
 from comlrl.rollout.prompt_fit import check_length
 
@@ -39,8 +40,8 @@ class AgentRollout:
     truncated: Tensor
     """``(B*G,)`` bool: the completion ended at ``max_new_tokens`` without an EOS."""
     sampler_logprobs: Tensor | None = None
-    """``(B*G, T)`` float32 log-probs the sampler gave its tokens, when it is not the learner
-    itself (a bf16 rollout copy): the update measures and corrects the mismatch with them."""
+    """``(B*G, T)`` float32 log-probs the sampler gave its tokens, when it may not be
+    exactly the learner (bf16 decoding): the update measures and corrects the mismatch with them."""
 
     @property
     def lengths(self) -> Tensor:
@@ -85,6 +86,7 @@ def generate_group(
     sampling_kwargs: dict[str, Any],
     generator: torch.Generator | None = None,
     with_logprobs: bool = False,
+    compiled: bool = False,
 ) -> AgentRollout:
     """Sample ``num_generations`` completions for every prompt in ONE batched call.
 
@@ -92,6 +94,8 @@ def generate_group(
     ``generator`` (torch's default generator when None); ``generate``, used when the settings
     are outside the loop's, always draws from the default generator. ``with_logprobs`` keeps
     the sampler's log-probs of its tokens (the lean loop only; ``generate`` keeps none).
+    ``compiled`` runs the lean loop's compiled variant (:mod:`comlrl.rollout.compiled_decoding`,
+    the same tokens) where the model supports it, else the eager loop.
     """
     device = next(model.parameters()).device
     encoded = encode_prompts(tokenizer, prompts)
@@ -117,7 +121,8 @@ def generate_group(
             pad_id = kwargs["pad_token_id"]
             if pad_id is None:  # no row can finish without an EOS id, so no pad is written
                 pad_id = eos_ids[0] if eos_ids else 0
-            decoded = decode(model, prompt_ids, prompt_mask, settings, eos_ids, pad_id, generator, with_logprobs)
+            loop = decode_compiled if compiled and supports_compiled(model) else decode
+            decoded = loop(model, prompt_ids, prompt_mask, settings, eos_ids, pad_id, generator, with_logprobs)
             completion_ids, sampler_logprobs = decoded
     # Inference tensors cannot enter autograd; the ids are small, a copy is cheap.
     rollout = rollout_from_ids(tokenizer, prompt_ids, prompt_mask, completion_ids.clone(), eos_ids)

@@ -106,6 +106,12 @@ class TrainerConfig:
     ``pip install 'comlrl[vllm]'`` and a GPU)."""
     vllm_gpu_memory_utilization: float = 0.3
     """Share in (0, 1) of each GPU's memory a vLLM engine may take (the rest is training's)."""
+    compiled_decoding: bool = False
+    """``hf``: run each decoding step as one ``torch.compile``-d forward over a KV cache
+    allocated once per call (CUDA graphs on a GPU), drawing the same tokens as the eager
+    loop; the compile cost is paid once per process and shape bucket. Off by default: on a
+    CPU the compile time outweighs what it saves on runs of this library's size
+    (benchmarks/README.md, "compiled decoding")."""
 
     # --- multi-agent structure ------------------------------------------------------------
     num_agents: int | None = None
@@ -148,9 +154,10 @@ class TrainerConfig:
     (agents on different GPUs then generate and update at the same time, as here whenever they
     are placed so); ``"none"``: as ``agent_devices`` says."""
     precision: str = "fp32"
-    """``"bf16"``: sample from a bf16 copy of each agent (refreshed from the learner before
-    every sampling call) and run the update's forward passes under bf16 autocast, while the
-    weights, gradients, optimizer state, log-probs and loss stay fp32; ``"fp32"``: all in fp32."""
+    """``"bf16"``: the agents (and separate critics) hold bf16 parameters, which sample and
+    learn, while the optimizer steps fp32 master weights with fp32 gradients and state; the
+    log-probs, loss and value heads stay fp32. ``"fp32"``: the models as given (fp32 unless
+    loaded in another dtype)."""
     mixed_precision: str | None = None
     """Replaced by ``precision`` (which no longer autocasts sampling): setting it is an error saying so."""
     disable_dropout: bool = True
@@ -264,6 +271,7 @@ class TrainerConfig:
             "log_tensorboard",
             "disable_dropout",
             "overwrite_output_dir",
+            "compiled_decoding",
         )
         bounded = self.train_batch_size_counts_rows and self.train_batch_size is not None
         if bounded and self.train_batch_size > self.per_device_train_batch_size:
@@ -322,8 +330,8 @@ class TrainerConfig:
         SamplingSpec.from_config(self)  # transformers' checks of the whole sampling, not at the first generate
         if self.mixed_precision is not None:
             raise ValueError(
-                f"mixed_precision={self.mixed_precision!r} was replaced by precision: write precision='bf16' (a bf16 "
-                "rollout copy of each agent and bf16 autocast in the update, fp32 weights) or precision='fp32'"
+                f"mixed_precision={self.mixed_precision!r} was replaced by precision: write precision='bf16' (bf16 "
+                "agents with fp32 master weights) or precision='fp32'"
             )
         check_choice(self, "precision", PRECISIONS)
         if self.early_termination_threshold is not None and not is_real(self.early_termination_threshold):
@@ -335,6 +343,11 @@ class TrainerConfig:
         respell(self, "joint_mode", JOINT_MODE_SPELLINGS)
         check_choice(self, "joint_mode", JOINT_MODES)
         check_choice(self, "generation_backend", BACKENDS)
+        if self.compiled_decoding and self.generation_backend != "hf":
+            raise ValueError(
+                f"compiled_decoding=True compiles the hf backend's decoding step; generation_backend="
+                f"{self.generation_backend!r} runs its own engine: drop compiled_decoding or use 'hf'"
+            )
         if not (is_real(self.vllm_gpu_memory_utilization) and 0 < self.vllm_gpu_memory_utilization < 1):
             raise ValueError(f"vllm_gpu_memory_utilization must be in (0, 1), got {self.vllm_gpu_memory_utilization!r}")
         if isinstance(self.output_dir, os.PathLike):

@@ -117,6 +117,7 @@ def set_up(trainer: Any, args: TrainerConfig, inputs: TrainerInputs) -> None:
         trainer.agents,
         args.vllm_gpu_memory_utilization,
         sampler_logprobs=args.precision == "bf16",
+        compiled=args.compiled_decoding,
     )
     trainer.global_step = 0
     if centralized is not None:

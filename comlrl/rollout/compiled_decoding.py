@@ -1,0 +1,243 @@
+"""The lean sampling loop with its one-token forward compiled: a static KV cache and
+``torch.compile``, drawing the same tokens as :func:`comlrl.rollout.decoding.decode`.
+
+Why: the eager loop pays Python and dispatch time for every operator of every layer at every
+token, and its dynamic cache grows (reallocates) each step. Compiled, the step is one graph of
+fused kernels over tensors of fixed shapes (inductor on the CPU; CUDA graphs on CUDA, which
+replay the whole step in one launch). Fixed shapes need a cache allocated at its final
+length, whose unwritten positions the attention mask hides (zeros over the whole cache
+length, a 1 written at each position as it is filled).
+
+Compiling costs seconds per shape, so the shapes are bucketed: rows to a power of two
+(padding rows repeat the last prompt and are dropped before sampling), cache length to a power
+of two of at least :data:`MIN_CACHE_LENGTH`. Each bucket compiles once per process and model
+graph (models of one class, config and dtype share a graph); :func:`compile_seconds` says
+which compiled and what it cost, and each compile logs one info line. One more compile each
+can come later: the forward reads a transformers registry of model classes, so building a
+model of a class not built before makes the graphs compiled earlier compile again, once.
+Each model keeps its last cache for its next call of that shape (see ``_HELD``): memory of one
+KV cache per model between calls.
+
+The prompt's prefill stays eager (prompt lengths vary call to call; one forward). So does the
+sampler, which is :func:`comlrl.rollout.decoding.sampling_loop` itself: ``torch.multinomial``
+with a ``torch.Generator`` does not compile, and sharing it is what makes the two loops draw
+the same tokens. Models the compiled loop cannot serve (:func:`supports_compiled`) use the
+eager loop.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor
+from transformers.cache_utils import StaticCache, get_layer_types_and_kwargs
+
+from comlrl.models.forward import padded_forward_kwargs
+from comlrl.rollout.decoding import Decoded, DecodingSettings, decode, sampling_loop
+
+logger = logging.getLogger(__name__)
+
+MIN_CACHE_LENGTH = 64
+"""The shortest cache (prompt + new tokens, rounded up to a power of two): shorter calls
+share one compiled graph."""
+RECOMPILE_LIMIT = 64
+"""Graphs dynamo may keep for the compiled step (its default, 8, counts every model, dtype and
+bucket of the process together; past the limit it would silently run the step eagerly)."""
+_ATTENTION = ("sdpa", "eager")
+"""Attention implementations whose masks were checked with a static cache (a 2D mask over
+the whole cache length, the causal part from the cache's own fill count)."""
+
+
+class Bucket(NamedTuple):
+    """One compiled shape of the step."""
+
+    model: str
+    """The model's class, adapter type and checkpoint, e.g. ``LlamaForCausalLM+LORA(path)``."""
+    dtype: str
+    device: str
+    rows: int
+    length: int
+    """Cache positions."""
+
+
+_COMPILES: dict[Bucket, list[float]] = {}
+# One cache per model, reused by its next call of the same shape: CUDA graphs replay on fixed
+# addresses, and a fresh cache each call would make them record again. Taken out while in use,
+# so a second thread decoding the same model at once allocates its own.
+_HELD: weakref.WeakKeyDictionary[torch.nn.Module, tuple[tuple[Any, ...], StaticCache]] = weakref.WeakKeyDictionary()
+_HELD_LOCK = threading.Lock()
+
+
+def compile_seconds() -> dict[Bucket, tuple[float, ...]]:
+    """Every bucket the step was compiled for in this process, with the seconds each compile
+    took (its first step, compile included); one entry per bucket unless dynamo recompiled."""
+    return {bucket: tuple(seconds) for bucket, seconds in _COMPILES.items()}
+
+
+def supports_compiled(model: torch.nn.Module) -> bool:
+    """Whether :func:`decode_compiled` can serve ``model``: a transformers decoder that declares
+    its forward compiles as one graph, with a checked attention implementation and only full
+    attention layers (a sliding window's cache is a ring the mask does not describe), not
+    quantized by a method that does not compile; under a PEFT adapter that changes weights
+    (LoRA and its kin, checked), not one that learns prompts (its virtual tokens or prefix keys
+    and values go into the cache its own way)."""
+    base = _base_model(model)
+    config = getattr(base, "config", None)
+    if config is None or not getattr(base, "_can_compile_fullgraph", False):
+        return False
+    quantizer = getattr(base, "hf_quantizer", None)
+    if (quantizer is not None and not quantizer.is_compileable) or getattr(config, "is_encoder_decoder", False):
+        return False
+    if config._attn_implementation not in _ATTENTION:
+        return False
+    layer_types, _ = get_layer_types_and_kwargs(config.get_text_config(decoder=True))
+    return all(layer_type == "full_attention" for layer_type in layer_types)
+
+
+def _base_model(model: torch.nn.Module) -> torch.nn.Module | None:
+    """The model under a PEFT wrapper (``model`` itself without one); None under a
+    prompt-learning adapter."""
+    get_base_model = getattr(model, "get_base_model", None)
+    if not callable(get_base_model):
+        return model
+    return None if model.active_peft_config.is_prompt_learning else get_base_model()
+
+
+def _model_name(model: torch.nn.Module) -> str:
+    """How :class:`Bucket` names a model: its class, its adapter's type, its checkpoint."""
+    base = _base_model(model)
+    adapter = f"+{model.active_peft_config.peft_type.value}" if base is not model else ""
+    return f"{type(base).__name__}{adapter}({base.config.name_or_path})"
+
+
+def bucket_size(size: int, smallest: int) -> int:
+    """``size`` rounded up to a power of two, at least ``smallest``: a log number of shapes."""
+    return max(smallest, 1 << (size - 1).bit_length())
+
+
+def _forward_step(model: torch.nn.Module, input_ids: Tensor, mask: Tensor, cache: StaticCache, kwargs: dict) -> Tensor:
+    """The one-token forward that is compiled: ``(rows, V)`` logits of the fed tokens."""
+    return model(input_ids=input_ids, attention_mask=mask, cache=cache, use_cache=True, **kwargs).logits[:, -1]
+
+
+@functools.cache
+def compiled_step(device_type: str) -> Callable[..., Tensor]:
+    """:func:`_forward_step` compiled for ``device_type``, one function per device type.
+
+    Static shapes (the buckets bound them), one graph. On CUDA, ``reduce-overhead`` (CUDA
+    graphs: the step's hundreds of kernels in one launch). On the CPU, inductor's kernels read
+    the thread count when they run, not when they compiled: agents decoding in parallel threads
+    set one thread each, and a count baked in at compile time would oversubscribe the cores.
+    """
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+    if device_type == "cuda":
+        return torch.compile(_forward_step, mode="reduce-overhead", dynamic=False, fullgraph=True)
+    options = {"cpp.dynamic_threads": True} if device_type == "cpu" else None
+    return torch.compile(_forward_step, options=options, dynamic=False, fullgraph=True)
+
+
+def _compiled_graphs() -> int:
+    """Graphs dynamo compiled in this process so far (its own counter)."""
+    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
+
+
+def _record(bucket: Bucket, seconds: float) -> None:
+    _COMPILES.setdefault(bucket, []).append(seconds)
+    logger.info(
+        "compiled the decoding step of %s (%s, %s) for %d rows x %d cache positions in %.1f s",
+        *bucket,
+        seconds,
+    )
+
+
+def _take_cache(model: torch.nn.Module, shape: tuple[Any, ...]) -> StaticCache:
+    """The model's held cache, emptied, if it has ``shape`` (rows, length, dtype, device);
+    otherwise a new one (allocated at its final length by the prefill's first write)."""
+    with _HELD_LOCK:
+        held = _HELD.pop(model, None)
+    if held is not None and held[0] == shape:
+        held[1].reset()
+        return held[1]
+    return StaticCache(config=model.config, max_cache_len=shape[1])
+
+
+def _give_back(model: torch.nn.Module, shape: tuple[Any, ...], cache: StaticCache) -> None:
+    with _HELD_LOCK:
+        _HELD[model] = (shape, cache)
+
+
+def _padded_rows(tensor: Tensor, rows: int) -> Tensor:
+    """``tensor`` with its last row repeated up to ``rows`` rows: padding rows that compute a
+    real prompt (no fully masked attention), whose results are dropped."""
+    extra = rows - tensor.shape[0]
+    return torch.cat([tensor, tensor[-1:].expand(extra, *tensor.shape[1:])]) if extra else tensor
+
+
+def decode_compiled(
+    model: torch.nn.Module,
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    settings: DecodingSettings,
+    eos_ids: list[int],
+    pad_id: int,
+    generator: torch.Generator | None = None,
+    with_logprobs: bool = False,
+) -> Decoded:
+    """:func:`comlrl.rollout.decoding.decode` (same arguments, same tokens for the same
+    generator, log-probs equal up to float rounding) with a static cache and a compiled step,
+    for a model :func:`supports_compiled` accepts. Call under ``torch.inference_mode()`` with
+    the model in eval mode."""
+    if settings.max_new_tokens == 0:
+        return decode(model, prompt_ids, prompt_mask, settings, eos_ids, pad_id, generator, with_logprobs)
+    rows, prompt_length = prompt_ids.shape
+    device, dtype = prompt_ids.device, next(model.parameters()).dtype
+    padded_rows = bucket_size(rows, 1)
+    length = bucket_size(prompt_length + settings.max_new_tokens, MIN_CACHE_LENGTH)
+    bucket = Bucket(_model_name(model), str(dtype), str(device), padded_rows, length)
+    prompt_mask = _padded_rows(prompt_mask, padded_rows)
+    mask = prompt_mask.new_zeros(padded_rows, length)
+    mask[:, :prompt_length] = prompt_mask
+    kwargs = padded_forward_kwargs(model, prompt_mask, logits_to_keep=1)
+    shape = (padded_rows, length, dtype, device)
+    cache = _take_cache(model, shape)
+    try:
+        ids = _padded_rows(prompt_ids, padded_rows)
+        out = model(input_ids=ids, attention_mask=mask, cache=cache, use_cache=True, **kwargs)
+        step = _stepper(model, mask, cache, kwargs, prompt_length, rows, bucket)
+        return sampling_loop(out.logits[:rows, -1], step, settings, eos_ids, pad_id, generator, with_logprobs)
+    finally:
+        _give_back(model, shape, cache)
+
+
+def _stepper(
+    model: torch.nn.Module, mask: Tensor, cache: StaticCache, kwargs: dict, column: int, rows: int, bucket: Bucket
+) -> Callable[[Tensor], Tensor]:
+    """The ``forward`` of :func:`sampling_loop`: writes the next cache position into ``mask``,
+    advances the positions (counted from the mask, as the eager loop counts them), runs the
+    compiled step on the padded rows and keeps the first ``rows`` logits. A step that made
+    dynamo compile is recorded under ``bucket``."""
+    step = compiled_step(mask.device.type)
+    if "position_ids" in kwargs:
+        kwargs["position_ids"] = mask.sum(dim=1, keepdim=True) - 1
+
+    def forward(tokens: Tensor) -> Tensor:
+        nonlocal column
+        mask[:, column] = 1
+        column += 1
+        if "position_ids" in kwargs:
+            kwargs["position_ids"] = kwargs["position_ids"] + 1
+        graphs, started = _compiled_graphs(), time.perf_counter()
+        torch.compiler.cudagraph_mark_step_begin()  # the previous step's outputs are no longer read
+        logits = step(model, _padded_rows(tokens, mask.shape[0]).unsqueeze(1), mask, cache, kwargs)
+        if _compiled_graphs() > graphs:
+            _record(bucket, time.perf_counter() - started)
+        return logits[:rows]
+
+    return forward
