@@ -39,7 +39,7 @@ import torch
 from torch import Tensor
 from transformers.cache_utils import StaticCache, get_layer_types_and_kwargs
 
-from comlrl.models.forward import padded_forward_kwargs
+from comlrl.models.forward import accepts, padded_forward_kwargs
 from comlrl.rollout.decoding import Decoded, DecodingSettings, decode, sampling_loop
 
 logger = logging.getLogger(__name__)
@@ -96,6 +96,8 @@ def supports_compiled(model: torch.nn.Module) -> bool:
     if (quantizer is not None and not quantizer.is_compileable) or getattr(config, "is_encoder_decoder", False):
         return False
     if config._attn_implementation not in _ATTENTION:
+        return False
+    if not accepts(base, "cache"):  # transformers 4.x: its static cache and arguments differ
         return False
     layer_types, _ = get_layer_types_and_kwargs(config.get_text_config(decoder=True))
     return all(layer_type == "full_attention" for layer_type in layer_types)
