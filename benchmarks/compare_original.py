@@ -91,20 +91,35 @@ def main(argv=None) -> None:
     pythons = {"original": args.original_python, "ours": args.ours_python}
     side_options = {"original": ["--dtype", args.original_dtype], "ours": ["--precision", args.precision]}
     print(f"original with {args.original_dtype} agents, ours with precision={args.precision}", flush=True)
+    alternate(args, args.pairs, pythons, SCRIPTS, options, side_options)
+
+
+def alternate(
+    args: argparse.Namespace,
+    count: int,
+    pythons: dict[str, str],
+    scripts: dict[str, str],
+    options: list[str],
+    side_options: dict[str, list[str]],
+) -> None:
+    """``count`` pairs of runs, the sides of ``scripts`` (the baseline first, then ``ours``)
+    alternating, each a fresh process of its side's Python; prints each pair's train-time
+    ratio, their median and the medians of every figure, and writes them to ``args.json``."""
+    baseline = next(iter(scripts))
     pairs = []
-    for pair in range(1, args.pairs + 1):
-        runs = {side: run_script(pythons[side], SCRIPTS[side], options + side_options[side]) for side in SCRIPTS}
-        ratio = runs["original"]["train_s"] / runs["ours"]["train_s"]
+    for pair in range(1, count + 1):
+        runs = {side: run_script(pythons[side], scripts[side], options + side_options[side]) for side in scripts}
+        ratio = runs[baseline]["train_s"] / runs["ours"]["train_s"]
         pairs.append({**runs, "train_s_ratio": ratio})
         print(
-            f"pair {pair}: original {runs['original']['train_s']:.1f} s, ours {runs['ours']['train_s']:.1f} s, "
-            f"original/ours x{ratio:.2f}",
+            f"pair {pair}: {baseline} {runs[baseline]['train_s']:.1f} s, ours {runs['ours']['train_s']:.1f} s, "
+            f"{baseline}/ours x{ratio:.2f}",
             flush=True,
         )
     median_ratio = statistics.median(p["train_s_ratio"] for p in pairs)
-    print(f"median original/ours train time: x{median_ratio:.2f}")
-    median = {side: medians([p[side] for p in pairs]) for side in SCRIPTS}
-    print_medians(median)
+    print(f"median {baseline}/ours train time: x{median_ratio:.2f}")
+    median = {side: medians([p[side] for p in pairs]) for side in scripts}
+    print_medians(median, baseline)
     if args.json:
         os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
         with open(args.json, "w") as f:

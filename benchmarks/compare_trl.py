@@ -12,21 +12,18 @@ process started with its side's Python (benchmarks/bench_trl.py in TRL's virtual
 Printed: per round, both sides' ``trainer.train()`` seconds and peak RSS, and the ratio TRL / ours
 of the train time; the median of those ratios; the median over the runs of every figure of each
 side (see benchmarks/measure.py) and the ratio of the medians. ``--json`` also writes every run's
-line, the rounds and the medians to a file. A run's own output is shown only if it fails.
+line, the rounds (as "pairs") and the medians to a file. A run's own output is shown only if it fails.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import statistics
 import sys
 
-from compare_original import medians, print_medians, run_script
+from compare_original import alternate
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SIDES = ("trl", "ours")
 SCRIPTS = {"trl": "bench_trl.py", "ours": "bench_ours.py"}
 
 
@@ -67,28 +64,7 @@ def main(argv=None) -> None:
     pythons = {"trl": args.trl_python, "ours": args.ours_python}
     side_options = {"trl": [], "ours": ["--agents", "1"]}
     print(f"one agent, precision={args.precision} on both sides", flush=True)
-    rounds = []
-    for number in range(1, args.rounds + 1):
-        runs = {side: run_script(pythons[side], SCRIPTS[side], options + side_options[side]) for side in SIDES}
-        ratio = runs["trl"]["train_s"] / runs["ours"]["train_s"]
-        rounds.append({**runs, "train_s_ratio": ratio})
-        print(
-            f"round {number}: TRL {runs['trl']['train_s']:.1f} s ({runs['trl']['peak_rss_mib']:.0f} MiB), "
-            f"ours {runs['ours']['train_s']:.1f} s ({runs['ours']['peak_rss_mib']:.0f} MiB), TRL/ours x{ratio:.2f}",
-            flush=True,
-        )
-    median_ratio = statistics.median(r["train_s_ratio"] for r in rounds)
-    print(f"median TRL/ours train time: x{median_ratio:.2f}")
-    median = {side: medians([r[side] for r in rounds]) for side in SIDES}
-    print_medians(median, baseline="trl")
-    if args.json:
-        os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump(
-                {"args": vars(args), "rounds": rounds, "median_train_s_ratio": median_ratio, "medians": median},
-                f,
-                indent=2,
-            )
+    alternate(args, args.rounds, pythons, SCRIPTS, options, side_options)
 
 
 if __name__ == "__main__":
