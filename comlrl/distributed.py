@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 from comlrl.metrics.stats import Stat, combine, finish
 
@@ -94,12 +95,24 @@ class DataParallel:
         """True on every rank when it is True on one (e.g. a rank received SIGTERM)."""
         return self.sum_values([float(flag)])[0] > 0
 
+    def most(self, value: int) -> int:
+        """The largest of every rank's ``value``."""
+        if not self.enabled:
+            return value
+        tensor = torch.tensor([value], dtype=torch.int64, device=self._device())
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+        return int(tensor.item())
+
     def sum_gradients(self, parameters: Iterable[torch.nn.Parameter]) -> None:
-        """Sum every parameter's gradient over the ranks, one flat buffer per device and dtype."""
+        """Sum every parameter's gradient over the ranks, one flat buffer per device and dtype.
+        Sharded parameters (:mod:`comlrl.sharding`) are skipped: FSDP summed their gradients
+        into each rank's slice during the backward pass."""
         if not self.enabled:
             return
         buckets: dict[tuple[torch.device, torch.dtype], list[torch.nn.Parameter]] = {}
         for parameter in parameters:
+            if isinstance(parameter, DTensor):
+                continue
             if parameter.grad is None:
                 parameter.grad = torch.zeros_like(parameter)
             buckets.setdefault((parameter.grad.device, parameter.grad.dtype), []).append(parameter)
@@ -110,12 +123,14 @@ class DataParallel:
                 parameter.grad.copy_(summed.view_as(parameter.grad))
 
     def broadcast_parameters(self, parameters: Iterable[torch.nn.Parameter]) -> None:
-        """Every rank starts from rank 0's weights (models initialised at random differ)."""
+        """Every rank starts from rank 0's weights (models initialised at random differ); sharded
+        parameters took rank 0's before they were sharded."""
         if not self.enabled:
             return
         with torch.no_grad():
             for parameter in parameters:
-                dist.broadcast(parameter.data, src=0)
+                if not isinstance(parameter, DTensor):
+                    dist.broadcast(parameter.data, src=0)
 
     def gather(self, value: Any) -> list[Any]:
         """Every rank's ``value`` (any picklable object), in rank order."""

@@ -8,6 +8,8 @@ from collections.abc import Callable, Sequence
 import torch
 from transformers import get_scheduler
 
+from comlrl import sharding
+from comlrl.distributed import DataParallel
 from comlrl.master_weights import MasterWeights
 from comlrl.utils.per_agent import per_agent
 
@@ -51,11 +53,16 @@ def build_schedulers(
 class Learners:
     """Everything a trainer optimizes, as named parameter sets ("agent 0", "critic 0", ...),
     each with its own AdamW and learning-rate schedule; with ``fp32_masters``, the optimizer
-    steps fp32 masters of the lower-precision parameters (see :mod:`comlrl.master_weights`)."""
+    steps fp32 masters of the lower-precision parameters (see :mod:`comlrl.master_weights`).
+    A learner whose parameters are sharded (:mod:`comlrl.sharding`) checks and checkpoints
+    them together with the other ranks of ``parallel``."""
 
-    def __init__(self, fp32_masters: bool = False) -> None:
+    def __init__(self, fp32_masters: bool = False, parallel: DataParallel | None = None) -> None:
         self.fp32_masters = fp32_masters
+        self.parallel = parallel or DataParallel()
         self.names: list[str] = []
+        self.modules: list[torch.nn.Module | None] = []
+        """Per learner, the model its parameters are named in (for a sharded optimizer's state)."""
         self.masters: list[MasterWeights] = []
         self.parameters: list[list[torch.nn.Parameter]] = []
         """Per learner, what its optimizer steps (the masters, where there are)."""
@@ -71,11 +78,14 @@ class Learners:
         schedule: str,
         warmup_ratio: float,
         total_steps: int,
+        modules: Sequence[torch.nn.Module | None] | None = None,
     ) -> None:
-        """One AdamW and one schedule over ``total_steps`` optimizer steps per named set."""
+        """One AdamW and one schedule over ``total_steps`` optimizer steps per named set (of
+        ``modules``' parameters, when given)."""
         masters = [MasterWeights(p, enabled=self.fp32_masters) for p in parameters]
         optimizers = build_optimizers([m.masters for m in masters], learning_rates, weight_decay)
         self.names.extend(names)
+        self.modules.extend(modules or [None] * len(names))
         self.masters.extend(masters)
         self.parameters.extend(m.masters for m in masters)
         self.optimizers.extend(optimizers)
@@ -93,7 +103,7 @@ class Learners:
         norms = []
         for name, parameters in zip(self.names, self.parameters):
             reduce_gradients(parameters)
-            norm = torch.nn.utils.clip_grad_norm_(parameters, max_norm).item()
+            norm = self.clip(parameters, max_norm)
             if not math.isfinite(norm):
                 self.zero_grad()
                 raise FloatingPointError(
@@ -106,6 +116,8 @@ class Learners:
             optimizer.step()
             scheduler.step()
             masters.write_back()
+        for module in {id(m): m for m in self.modules if m is not None}.values():
+            sharding.gather(module)  # whole again for sampling, until its next gradient pass
         used = ", ".join(f"{name} {rate:.3g}" for name, rate in zip(self.names, rates))
         self.require_finite(
             f" after the optimizer step of step {step_number} (learning rates: {used}); training stopped, "
@@ -113,24 +125,69 @@ class Learners:
         )
         return norms
 
+    @staticmethod
+    def clip(parameters: list[torch.nn.Parameter], max_norm: float) -> float:
+        """Scale the gradients of ``parameters`` to a total norm of at most ``max_norm``; returns their norm."""
+        if not sharding.has_sharded(parameters):
+            return torch.nn.utils.clip_grad_norm_(parameters, max_norm).item()
+        norm = sharding.total_norm(parameters)
+        torch.nn.utils.clip_grads_with_norm_(parameters, max_norm, norm)
+        return norm.item()
+
+    @property
+    def sharded(self) -> list[int]:
+        """The learners whose parameters are sharded over the ranks."""
+        return [i for i, parameters in enumerate(self.parameters) if sharding.has_sharded(parameters)]
+
     def require_finite(self, consequence: str) -> None:
         """Stop with an error naming the first learner whose weights hold a NaN or an
-        infinity, followed by ``consequence``."""
-        for name, parameters in zip(self.names, self.parameters):
-            if not all(bool(torch.isfinite(p).all()) for p in parameters):
-                raise FloatingPointError(f"{name}'s weights are not finite{consequence}")
+        infinity, followed by ``consequence``. With sharded learners every rank must call it:
+        each checks its slices, and all stop if one finds any."""
+        bad = next(
+            (
+                name
+                for name, parameters in zip(self.names, self.parameters)
+                if not all(bool(torch.isfinite(sharding.local(p)).all()) for p in parameters)
+            ),
+            None,
+        )
+        if self.sharded:
+            bad = next((name for name in self.parallel.gather(bad) if name is not None), None)
+        if bad is not None:
+            raise FloatingPointError(f"{bad}'s weights are not finite{consequence}")
 
     def learning_rates(self) -> list[float]:
         return [optimizer.param_groups[0]["lr"] for optimizer in self.optimizers]
 
     def state_dict(self) -> dict[str, list]:
-        state = {
-            "optimizers": [o.state_dict() for o in self.optimizers],
+        """The optimizers' and schedulers' states (None for a sharded optimizer: its slices are
+        :meth:`save_shards`'), the fp32 masters where there are, and the sharded learners' names."""
+        sharded = self.sharded
+        state: dict[str, list] = {
+            "optimizers": [None if i in sharded else o.state_dict() for i, o in enumerate(self.optimizers)],
             "schedulers": [s.state_dict() for s in self.schedulers],
         }
         if any(m.pairs for m in self.masters):
             state["masters"] = [m.state() for m in self.masters]
+        if sharded:
+            state["sharded"] = [self.names[i] for i in sharded]
         return state
+
+    def shard_entries(self, names: Sequence[str]) -> dict[str, tuple[torch.nn.Module, torch.optim.Optimizer]]:
+        entries = {}
+        for name in names:
+            i = self.names.index(name)
+            module = self.modules[i]
+            if module is None:
+                raise ValueError(f"{name}'s optimizer state is sharded but its parameters belong to no model")
+            entries[name] = (module, self.optimizers[i])
+        return entries
+
+    def save_shards(self, folder: str) -> None:
+        """Every rank writes its slices of the sharded optimizers' states into ``folder`` (nothing without any)."""
+        sharded = [self.names[i] for i in self.sharded]
+        if sharded:
+            sharding.save_optimizer_shards(folder, self.shard_entries(sharded))
 
     def load_state_dict(self, state: dict[str, list], source: str) -> None:
         """Load what :meth:`state_dict` gave; ``source`` names where it came from in errors."""
@@ -146,7 +203,22 @@ class Learners:
                 masters.read_parameters()
             else:
                 masters.load_state(saved_masters[i], f"{source} ({self.names[i]})")
-        for optimizer, saved in zip(self.optimizers, state["optimizers"]):
+        sharded_now = self.sharded
+        for i, (optimizer, saved) in enumerate(zip(self.optimizers, state["optimizers"])):
+            if saved is None:
+                continue  # in the checkpoint's shards: load_shards
+            if i in sharded_now:
+                raise ValueError(
+                    f"{source} holds {self.names[i]}'s optimizer state whole (written without sharding), but this "
+                    "run shards it: resume with sharding='replicate' (or on the number of ranks that wrote it)"
+                )
             optimizer.load_state_dict(saved)
         for scheduler, saved in zip(self.schedulers, state["schedulers"]):
             scheduler.load_state_dict(saved)
+
+    def load_shards(self, folder: str, state: dict[str, list]) -> None:
+        """The sharded optimizers' states of a checkpoint whose :meth:`state_dict` is ``state``,
+        from its shards in ``folder``, resharded to this run's ranks (every rank calls it)."""
+        names = state.get("sharded", [])
+        if names:
+            sharding.load_optimizer_shards(folder, self.shard_entries(names))

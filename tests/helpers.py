@@ -25,7 +25,8 @@ from tokenizers import Tokenizer, decoders, models
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from comlrl.checkpoint import complete_checkpoints
-from comlrl.trainers.actor_critic import IACConfig, IACTrainer
+from comlrl.sharding import local
+from comlrl.trainers.actor_critic import IACConfig, IACTrainer, MAACConfig, MAACTrainer
 from comlrl.trainers.centralized import CentralizedComparatorParseError
 from comlrl.trainers.dpo import MADPOConfig, MADPOIterConfig, MADPOIterTrainer, MADPOTrainer, reward_histograms
 from comlrl.trainers.dpo.objective import PAIRS_FILE
@@ -337,7 +338,7 @@ def reward_backbone(folder: Path, seed: int) -> str:
     return str(folder)
 
 
-def build_trainer(algorithm: str, output_dir: Path, per_device_rows: int):
+def build_trainer(algorithm: str, output_dir: Path, per_device_rows: int, sharding: str = "replicate"):
     """top_k=1 samples deterministically, so any split of the rows over ranks samples the
     same completions as one process would. MADPO's candidates are sampled at random (a pair
     needs two that differ), so each rank's differ from one process's: its single process
@@ -363,6 +364,7 @@ def build_trainer(algorithm: str, output_dir: Path, per_device_rows: int):
         agent_learning_rate=1e-3,
         micro_batch_size=3,
         output_dir=str(output_dir),
+        sharding=sharding,
     )
     rounds = dict(num_iterations=2, preference_num_candidates=2, preference_pairs_per_sample=2)
     if algorithm == "madpo_iter":
@@ -418,6 +420,11 @@ def build_trainer(algorithm: str, output_dir: Path, per_device_rows: int):
         return MARLHFOnGivenPairs(agents=agents, tokenizer=tok, train_dataset=ROWS, reward_func=score, args=args)
     if algorithm == "iac":
         trainer_class, args = IACTrainer, IACConfig(critic_learning_rate=1e-3, **common)
+    elif algorithm == "maac":  # a separate critic model: replicated while the agents may be sharded
+        critic_tok = char_tokenizer(MIXED + "[]|\n")  # reads the joint inputs "[Agent 0] ..."
+        critic = dict(critics=[tiny_llama(critic_tok, seed=20 + 10 * rank)], critic_tokenizer=critic_tok)
+        args = MAACConfig(critic_learning_rate=1e-3, **common)
+        return MAACTrainer(agents=agents, tokenizer=tok, train_dataset=ROWS, reward_func=score, args=args, **critic)
     else:
         trainer_class, args = MAREINFORCETrainer, MAREINFORCEConfig(**common)
     return trainer_class(agents=agents, tokenizer=tok, train_dataset=ROWS, reward_func=score, args=args)
@@ -439,7 +446,9 @@ def reward_model_weights(trainer) -> list[torch.Tensor]:
     return [model.head.weight, model.head.bias, model.backbone.get_input_embeddings().weight]
 
 
-def run_ddp_worker(algorithm: str, out: str, per_device_rows: int, pairs_from: str | None = None) -> None:
+def run_ddp_worker(
+    algorithm: str, out: str, per_device_rows: int, pairs_from: str | None = None, sharding: str = "replicate"
+) -> None:
     """One rank's run for tests/test_distributed.py: trains the tiny agents on its share of
     each step's rows (MADPO: pairs), resumes from the mid-run checkpoint, and saves what it
     holds (weights, MADPO's pairs as records and MARLHF's reward model, to ``rank{rank}.pt``;
@@ -449,13 +458,13 @@ def run_ddp_worker(algorithm: str, out: str, per_device_rows: int, pairs_from: s
     shards, reward histograms) this rank wrote in both runs."""
     out_dir = Path(out)
     with counted_round_files() as round_files:
-        straight = build_trainer(algorithm, out_dir / "run", per_device_rows)
+        straight = build_trainer(algorithm, out_dir / "run", per_device_rows, sharding)
         if pairs_from is not None:
             straight.objective.pairs = checkpoint_pairs(Path(pairs_from))
         straight.train()
         rank = straight.parallel.rank
         saved = straight.save_model(str(out_dir / "saved"))
-        resumed = build_trainer(algorithm, out_dir / "run", per_device_rows)
+        resumed = build_trainer(algorithm, out_dir / "run", per_device_rows, sharding)
         resumed.train(resume_from_checkpoint=str(out_dir / "run" / "checkpoint-2"))
     held = {"straight": weights(straight), "resumed": weights(resumed)}
     if algorithm.endswith("_iter"):
@@ -468,7 +477,17 @@ def run_ddp_worker(algorithm: str, out: str, per_device_rows: int, pairs_from: s
         held["resumed_reward_model"] = reward_model_weights(resumed)
     torch.save(held, out_dir / f"rank{rank}.pt")
     info = {"world_size": straight.parallel.world_size, "saved": saved, "steps": straight.global_step}
+    info["sharded"] = [straight.learners.names[i] for i in straight.learners.sharded]
+    info["optimizer_numel"] = optimizer_numel(straight)
     (out_dir / f"rank{rank}.json").write_text(json.dumps({**info, **{name: m.call_count for name, m in round_files}}))
+
+
+def optimizer_numel(trainer) -> int:
+    """How many numbers of the agents' AdamW states this rank holds (its slices, when sharded)."""
+    agents = [f"agent {i}" for i in range(trainer.num_agents)]
+    optimizers = [o for name, o in zip(trainer.learners.names, trainer.learners.optimizers) if name in agents]
+    states = [value for o in optimizers for state in o.state.values() for value in state.values()]
+    return sum(local(value).numel() for value in states if value.dim() > 0)
 
 
 def round_shards(trainer) -> list[list[dict]]:

@@ -40,17 +40,23 @@ from .helpers import (
 REPO = Path(__file__).resolve().parents[1]
 
 
-def torchrun(algorithm: str, out: Path, ranks: int, per_device_rows: int) -> None:
-    """``ranks`` ranks of ``run_ddp_worker(algorithm, out, per_device_rows)`` under torchrun."""
+def torchrun(algorithm: str, out: Path, ranks: int, per_device_rows: int, sharding: str = "replicate") -> None:
+    """``ranks`` ranks of ``run_ddp_worker(algorithm, out, per_device_rows, sharding=sharding)`` under torchrun."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}"]
-    command += ["-m", "tests.ddp_worker", algorithm, str(out), str(per_device_rows)]
+    command += ["-m", "tests.ddp_worker", algorithm, str(out), str(per_device_rows), sharding]
     finished = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert finished.returncode == 0, finished.stderr[-3000:]
 
 
-@pytest.mark.parametrize("algorithm", ["magrpo", "iac", "madpo", "marlhf"])
-def test_two_ranks_equal_one_process_over_the_same_global_batch(tmp_path, algorithm, monkeypatch):
+SHARDED = [("magrpo", "full_shard"), ("magrpo", "shard_grad_op"), ("iac", "full_shard"), ("maac", "full_shard")]
+SHARDED += [("madpo", "full_shard")]
+
+
+@pytest.mark.parametrize(
+    "algorithm, sharding", [(a, "replicate") for a in ("magrpo", "iac", "madpo", "marlhf")] + SHARDED
+)
+def test_two_ranks_equal_one_process_over_the_same_global_batch(tmp_path, algorithm, sharding, monkeypatch):
     """2 ranks x 2 rows (MADPO: pairs) per step against 1 process x 4. The RL trainers sample
     greedily, so both set-ups sample the same completions. MADPO's ranks sample their rows'
     candidates from their own random streams, so one process would build other pairs: its
@@ -58,8 +64,11 @@ def test_two_ranks_equal_one_process_over_the_same_global_batch(tmp_path, algori
     ranks' pair building is checked on its own (same pairs on both ranks, in row order, with
     the reference margins one process computes). MADPO's 21 pairs leave rank 1 without a pair
     at the last step of each epoch. MARLHF's reward model is fitted to the same given pairs in
-    both set-ups (its last batch leaves rank 1 without a pair), then MAREINFORCE on its scores."""
-    torchrun(algorithm, tmp_path / "ddp", ranks=2, per_device_rows=2)
+    both set-ups (its last batch leaves rank 1 without a pair), then MAREINFORCE on its scores.
+    Sharded (FSDP2), the ranks hold the same whole weights after every step, as one process
+    does within float error (sums over ranks in another order); MAAC's separate critic stays
+    replicated beside its sharded agents."""
+    torchrun(algorithm, tmp_path / "ddp", ranks=2, per_device_rows=2, sharding=sharding)
     for variable in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
         monkeypatch.delenv(variable, raising=False)
     built_pairs = tmp_path / "ddp" / "run" / "checkpoint-2" if algorithm == "madpo" else None
@@ -84,6 +93,14 @@ def test_two_ranks_equal_one_process_over_the_same_global_batch(tmp_path, algori
     info = [json.loads((tmp_path / "ddp" / f"rank{r}.json").read_text()) for r in (0, 1)]
     steps = 12 if algorithm == "madpo" else 4  # 2 epochs; MADPO: 21 pairs at 4 per step, 6 steps each
     assert [i["world_size"] for i in info] == [2, 2] and [i["steps"] for i in info] == [steps, steps]
+    # AdamW keeps two numbers per trained parameter: all of them on each rank, or half when sharded.
+    whole = 2 * sum(p.numel() for group in initial_trainer.agents.parameters for p in group)
+    if sharding == "replicate":
+        assert [i["sharded"] for i in info] == [[], []] and [i["optimizer_numel"] for i in info] == [whole, whole]
+    else:
+        assert [i["sharded"] for i in info] == [["agent 0", "agent 1"]] * 2
+        assert sum(i["optimizer_numel"] for i in info) == whole
+        assert all(i["optimizer_numel"] <= 0.55 * whole for i in info)
     assert info[0]["saved"] and info[1]["saved"] == []  # only rank 0 writes models
     run = tmp_path / "ddp" / "run"
     lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]

@@ -36,10 +36,13 @@ from safetensors.torch import load_file
 
 from comlrl.models.lora import is_peft_model, load_adapter_weights
 from comlrl.models.value import VALUE_HEAD_FILE
+from comlrl.sharding import is_sharded, load_whole_state_dict, local, model_class, sharded_parameters
 
 PREFIX = "checkpoint-"
 STATE_FILE = "trainer_state.json"
 OPTIMIZER_FILE = "optimizer.pt"
+OPTIMIZER_SHARDS = "optimizer_shards"
+"""The folder of the sharded optimizers' states: each rank's slices (``torch.distributed.checkpoint``)."""
 RNG_FILE = "rng_state.pt"
 MANIFEST_FILE = "manifest.json"
 _STEP = re.compile(rf"^{PREFIX}(\d+)$")
@@ -83,7 +86,7 @@ def describe_agent(agent: torch.nn.Module) -> dict[str, Any]:
     """What must not change between a checkpoint and the trainer that resumes from it."""
     config = getattr(agent, "config", None)
     return {
-        "class": type(agent).__name__,
+        "class": model_class(agent).__name__,
         "model_type": getattr(config, "model_type", None),
         "num_parameters": sum(p.numel() for p in agent.parameters()),
     }
@@ -122,12 +125,14 @@ def save_checkpoint(
 ) -> str:
     """Write ``output_dir/checkpoint-{global_step}`` atomically; keep the newest ``total_limit``.
     ``write_models(folder)`` writes every agent's (and critic's) weights or adapter, and tokenizer;
-    ``optimizer_state`` holds the optimizers' and schedulers' state dicts."""
+    ``optimizer_state`` holds the optimizers' and schedulers' state dicts. What the ranks
+    wrote into :func:`start_checkpoint`'s folder (sharded optimizer states) is kept and
+    covered by the manifest."""
     final = os.path.join(output_dir, f"{PREFIX}{state.global_step}")
     partial = final + ".partial"
-    shutil.rmtree(partial, ignore_errors=True)
+    if not os.path.isdir(partial):
+        start_checkpoint(output_dir, state.global_step)
     try:
-        os.makedirs(partial)
         write_models(partial)
         torch.save(optimizer_state, os.path.join(partial, OPTIMIZER_FILE))
         torch.save(generators, os.path.join(partial, RNG_FILE))
@@ -143,6 +148,14 @@ def save_checkpoint(
         for old in complete_checkpoints(output_dir)[:-total_limit]:
             shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def start_checkpoint(output_dir: str, step: int) -> str:
+    """The empty folder checkpoint ``step`` is written into before :func:`save_checkpoint` renames it."""
+    partial = os.path.join(output_dir, f"{PREFIX}{step}.partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    os.makedirs(partial)
+    return partial
 
 
 def save_failure(final: str, output_dir: str, error: BaseException) -> str:
@@ -286,13 +299,14 @@ def check_compatible(path: str, state: TrainerState, now: TrainerState) -> None:
                 raise ValueError(
                     f"checkpoint {path}: agent {i} was {key}={value!r}, this trainer's agent {i} has {agent.get(key)!r}"
                 )
-    layout = ("num_rows", "per_device_train_batch_size", "world_size")
-    saved_layout, now_layout = [getattr(state, k) for k in layout], [getattr(now, k) for k in layout]
-    if saved_layout != now_layout:
+    # Another number of ranks may continue the data order if a step takes as many rows.
+    saved_step, now_step = (s.per_device_train_batch_size * s.world_size for s in (state, now))
+    if (state.num_rows, saved_step) != (now.num_rows, now_step):
         raise ValueError(
-            f"checkpoint {path} was taken with {saved_layout[0]} training rows, per_device_train_batch_size="
-            f"{saved_layout[1]} and {saved_layout[2]} rank(s); this trainer has {now_layout[0]}, {now_layout[1]} and "
-            f"{now_layout[2]}, so the data order cannot be continued"
+            f"checkpoint {path} was taken with {state.num_rows} training rows, per_device_train_batch_size="
+            f"{state.per_device_train_batch_size} and {state.world_size} rank(s) ({saved_step} rows per step); "
+            f"this trainer has {now.num_rows}, {now.per_device_train_batch_size} and {now.world_size} ({now_step} "
+            "rows per step), so the data order cannot be continued"
         )
 
 
@@ -324,10 +338,14 @@ def load_weights(
                     f"checkpoint {path}: {prefix}_{i}'s adapter does not fit {prefix} {i} ({unexpected[:3]})"
                 )
             continue
-        missing, unexpected = agent.load_state_dict(weights, strict=False)
-        state = agent.state_dict()
-        loaded = {t.data_ptr() for key, t in state.items() if key in weights}
-        untied = [key for key in missing if state[key].data_ptr() not in loaded]
+        with sharded_parameters([agent]):
+            if is_sharded(agent):
+                missing, unexpected = load_whole_state_dict(agent, weights)
+            else:
+                missing, unexpected = agent.load_state_dict(weights, strict=False)
+            state = agent.state_dict()
+            loaded = {local(t).data_ptr() for key, t in state.items() if key in weights}
+            untied = [key for key in missing if local(state[key]).data_ptr() not in loaded]
         if untied or unexpected:
             raise ValueError(
                 f"checkpoint {path}: {prefix}_{i}'s weights do not fit {prefix} {i} (missing {untied[:3]}, "

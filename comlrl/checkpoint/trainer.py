@@ -16,18 +16,21 @@ import torch
 
 from comlrl.checkpoint.config_record import check_resumed_config, config_changes, config_record
 from comlrl.checkpoint.files import (
+    OPTIMIZER_SHARDS,
     TrainerState,
     check_compatible,
     find_checkpoint,
     load_training_state,
     read_state,
     save_checkpoint,
+    start_checkpoint,
     truncate_log,
 )
 from comlrl.utils.run_control import (
     generator_states,
     rank_generator_states,
     restore_generator_states,
+    seed_everything,
     states_of_rank,
 )
 
@@ -64,15 +67,21 @@ def save_trainer(
     json_states, tensors = generator_states()
     gathered = trainer.parallel.gather((json_states, tensors))
     folder = os.path.join(checkpoint_dir, f"checkpoint-{trainer.global_step}")
-    if trainer.parallel.is_main:
-        progress.generators = rank_generator_states([json for json, _ in gathered])
-        generators = rank_generator_states([tensors for _, tensors in gathered])
-        generators["data_order"] = epoch_order_state
-        progress.config = config_record(trainer.args)
-        progress.output_dir = os.path.abspath(trainer.output_dir)
-        folder = save_checkpoint(
-            checkpoint_dir, trainer.write_models, trainer.learners.state_dict(), generators, progress, total_limit
-        )
+    if trainer.learners.sharded:  # every rank writes its slices first
+        if trainer.parallel.is_main:
+            start_checkpoint(checkpoint_dir, trainer.global_step)
+        trainer.parallel.barrier()
+        trainer.learners.save_shards(os.path.join(folder + ".partial", OPTIMIZER_SHARDS))
+    with trainer.agents.whole_weights():
+        if trainer.parallel.is_main:
+            progress.generators = rank_generator_states([json for json, _ in gathered])
+            generators = rank_generator_states([tensors for _, tensors in gathered])
+            generators["data_order"] = epoch_order_state
+            progress.config = config_record(trainer.args)
+            progress.output_dir = os.path.abspath(trainer.output_dir)
+            folder = save_checkpoint(
+                checkpoint_dir, trainer.write_models, trainer.learners.state_dict(), generators, progress, total_limit
+            )
     trainer.parallel.barrier()
     return folder
 
@@ -98,8 +107,12 @@ def resume_trainer(
     optimizer_state, generators = load_training_state(path)
     trainer.load_models(path)
     trainer.learners.load_state_dict(optimizer_state, f"checkpoint {path}")
+    trainer.learners.load_shards(os.path.join(path, OPTIMIZER_SHARDS), optimizer_state)
     rank = trainer.parallel.rank
-    restore_generator_states(states_of_rank(state.generators, rank), states_of_rank(generators, rank))
+    if rank < state.world_size:
+        restore_generator_states(states_of_rank(state.generators, rank), states_of_rank(generators, rank))
+    else:  # a rank the writing run did not have: its own stream, the same in every such resume
+        seed_everything(trainer.args.seed + rank + state.global_step)
     data_order.set_state(generators["data_order"])
     trainer.global_step = state.global_step
     # Lines the stopped run wrote after its checkpoint would otherwise appear twice.

@@ -14,6 +14,7 @@ from transformers.cache_utils import DynamicCache, DynamicLayer
 from comlrl.algorithms import selective_log_softmax
 from comlrl.algorithms.logprobs import head_log_softmax, token_entropy
 from comlrl.models.modes import frozen
+from comlrl.sharding import is_sharded
 
 # The shortcut of ``_shared_prompt_outputs`` gives every parameter a second gradient, which
 # autograd adds to the first: a fixed cost, set against the compute of the prompt tokens it
@@ -156,7 +157,7 @@ def split_head(model: torch.nn.Module) -> Head | None:
     checked once per model class on a short input), else None. Then :func:`head_log_softmax` computes the
     log-probs without a logits tensor."""
     get_head, get_decoder = getattr(model, "get_output_embeddings", None), getattr(model, "get_decoder", None)
-    if get_head is None or get_decoder is None:
+    if get_head is None or get_decoder is None or is_sharded(model):  # FSDP gathers in the model's own forward
         return None
     head = get_head()
     if type(head) is not torch.nn.Linear or head.bias is not None:
@@ -243,7 +244,8 @@ def _shared_prompt_outputs(
     threshold = min_saved_prompt_tokens(prompt_ids.device)
     worth_it = saved_tokens > 0 and (force or saved_tokens >= threshold)
     model = forward.module
-    if not worth_it or completion_ids.shape[1] == 0 or _checkpointed(model):
+    # A sharded model: every rank must run as many forwards as the others (comlrl.sharding).
+    if not worth_it or completion_ids.shape[1] == 0 or _checkpointed(model) or is_sharded(model):
         return None
     cache_name = next((name for name in ("cache", "past_key_values") if accepts(model, name)), None)
     if cache_name is None:

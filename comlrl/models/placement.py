@@ -11,6 +11,8 @@ from typing import TypeVar
 
 import torch
 
+from comlrl.sharding import is_sharded
+
 T = TypeVar("T")
 
 
@@ -110,6 +112,8 @@ def map_agents(agents: Sequence[torch.nn.Module], work: Callable[[int], T], cpu_
     use one core each better than two cores together. The caller vouches that ``work`` is
     safe and reproducible in threads (no shared generator, no shared module state).
     """
+    if any(map(is_sharded, agents)):  # their collectives must come in the same order on every rank
+        return [work(i) for i in range(len(agents))]
     devices = [next(agent.parameters()).device for agent in agents]
     gpus = {device for device in devices if device.type == "cuda"}
     if len(gpus) >= 2:

@@ -64,11 +64,12 @@ def build_backend(
         from comlrl.rollout.vllm_backend import VLLMBackend
 
         return VLLMBackend(agents, agents.tokenizers, agents.adapters, vllm_gpu_memory_utilization)
-    return HFBackend(agents, agents.tokenizers, agents.activate, sampler_logprobs, compiled)
+    return HFBackend(agents, agents.tokenizers, agents.for_sampling, sampler_logprobs, compiled)
 
 
 class HFBackend:
-    """Sampling with the training models themselves. ``sampler_logprobs``: keep the log-probs
+    """Sampling with the training models themselves, each made ready by ``activate(agent)``
+    (its adapter active, its weights gathered if sharded). ``sampler_logprobs``: keep the log-probs
     the sampler gave its tokens, for the update to measure (and correct) how far the learner's
     differ: in bf16 a one-token decoding step and the update's forward over the whole
     sequence round differently, so the sampler is not exactly the learner. ``compiled``: the

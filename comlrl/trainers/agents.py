@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from comlrl import sharding
 from comlrl.checkpoint import describe_agent, load_weights
 from comlrl.models.loading import (
     ModelConfig,
@@ -42,6 +43,9 @@ class Agents(Sequence[torch.nn.Module]):
             ``reference_devices`` entry, else beside the agent), or None (no KL term, or an
             adapter: its base model without the adapter is the reference).
         placed: whether ``agent_devices`` (or torchrun on GPUs) chose the devices.
+        sharding: ``"replicate"``, or how the models are sharded over the ranks (see
+            :mod:`comlrl.sharding`): whole for sampling and every forward without gradient
+            (:meth:`frozen`, :meth:`for_sampling`), sharded again for the update (:meth:`trainable`).
     """
 
     def __init__(
@@ -52,17 +56,31 @@ class Agents(Sequence[torch.nn.Module]):
         placed: bool,
         with_references: bool,
         reference_devices: Sequence[torch.device] | None = None,
+        sharding_mode: str = "replicate",
+        bf16: bool = False,
     ):
         self.models = list(models)
         self.tokenizers = list(tokenizers)
         self.adapters = list(adapters)
         self.placed = placed
-        self.parameters = [trainable_parameters(m, a) for m, a in zip(self.models, self.adapters)]
+        self.sharding = sharding_mode
         devices = reference_devices or [None] * len(self.models)
         self.references = [
             frozen_copy_on(model, device) if with_references and not is_peft_model(model) else None
             for model, device in zip(self.models, devices)
         ]
+        if sharding_mode != "replicate":
+            # The references stay whole (frozen: nothing to shard but their weights).
+            for reference in self.references:
+                if reference is not None and bf16:
+                    cast_parameters(reference, torch.bfloat16)
+            for model in unique(self.models):
+                what = f"agent {self.models.index(model)}"
+                sharding.shard_model(model, sharding_mode, torch.bfloat16 if bf16 else None, what)
+        self.parameters = [trainable_parameters(m, a) for m, a in zip(self.models, self.adapters)]
+        for model in unique(self.models):  # whole until a gradient pass (comlrl.sharding)
+            sharding.gather(model)
+        self._whole: dict[int, dict[str, torch.Tensor]] = {}
 
     @classmethod
     def build(
@@ -77,11 +95,13 @@ class Agents(Sequence[torch.nn.Module]):
         local_rank: int | None,
         with_references: bool = False,
         reference_devices: Any = None,
+        sharding_mode: str = "replicate",
     ) -> Agents:
         """The agents from the trainer's arguments: loaded by name or given, checked, placed
         on their devices, wrapped in adapters, with activation checkpointing and without dropout
         as the config says, each with a tokenizer that can pad and, ``with_references``, a
-        frozen reference (on ``reference_devices``: the config's)."""
+        frozen reference (on ``reference_devices``: the config's); sharded over the ranks
+        unless ``sharding_mode`` is ``"replicate"``."""
         if agents is None and agent_model is None:
             raise ValueError("no agents: pass agents=[model, ...] or agent_model=<folder or hub id>")
         if None not in (num_agents, args.num_agents) and num_agents != args.num_agents:
@@ -109,12 +129,19 @@ class Agents(Sequence[torch.nn.Module]):
         add_special_tokens(tokenizers, models, model_config.special_tokens, loaded)
         placed = place_agents(models, args.agent_devices, local_rank)
         adapters: list[str | None] = [None] * len(models)
+        if sharding_mode != "replicate" and (peft_config is not None or any(map(is_peft_model, models))):
+            raise ValueError(
+                f"sharding={sharding_mode!r} with LoRA adapters is not supported yet: an adapter is small enough to "
+                "train whole on every rank, so use sharding='replicate'"
+            )
         if peft_config is not None:
             models, adapters = attach_adapters(models, peft_config)
+        sharded = sharding_mode != "replicate"
         for model in unique(models):  # before the references: they are copies of the learner
-            prepare_for_training(model, args)
+            prepare_for_training(model, args, sharded=sharded)
         references = reference_placement(reference_devices, models, local_rank)
-        return cls(models, tokenizers, adapters, placed, with_references, references)
+        bf16 = args.precision == "bf16"
+        return cls(models, tokenizers, adapters, placed, with_references, references, sharding_mode, bf16)
 
     def __len__(self) -> int:
         return len(self.models)
@@ -130,6 +157,11 @@ class Agents(Sequence[torch.nn.Module]):
         if self.adapters[agent] is not None:
             self.models[agent].set_adapter(self.adapters[agent])
 
+    def for_sampling(self, agent: int) -> None:
+        """Agent ``agent`` ready to sample: its adapter active, its weights whole."""
+        self.activate(agent)
+        sharding.gather(self.models[agent])
+
     @contextlib.contextmanager
     def frozen(self, agent: int, reference: bool = False) -> Iterator[torch.nn.Module]:
         """Agent ``agent``'s model (or its frozen reference) in eval mode without gradient,
@@ -140,14 +172,27 @@ class Agents(Sequence[torch.nn.Module]):
         if reference and self.references[agent] is not None:
             model = self.references[agent]
         without_adapter = model.disable_adapter() if reference and model is self.models[agent] else None
+        sharding.gather(model)
         with frozen(model), without_adapter or contextlib.nullcontext():
             yield model
 
     def trainable(self, agent: int) -> torch.nn.Module:
         """Agent ``agent``'s model, its adapter active, in train mode (activation checkpointing
-        runs only in train mode; dropout was turned off at construction unless asked not to)."""
+        runs only in train mode; dropout was turned off at construction unless asked not to),
+        sharded again if it was gathered."""
         self.activate(agent)
+        sharding.release(self.models[agent])
         return self.models[agent].train()
+
+    @contextlib.contextmanager
+    def whole_weights(self) -> Iterator[None]:
+        """Within it, :meth:`write` can save sharded agents: each one's whole weights are
+        gathered on rank 0 first (a collective: every rank enters it)."""
+        self._whole = {id(m): sharding.whole_state_dict(m) for m in unique(self.models) if sharding.is_sharded(m)}
+        try:
+            yield
+        finally:
+            self._whole = {}
 
     def describe(self) -> list[dict[str, Any]]:
         """What a checkpoint records of each agent, to refuse resuming with other ones."""
@@ -160,6 +205,10 @@ class Agents(Sequence[torch.nn.Module]):
             model = merged_copy(model, self.adapters[agent])
         if self.adapters[agent] is not None and not merge_adapters:
             save_adapter(model, self.adapters[agent], folder)
+        elif sharding.is_sharded(model):
+            if id(model) not in self._whole:
+                raise RuntimeError(f"agent {agent} is sharded: write it within whole_weights()")
+            model.save_pretrained(folder, state_dict=self._whole[id(model)])
         else:
             model.save_pretrained(folder)
         self.tokenizers[agent].save_pretrained(folder)
@@ -190,14 +239,15 @@ def reference_placement(
     return devices
 
 
-def prepare_for_training(model: torch.nn.Module, args: Any) -> None:
+def prepare_for_training(model: torch.nn.Module, args: Any, sharded: bool = False) -> None:
     """What the config asks of a model that learns (an agent, a separate critic): activation
-    checkpointing, no dropout, bf16 parameters (``precision="bf16"``)."""
+    checkpointing, no dropout, bf16 parameters (``precision="bf16"``; a model to be sharded
+    keeps fp32 ones, its masters, and computes in bf16 by FSDP's mixed precision)."""
     if args.gradient_checkpointing:
         enable_activation_checkpointing(model)
     if args.disable_dropout:
         disable_dropout(model)
-    if args.precision == "bf16":
+    if args.precision == "bf16" and not sharded:
         cast_parameters(model, torch.bfloat16)
 
 

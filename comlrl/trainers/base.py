@@ -111,23 +111,28 @@ class MultiAgentTrainer(abc.ABC):
         return (self.schedule, self.reward_source, self.objective)
 
     def add_learners(
-        self, names: Sequence[str], parameters: Sequence[Sequence[torch.nn.Parameter]], learning_rates: Sequence[float]
+        self,
+        names: Sequence[str],
+        parameters: Sequence[Sequence[torch.nn.Parameter]],
+        learning_rates: Sequence[float],
+        modules: Sequence[torch.nn.Module | None] | None = None,
     ) -> None:
-        """One AdamW and one learning-rate schedule (the config's) for each named parameter set;
+        """One AdamW and one learning-rate schedule (the config's) for each named parameter set
+        (of ``modules``' parameters, when given: a sharded one's checkpoint names them);
         every update pass steps them all, after clipping each set's gradient on its own. Every
         rank takes rank 0's weights now; when the run's length waits for ``prepare`` (MADPO's
         pairs), so do the optimizers."""
         self.parallel.broadcast_parameters(p for group in parameters for p in group)
-        self.pending_learners.append((names, parameters, learning_rates))
+        self.pending_learners.append((names, parameters, learning_rates, modules))
         if self.objective.schedule_known_at_setup:
             self.build_pending_learners()
 
     def build_pending_learners(self) -> None:
         args = self.args
-        for names, parameters, rates in self.pending_learners:
+        for names, parameters, rates, modules in self.pending_learners:
             steps = self.total_optimizer_steps
             self.learners.add(
-                names, parameters, rates, args.weight_decay, args.lr_scheduler_type, args.warmup_ratio, steps
+                names, parameters, rates, args.weight_decay, args.lr_scheduler_type, args.warmup_ratio, steps, modules
             )
         self.pending_learners = []
 
@@ -296,10 +301,11 @@ class MultiAgentTrainer(abc.ABC):
         folder that looks complete. Returns the folders. Under data parallelism only rank 0
         writes (every rank holds the same weights); the others return an empty list.
         """
-        if not self.parallel.is_main:
-            return []
         self.learners.require_finite(f": {output_dir} was not written")
-        return write_folders(output_dir, self.model_writers(merge_adapters))
+        with self.agents.whole_weights():
+            if not self.parallel.is_main:
+                return []
+            return write_folders(output_dir, self.model_writers(merge_adapters))
 
     def model_writers(self, merge_adapters: bool = False) -> list[Writer]:
         """Folder name and writer of every trained model, for ``save_model`` and checkpoints."""

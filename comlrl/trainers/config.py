@@ -16,6 +16,7 @@ from comlrl.optim import LR_SCHEDULES
 from comlrl.rewards.joint_reward import REWARD_CALLS
 from comlrl.rollout.backends import BACKENDS
 from comlrl.rollout.sampling import SamplingSpec, check_generation_kwargs
+from comlrl.sharding import SHARDING_MODES
 from comlrl.trainers.config_checks import (
     MAX_COEFFICIENT,
     MAX_NEW_TOKENS,
@@ -153,6 +154,13 @@ class TrainerConfig:
     """comlrl 1.4.3's switch for agents on several devices: ``"mp"`` requires ``agent_devices``
     (agents on different GPUs then generate and update at the same time, as here whenever they
     are placed so); ``"none"``: as ``agent_devices`` says."""
+    sharding: str = "replicate"
+    """Under torchrun: ``"replicate"`` keeps every agent whole on every rank and sums the
+    gradients after the backward pass; ``"full_shard"`` shards each agent's parameters,
+    gradients and optimizer state over the ranks (FSDP2, like ZeRO-3: each layer gathered
+    for its forward and again for its backward); ``"shard_grad_op"`` keeps each layer
+    gathered from its forward to its backward (like ZeRO-2: more memory, one gather fewer).
+    Sampling runs on whole weights either way. One process: no effect."""
     precision: str = "fp32"
     """``"bf16"``: the agents (and separate critics) hold bf16 parameters, which sample and
     learn, while the optimizer steps fp32 master weights with fp32 gradients and state; the
@@ -334,6 +342,14 @@ class TrainerConfig:
                 "agents with fp32 master weights) or precision='fp32'"
             )
         check_choice(self, "precision", PRECISIONS)
+        check_choice(self, "sharding", SHARDING_MODES)
+        if self.sharding != "replicate" and (self.compiled_decoding or self.generation_backend != "hf"):
+            backend = f"generation_backend={self.generation_backend!r}"
+            used = "compiled_decoding=True" if self.compiled_decoding else backend
+            raise ValueError(
+                f"sharding={self.sharding!r} samples with the hf backend's eager loop on the gathered weights; "
+                f"{used} is not supported with it yet: use sharding='replicate', or drop {used.split('=')[0]}"
+            )
         if self.early_termination_threshold is not None and not is_real(self.early_termination_threshold):
             raise ValueError(
                 f"early_termination_threshold must be a number or None (off), got {self.early_termination_threshold!r}"

@@ -9,10 +9,7 @@ generation backend; the parts' ``attach`` last.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
-
-import torch
 
 from comlrl.algorithms import joint_action_indices
 from comlrl.distributed import DataParallel
@@ -68,6 +65,7 @@ def set_up(trainer: Any, args: TrainerConfig, inputs: TrainerInputs) -> None:
         trainer.parallel.local_rank if trainer.parallel.enabled else None,
         with_references=trainer.objective.needs_reference,
         reference_devices=trainer.objective.reference_devices,
+        sharding_mode=args.sharding if trainer.parallel.enabled else "replicate",
     )
     trainer.num_agents = len(trainer.agents)
     check_generation_names(args.generation_kwargs, trainer.agents)
@@ -102,13 +100,15 @@ def set_up(trainer: Any, args: TrainerConfig, inputs: TrainerInputs) -> None:
         args.joint_mode,
         args.max_generations_per_step,
     )
-    trainer.learners = Learners(fp32_masters=args.precision == "bf16")
+    trainer.learners = Learners(fp32_masters=args.precision == "bf16", parallel=trainer.parallel)
     """Every optimizer and schedule: one per agent ("agent 0", ...), then the critics'."""
-    trainer.pending_learners: list[tuple[Sequence[str], Sequence[Sequence[torch.nn.Parameter]], Sequence[float]]] = []
+    trainer.pending_learners = []
+    """Learners waiting for the run's length: (names, parameter sets, learning rates, modules)."""
     trainer.add_learners(
         [f"agent {i}" for i in range(trainer.num_agents)],
         trainer.agents.parameters,
         per_agent_learning_rates(args.agent_learning_rate, trainer.num_agents),
+        modules=list(trainer.agents),
     )
     if args.precision == "bf16":
         warn_if_bf16_is_emulated(trainer.agents.device(0))

@@ -26,6 +26,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
+from comlrl import sharding
 from comlrl.algorithms import policy_gradient_loss, turn_token_weights
 from comlrl.algorithms.sampler_correction import sampler_logprob_gap, truncated_importance_weights
 from comlrl.distributed import DataParallel
@@ -275,6 +276,8 @@ class PolicyUpdate:
         with_entropy = args.entropy_coef > 0
         loss = clipped = kl = entropy = tokens = 0.0
         gap = gap_tokens = capped = 0.0
+        passes = sum(len(micro_batches(len(turn_weights), args.micro_batch_size)) for turn_weights in weights)
+        sharding.pad_passes(model, passes, self.parallel.most)
         for t, rollout in enumerate(rollouts):
             selected = None if sequences is None else sequences[t]
             for piece in micro_batches(len(weights[t]), args.micro_batch_size):

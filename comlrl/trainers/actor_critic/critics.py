@@ -17,6 +17,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
+from comlrl import sharding
 from comlrl.algorithms.critic import clipped_value_loss
 from comlrl.distributed import DataParallel
 from comlrl.metrics import stats
@@ -168,7 +169,7 @@ class CriticLoss:
         for c, critic in enumerate(self.critics):
             key = learner_key(critic.name)
             if critic.agent is not None:
-                self.agents.activate(critic.agent)
+                self.agents.trainable(critic.agent)
             critic.backbone.train()
             selected = (
                 [None] * len(tree.turns)
@@ -178,15 +179,16 @@ class CriticLoss:
                     for turn, turn_nodes, inputs in zip(tree.turns, nodes, estimate.inputs[c])
                 ]
             )
-            local_count = sum(
-                len(inputs) if rows is None else len(rows) for inputs, rows in zip(estimate.inputs[c], selected)
-            )
+            sizes = [len(inputs) if rows is None else len(rows) for inputs, rows in zip(estimate.inputs[c], selected)]
+            local_count = sum(sizes)
             count = self.parallel.sum_values([local_count])[0]
             total = clipped = 0.0
-            for inputs, old, targets, chosen in zip(
-                estimate.inputs[c], estimate.old_values[c], estimate.targets[c], selected
+            passes = sum(len(micro_batches(size, self.micro_batch_size)) for size in sizes)
+            sharding.pad_passes(critic.backbone, passes, self.parallel.most)
+            for inputs, old, targets, chosen, size in zip(
+                estimate.inputs[c], estimate.old_values[c], estimate.targets[c], selected, sizes
             ):
-                for piece in micro_batches(len(inputs) if chosen is None else len(chosen), self.micro_batch_size):
+                for piece in micro_batches(size, self.micro_batch_size):
                     rows = piece if chosen is None else chosen[piece]
                     values = critic.values(inputs, rows)
                     losses, was_clipped = clipped_value_loss(

@@ -21,6 +21,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
+from comlrl import sharding
 from comlrl.algorithms.dpo import agent_dpo_losses, joint_preference, others_deltas, preference_deltas
 from comlrl.checkpoint import read_state, read_tensors
 from comlrl.metrics import stats as metric_stats
@@ -125,8 +126,8 @@ class DirectPreference(Objective):
         step_pairs = int(trainer.parallel.sum_values([len(pairs)])[0])
         trainer.learners.zero_grad()
         # The last step of an epoch may hold fewer pairs than there are ranks: a rank without
-        # one adds no gradient.
-        metrics = self.backpropagate(trainer, pairs, step_pairs) if pairs else {}
+        # one adds no gradient (but passes through sharded agents as the others do).
+        metrics = self.backpropagate(trainer, pairs, step_pairs) if pairs else self.no_pairs(trainer)
         norms = trainer.learners.step(
             self.config.max_grad_norm, trainer.parallel.sum_gradients, trainer.global_step + 1
         )
@@ -172,6 +173,12 @@ class DirectPreference(Objective):
         for i in range(trainer.num_agents):
             metrics[f"agent{i}/delta_mean"] = metric_stats.mean_of(deltas[i])
         return metrics
+
+    def no_pairs(self, trainer: Any) -> dict[str, Stat]:
+        """A rank's part of a step without a pair: the passes sharded agents need of every rank."""
+        for i in range(trainer.num_agents):
+            sharding.pad_passes(trainer.agents.trainable(i), 0, trainer.parallel.most)
+        return {}
 
     def batch(self, trainer: Any, pairs: Sequence[PreferencePair], agent: int) -> SequenceBatch:
         """Agent ``agent``'s chosen and rejected completions of ``pairs``, padded."""
@@ -230,7 +237,9 @@ class DirectPreference(Objective):
         rank (one process: the batch's, so its mean)."""
         model = trainer.agents.trainable(agent)
         total = 0.0
-        for piece in self.micro_batches(len(other_deltas)):
+        pieces = self.micro_batches(len(other_deltas))
+        sharding.pad_passes(model, len(pieces), trainer.parallel.most)
+        for piece in pieces:
             chosen, rejected = self.sequence_logps(trainer, model, batch, piece)
             reference = None if reference_deltas is None else reference_deltas[piece].to(chosen)
             own = preference_deltas(chosen, rejected, reference)
