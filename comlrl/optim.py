@@ -207,12 +207,10 @@ class Learners:
         for i, (optimizer, saved) in enumerate(zip(self.optimizers, state["optimizers"])):
             if saved is None:
                 continue  # in the checkpoint's shards: load_shards
-            if i in sharded_now:
-                raise ValueError(
-                    f"{source} holds {self.names[i]}'s optimizer state whole (written without sharding), but this "
-                    "run shards it: resume with sharding='replicate' (or on the number of ranks that wrote it)"
-                )
-            optimizer.load_state_dict(saved)
+            if i in sharded_now:  # written by an unsharded run
+                sharding.load_whole_optimizer_state(self.modules[i], optimizer, saved)
+            else:
+                optimizer.load_state_dict(saved)
         for scheduler, saved in zip(self.schedulers, state["schedulers"]):
             scheduler.load_state_dict(saved)
 

@@ -190,6 +190,21 @@ def load_optimizer_shards(folder: str, learners: dict[str, tuple[torch.nn.Module
             set_optimizer_state_dict(module, optimizer, states[name])
 
 
+def load_whole_optimizer_state(module: torch.nn.Module, optimizer: torch.optim.Optimizer, saved: dict) -> None:
+    """An optimizer state saved whole by an unsharded run (``optimizer.state_dict()``) into
+    the slices of this sharded ``optimizer`` of ``module``'s parameters."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    with sharded_parameters([module]):
+        names = {id(p): name for name, p in module.named_parameters()}
+        order = [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
+        state = {
+            "state": {order[k]: value for k, value in saved["state"].items()},
+            "param_groups": [{**g, "params": [order[k] for k in g["params"]]} for g in saved["param_groups"]],
+        }
+        set_optimizer_state_dict(module, optimizer, state, options=StateDictOptions(full_state_dict=True))
+
+
 @contextlib.contextmanager
 def sharded_parameters(modules: Iterable[torch.nn.Module]) -> Iterator[None]:
     """Within it, gathered models are sharded again, so their parameters are those their

@@ -355,6 +355,8 @@ def build_trainer(algorithm: str, output_dir: Path, per_device_rows: int, shardi
     tok = char_tokenizer()
     rank = int(os.environ.get("RANK", "0"))
     agents = [tiny_llama(tok, seed=i + 10 * rank) for i in range(2)]
+    precision = "bf16" if algorithm.endswith("_bf16") else "fp32"  # "magrpo_bf16": MAREINFORCE in bf16
+    algorithm = algorithm.removesuffix("_bf16")
     shared = dict(
         num_train_epochs=2,
         per_device_train_batch_size=per_device_rows,
@@ -365,6 +367,7 @@ def build_trainer(algorithm: str, output_dir: Path, per_device_rows: int, shardi
         micro_batch_size=3,
         output_dir=str(output_dir),
         sharding=sharding,
+        precision=precision,
     )
     rounds = dict(num_iterations=2, preference_num_candidates=2, preference_pairs_per_sample=2)
     if algorithm == "madpo_iter":
@@ -480,6 +483,14 @@ def run_ddp_worker(
     info["sharded"] = [straight.learners.names[i] for i in straight.learners.sharded]
     info["optimizer_numel"] = optimizer_numel(straight)
     (out_dir / f"rank{rank}.json").write_text(json.dumps({**info, **{name: m.call_count for name, m in round_files}}))
+
+
+def run_resume_worker(algorithm: str, out: str, per_device_rows: int, sharding: str, checkpoint: str) -> None:
+    """One rank's run that resumes ``checkpoint`` (written by another number of ranks) and
+    trains to the end; saves its weights to ``out/rank{rank}.pt``."""
+    trainer = build_trainer(algorithm, Path(checkpoint).parent, per_device_rows, sharding)
+    trainer.train(resume_from_checkpoint=checkpoint)
+    torch.save({"resumed": weights(trainer)}, Path(out) / f"rank{trainer.parallel.rank}.pt")
 
 
 def optimizer_numel(trainer) -> int:

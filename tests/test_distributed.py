@@ -40,11 +40,15 @@ from .helpers import (
 REPO = Path(__file__).resolve().parents[1]
 
 
-def torchrun(algorithm: str, out: Path, ranks: int, per_device_rows: int, sharding: str = "replicate") -> None:
-    """``ranks`` ranks of ``run_ddp_worker(algorithm, out, per_device_rows, sharding=sharding)`` under torchrun."""
+def torchrun(
+    algorithm: str, out: Path, ranks: int, per_device_rows: int, sharding: str = "replicate", resume: Path | None = None
+) -> None:
+    """``ranks`` ranks of ``run_ddp_worker(algorithm, out, per_device_rows, sharding=sharding)``
+    under torchrun; with ``resume``, of ``run_resume_worker`` from that checkpoint."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}"]
     command += ["-m", "tests.ddp_worker", algorithm, str(out), str(per_device_rows), sharding]
+    command += [] if resume is None else [str(resume)]
     finished = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert finished.returncode == 0, finished.stderr[-3000:]
 

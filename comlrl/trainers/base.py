@@ -299,7 +299,8 @@ class MultiAgentTrainer(abc.ABC):
         ``merge_adapters=True``, as a whole model with the adapter merged in. Each folder is
         written under a temporary name and renamed, so an interrupted save never leaves a
         folder that looks complete. Returns the folders. Under data parallelism only rank 0
-        writes (every rank holds the same weights); the others return an empty list.
+        writes (every rank holds the same weights); the others return an empty list. Every
+        rank must call it: sharded agents' whole weights are gathered from all of them.
         """
         self.learners.require_finite(f": {output_dir} was not written")
         with self.agents.whole_weights():
