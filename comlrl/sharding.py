@@ -30,6 +30,15 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 SHARDING_MODES = ("replicate", "full_shard", "shard_grad_op")
@@ -53,8 +62,6 @@ def shard_model(model: torch.nn.Module, mode: str, param_dtype: torch.dtype | No
     """Shard ``model`` in place over the default process group: rank 0's weights first (each
     rank keeps its slice of what it holds), then each decoder layer, then the rest. ``what``
     names the model in errors."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
     layers = decoder_layers(model)
     if not layers:
         raise ValueError(
@@ -80,9 +87,7 @@ def is_sharded(model: torch.nn.Module) -> bool:
 
 
 def units(model: torch.nn.Module) -> list[Any]:
-    """The model's FSDP units (its decoder layers, then itself), outermost first."""
-    from torch.distributed.fsdp import FSDPModule
-
+    """The model's FSDP units: itself, then its decoder layers."""
     return [module for module in model.modules() if isinstance(module, FSDPModule)]
 
 
@@ -130,8 +135,6 @@ def local(tensor: torch.Tensor) -> torch.Tensor:
 
 def whole_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """A sharded model's whole weights on rank 0's CPU (a collective; other ranks get ``{}``)."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
     with sharded_parameters([model]):
         return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
@@ -140,8 +143,6 @@ def load_whole_state_dict(model: torch.nn.Module, weights: dict[str, torch.Tenso
     """Whole ``weights`` (every rank read them) into a sharded model's slices; returns the
     missing and unexpected keys as ``load_state_dict`` does. Call it within
     :func:`sharded_parameters`: gathered copies would keep the old weights."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-
     names = set(model.state_dict())
     set_model_state_dict(model, weights, options=StateDictOptions(full_state_dict=True, strict=False))
     return sorted(names - set(weights)), sorted(set(weights) - names)
@@ -163,16 +164,12 @@ def total_norm(parameters: list[torch.nn.Parameter]) -> torch.Tensor:
 def optimizer_state(module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """``optimizer``'s state keyed by ``module``'s parameter names (sharded tensors stay
     sharded), which a checkpoint can load at any other number of ranks."""
-    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
-
     return get_optimizer_state_dict(module, optimizer)
 
 
 def save_optimizer_shards(folder: str, learners: dict[str, tuple[torch.nn.Module, torch.optim.Optimizer]]) -> None:
     """Every rank writes its slices of these optimizers' states into ``folder``
     (``torch.distributed.checkpoint``: a collective)."""
-    import torch.distributed.checkpoint as dcp
-
     with sharded_parameters(module for module, _ in learners.values()):
         dcp.save({name: optimizer_state(*pair) for name, pair in learners.items()}, checkpoint_id=folder)
 
@@ -180,9 +177,6 @@ def save_optimizer_shards(folder: str, learners: dict[str, tuple[torch.nn.Module
 def load_optimizer_shards(folder: str, learners: dict[str, tuple[torch.nn.Module, torch.optim.Optimizer]]) -> None:
     """What :func:`save_optimizer_shards` wrote, at this run's number of ranks and sharding
     (resharded as needed), into these optimizers."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
-
     with sharded_parameters(module for module, _ in learners.values()):
         states = {name: optimizer_state(*pair) for name, pair in learners.items()}
         dcp.load(states, checkpoint_id=folder, no_dist=not dist.is_initialized())
@@ -193,8 +187,6 @@ def load_optimizer_shards(folder: str, learners: dict[str, tuple[torch.nn.Module
 def load_whole_optimizer_state(module: torch.nn.Module, optimizer: torch.optim.Optimizer, saved: dict) -> None:
     """An optimizer state saved whole by an unsharded run (``optimizer.state_dict()``) into
     the slices of this sharded ``optimizer`` of ``module``'s parameters."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
-
     with sharded_parameters([module]):
         names = {id(p): name for name, p in module.named_parameters()}
         order = [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
@@ -221,7 +213,5 @@ def sharded_parameters(modules: Iterable[torch.nn.Module]) -> Iterator[None]:
 
 def model_class(model: torch.nn.Module) -> type:
     """The class a model had before FSDP wrapped it (FSDP2 makes ``FSDP<class>``)."""
-    from torch.distributed.fsdp import FSDPModule
-
     kind = type(model)
     return kind.__bases__[-1] if isinstance(model, FSDPModule) else kind

@@ -13,8 +13,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from transformers import AutoModelForCausalLM
 
 from comlrl.algorithms import bradley_terry_loss, pair_accuracy
+from comlrl.checkpoint.files import OPTIMIZER_SHARDS
 from comlrl.distributed import DataParallel
 from comlrl.models.placement import resolve_agent_devices
 from comlrl.models.reward_model import JointRewardModel
@@ -105,6 +107,7 @@ def test_two_ranks_equal_one_process_over_the_same_global_batch(tmp_path, algori
         assert [i["sharded"] for i in info] == [["agent 0", "agent 1"]] * 2
         assert sum(i["optimizer_numel"] for i in info) == whole
         assert all(i["optimizer_numel"] <= 0.55 * whole for i in info)
+        check_sharded_outputs(tmp_path / "ddp", rank0["straight"])
     assert info[0]["saved"] and info[1]["saved"] == []  # only rank 0 writes models
     run = tmp_path / "ddp" / "run"
     lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
@@ -131,6 +134,20 @@ def test_two_ranks_equal_one_process_over_the_same_global_batch(tmp_path, algori
             if not key.startswith("time/"):  # each rank's clock, not the batch's
                 # abs: a loss near 0 is a sum of cancelling terms, each ~1e-2 with float32 error ~1e-7
                 assert ours[key] == pytest.approx(theirs[key], rel=1e-4, abs=2e-6), key
+
+
+def check_sharded_outputs(out: Path, straight: list[torch.Tensor]) -> None:
+    """A sharded run's save_model wrote whole models (gathered from both ranks) that load as
+    the trained agents; its checkpoints hold each rank's optimizer slices, in the manifest."""
+    for i in range(2):
+        saved = AutoModelForCausalLM.from_pretrained(out / "saved" / f"agent_{i}")
+        assert torch.equal(torch.cat([p.detach().reshape(-1) for p in saved.parameters()]), straight[i])
+    checkpoint = out / "run" / "checkpoint-2"
+    shards = sorted(p.name for p in (checkpoint / OPTIMIZER_SHARDS).iterdir())
+    assert shards == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    listed = json.loads((checkpoint / "manifest.json").read_text())["files"]
+    assert {f"{OPTIMIZER_SHARDS}/{name}" for name in shards} <= listed.keys()
+    assert torch.load(checkpoint / "optimizer.pt")["sharded"] == ["agent 0", "agent 1"]
 
 
 def check_ranks_pairs(rank0: dict, rank1: dict, initial_trainer, checkpoint: Path) -> None:

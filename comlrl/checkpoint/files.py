@@ -122,15 +122,16 @@ def save_checkpoint(
     generators: dict[str, torch.Tensor],
     state: TrainerState,
     total_limit: int | None = None,
+    started: bool = False,
 ) -> str:
     """Write ``output_dir/checkpoint-{global_step}`` atomically; keep the newest ``total_limit``.
     ``write_models(folder)`` writes every agent's (and critic's) weights or adapter, and tokenizer;
-    ``optimizer_state`` holds the optimizers' and schedulers' state dicts. What the ranks
-    wrote into :func:`start_checkpoint`'s folder (sharded optimizer states) is kept and
-    covered by the manifest."""
+    ``optimizer_state`` holds the optimizers' and schedulers' state dicts. ``started``: the
+    ranks already wrote into :func:`start_checkpoint`'s folder (sharded optimizer states),
+    which is kept and covered by the manifest."""
     final = os.path.join(output_dir, f"{PREFIX}{state.global_step}")
     partial = final + ".partial"
-    if not os.path.isdir(partial):
+    if not started:
         start_checkpoint(output_dir, state.global_step)
     try:
         write_models(partial)

@@ -67,7 +67,8 @@ def save_trainer(
     json_states, tensors = generator_states()
     gathered = trainer.parallel.gather((json_states, tensors))
     folder = os.path.join(checkpoint_dir, f"checkpoint-{trainer.global_step}")
-    if trainer.learners.sharded:  # every rank writes its slices first
+    sharded = bool(trainer.learners.sharded)
+    if sharded:  # every rank writes its slices first
         if trainer.parallel.is_main:
             start_checkpoint(checkpoint_dir, trainer.global_step)
         trainer.parallel.barrier()
@@ -80,7 +81,13 @@ def save_trainer(
             progress.config = config_record(trainer.args)
             progress.output_dir = os.path.abspath(trainer.output_dir)
             folder = save_checkpoint(
-                checkpoint_dir, trainer.write_models, trainer.learners.state_dict(), generators, progress, total_limit
+                checkpoint_dir,
+                trainer.write_models,
+                trainer.learners.state_dict(),
+                generators,
+                progress,
+                total_limit,
+                started=sharded,
             )
     trainer.parallel.barrier()
     return folder

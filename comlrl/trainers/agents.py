@@ -43,9 +43,10 @@ class Agents(Sequence[torch.nn.Module]):
             ``reference_devices`` entry, else beside the agent), or None (no KL term, or an
             adapter: its base model without the adapter is the reference).
         placed: whether ``agent_devices`` (or torchrun on GPUs) chose the devices.
-        sharding: ``"replicate"``, or how the models are sharded over the ranks (see
-            :mod:`comlrl.sharding`): whole for sampling and every forward without gradient
-            (:meth:`frozen`, :meth:`for_sampling`), sharded again for the update (:meth:`trainable`).
+
+    With ``sharding_mode`` other than ``"replicate"`` the models are sharded over the ranks
+    (:mod:`comlrl.sharding`): whole for sampling and every forward without gradient
+    (:meth:`frozen`, :meth:`for_sampling`), sharded for their gradient passes (:meth:`trainable`).
     """
 
     def __init__(
@@ -63,7 +64,6 @@ class Agents(Sequence[torch.nn.Module]):
         self.tokenizers = list(tokenizers)
         self.adapters = list(adapters)
         self.placed = placed
-        self.sharding = sharding_mode
         devices = reference_devices or [None] * len(self.models)
         self.references = [
             frozen_copy_on(model, device) if with_references and not is_peft_model(model) else None
@@ -75,8 +75,9 @@ class Agents(Sequence[torch.nn.Module]):
                 if reference is not None and bf16:
                     cast_parameters(reference, torch.bfloat16)
             for model in unique(self.models):
-                what = f"agent {self.models.index(model)}"
-                sharding.shard_model(model, sharding_mode, torch.bfloat16 if bf16 else None, what)
+                if not sharding.is_sharded(model):  # a model an earlier trainer sharded stays so
+                    what = f"agent {self.models.index(model)}"
+                    sharding.shard_model(model, sharding_mode, torch.bfloat16 if bf16 else None, what)
         self.parameters = [trainable_parameters(m, a) for m, a in zip(self.models, self.adapters)]
         for model in unique(self.models):  # whole until a gradient pass (comlrl.sharding)
             sharding.gather(model)
