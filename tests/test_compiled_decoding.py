@@ -6,14 +6,22 @@ Every call here lands in one bucket per model (3 or 4 rows -> 4, prompt + new to
 so the file compiles the step three times (Llama, GPT-2, Llama under LoRA): both classes are built before the first
 compile (see :func:`both_model_classes_built`)."""
 
+import logging
 from unittest import mock
 
 import pytest
 import torch
 from peft import PrefixTuningConfig, get_peft_model
 
-from comlrl.rollout import generate_group, generation
-from comlrl.rollout.compiled_decoding import Bucket, bucket_size, compile_seconds, decode_compiled, supports_compiled
+from comlrl.rollout import compiled_decoding, generate_group, generation
+from comlrl.rollout.compiled_decoding import (
+    Bucket,
+    bucket_size,
+    compile_seconds,
+    decode_compiled,
+    supports_compiled,
+    why_not_compiled,
+)
 from comlrl.rollout.decoding import DecodingSettings, decode
 
 from .helpers import (
@@ -138,21 +146,31 @@ def prefix_tuned(tok):
     return get_peft_model(tiny_gpt2(tok), PrefixTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=3))
 
 
-@pytest.mark.parametrize("build", [prefix_tuned, lambda tok: NoConfig()], ids=["prefix tuning", "no config"])
-def test_models_it_cannot_serve_are_refused(build):
-    assert not supports_compiled(build(char_tokenizer(MIXED)))
+@pytest.mark.parametrize(
+    "build, reason",
+    [(prefix_tuned, "prompt-learning adapter"), (lambda tok: NoConfig(), "does not declare")],
+    ids=["prefix tuning", "no config"],
+)
+def test_models_it_cannot_serve_are_refused_with_the_reason(build, reason):
+    model = build(char_tokenizer(MIXED))
+    assert not supports_compiled(model)
+    assert reason in why_not_compiled(model)
 
 
-def test_generate_group_falls_back_to_the_eager_loop():
+def test_generate_group_falls_back_to_the_eager_loop_and_says_so_once(caplog, monkeypatch):
     tok = char_tokenizer(MIXED)
     model = prefix_tuned(tok)
+    monkeypatch.setattr(compiled_decoding, "_WARNED", set())
     sampling = {"do_sample": True, "max_new_tokens": 6}
     with mock.patch("comlrl.rollout.generation.decode_compiled", side_effect=AssertionError("not for this model")):
-        rollouts = [
-            generate_group(model, tok, PROMPTS, 2, sampling, torch.Generator().manual_seed(1), compiled=compiled)
-            for compiled in (False, True)
-        ]
+        with caplog.at_level(logging.WARNING, logger="comlrl.rollout.compiled_decoding"):
+            rollouts = [
+                generate_group(model, tok, PROMPTS, 2, sampling, torch.Generator().manual_seed(1), compiled=compiled)
+                for compiled in (False, True, True)
+            ]
     assert torch.equal(rollouts[0].completion_ids, rollouts[1].completion_ids)
+    warnings = [record.getMessage() for record in caplog.records if "eager loop" in record.getMessage()]
+    assert len(warnings) == 1 and "PeftModel" in warnings[0] and "prompt-learning adapter" in warnings[0]
 
 
 @pytest.mark.parametrize(

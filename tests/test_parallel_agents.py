@@ -6,7 +6,7 @@ import threading
 import pytest
 import torch
 
-import comlrl.trainers.base as base_module
+import comlrl.rollout.backends as backends_module
 from comlrl.models.placement import map_agents
 
 from .helpers import char_tokenizer, make_trainer, tiny_llama
@@ -41,8 +41,8 @@ def test_cpu_agents_run_one_after_the_other_unless_vouched_for_and_distinct(two_
 
 def train_and_collect(tmp_path, monkeypatch, parallel):
     if not parallel:
-        real = base_module.map_agents
-        monkeypatch.setattr(base_module, "map_agents", lambda agents, work, cpu_threads=False: real(agents, work))
+        real = backends_module.map_agents
+        monkeypatch.setattr(backends_module, "map_agents", lambda agents, work, cpu_threads=False: real(agents, work))
     trainer = make_trainer(tmp_path)
     texts = []
     for rows in ([0, 1], [2, 0], [1, 2]):
@@ -55,8 +55,8 @@ def train_and_collect(tmp_path, monkeypatch, parallel):
 
 def test_parallel_sampling_draws_what_one_agent_after_the_other_draws(tmp_path, monkeypatch, two_threads):
     calls = []
-    real = base_module.map_agents
-    monkeypatch.setattr(base_module, "map_agents", lambda *a, **k: calls.append(k) or real(*a, **k))
+    real = backends_module.map_agents
+    monkeypatch.setattr(backends_module, "map_agents", lambda *a, **k: calls.append(k) or real(*a, **k))
     parallel = train_and_collect(tmp_path / "parallel", monkeypatch, parallel=True)
     assert {"cpu_threads": True} in calls, "the trainer asks for parallel sampling"
     sequential = train_and_collect(tmp_path / "sequential", monkeypatch, parallel=False)

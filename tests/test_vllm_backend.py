@@ -1,92 +1,167 @@
-"""The vllm generation backend on CPU, against a stand-in ``vllm`` module: the mapping of
-Hugging Face sampling arguments, the layout of its rollouts (the hf backend's), weight sync,
-engine construction and the start-up errors. A real engine needs a GPU:
-benchmarks/gpu_check.py runs one."""
+"""The vllm generation backend on the CPU, against a stand-in ``vllm`` module that follows
+vLLM 0.33.0's API (the signatures of ``LLM.__init__``, ``LLM.generate``, ``collective_rpc``,
+``reset_prefix_cache``, ``llm_engine.remove_lora``, ``SamplingParams``, ``LoRARequest`` and the
+``CompletionOutput.logprobs`` layout, read from its source): the mapping of Hugging Face
+sampling arguments, the layout of its rollouts, the sampler log-prob convention, seeds per
+call, the dtype, weight and adapter sync (after updates and after a resume), one call for
+the adapters of one base, the memory budget and the start-up errors. A real engine needs a
+GPU: benchmarks/vllm_check.py runs one."""
 
 from __future__ import annotations
 
-import contextlib
+import dataclasses
+import math
 import os
 import sys
 import time
 import types
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
+from peft import get_peft_model
+from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 import comlrl.rollout.vllm_backend as vllm_backend
+from comlrl.models.forward import completion_logprobs
 from comlrl.rollout.generation import generate_group
+from comlrl.rollout.sampler_logprobs import support_log_mass
 from comlrl.rollout.vllm_backend import VLLMBackend, vllm_sampling_kwargs
+from comlrl.rollout.vllm_setup import check_memory_budget, lora_rank_slot
+from comlrl.rollout.vllm_worker import WorkerExtension
 from comlrl.trainers.reinforce import MAGRPOConfig, MAGRPOTrainer
 
-from .helpers import LOWER, char_tokenizer, tiny_llama
+from .helpers import LOWER, char_tokenizer, lora, tiny_llama
 
-LAUNCH_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 # char_tokenizer ids: <unk> 0, <eos> 1, <pad> 2, then the characters of LOWER from 3.
 EOS, PAD = 1, 2
+GIB = 2**30
+
+# vLLM 0.33.0's SamplingParams fields that the backend may set (a misspelt one is a TypeError).
+SAMPLING_FIELDS = {
+    "n", "presence_penalty", "frequency_penalty", "repetition_penalty", "temperature", "top_p", "top_k",
+    "min_p", "seed", "stop", "stop_token_ids", "ignore_eos", "max_tokens", "min_tokens", "logprobs",
+    "prompt_logprobs", "flat_logprobs", "detokenize", "skip_special_tokens",
+}  # fmt: skip
+LLM_ARGUMENTS = {
+    "model", "dtype", "seed", "gpu_memory_utilization", "enforce_eager", "logprobs_mode", "worker_extension_cls",
+    "enable_lora", "max_loras", "max_lora_rank", "distributed_executor_backend", "kv_cache_memory_bytes",
+}  # fmt: skip
 
 
 def ids(text: str) -> list[int]:
     return [LOWER.index(ch) + 3 for ch in text]
 
 
-class FakeLLM:
-    """Records what the backend asks of an engine; ``replies[b]`` are the token ids of the
-    completions of prompt b (by default, ``n`` times "a" then EOS)."""
+@dataclasses.dataclass
+class Logprob:  # vllm.logprobs.Logprob
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
 
+
+@dataclasses.dataclass
+class LoRARequest:  # vllm.lora.request.LoRARequest
+    lora_name: str
+    lora_int_id: int
+    lora_path: str = ""
+
+    def __post_init__(self):
+        if self.lora_int_id < 1:
+            raise ValueError(f"id must be > 0, got {self.lora_int_id}")
+        assert self.lora_path, "lora_path cannot be empty"
+
+
+class SamplingParams:
     def __init__(self, **kwargs):
+        unknown = set(kwargs) - SAMPLING_FIELDS
+        if unknown:
+            raise TypeError(f"SamplingParams got unexpected fields {sorted(unknown)}")
+        if kwargs.get("top_k", 0) < -1:
+            raise ValueError("top_k must be 0 (disable), or at least 1")
         self.kwargs = kwargs
-        self.env = {name: os.environ.get(name) for name in LAUNCH_VARIABLES}
-        self.files = sorted(os.listdir(kwargs["model"]))
-        self.replies = None
-        self.calls = []
-        self.events = []
-        load = types.SimpleNamespace(load_weights=lambda weights: self.events.append(("load", weights)))
-        self.worker = types.SimpleNamespace(model_runner=types.SimpleNamespace(model=load))
+        self.n = kwargs.get("n", 1)
 
-    def generate(self, prompts, sampling_params, use_tqdm=True):
-        self.calls.append((prompts, sampling_params))
-        replies = self.replies or [[ids("a") + [EOS]] * params.n for params in sampling_params]
-        return [
-            types.SimpleNamespace(outputs=[types.SimpleNamespace(token_ids=tuple(tokens)) for tokens in reply])
-            for reply in replies
-        ]
+
+class FakeWorker(WorkerExtension):
+    """vLLM's GPU worker with comlrl's extension mixed in, around a stand-in model runner."""
+
+    def __init__(self, events):
+        # Copies, as vLLM's message encoding makes: the trainer's tensors may change afterwards.
+        def load_weights(weights):
+            events.append(("load", [(name, tensor.clone()) for name, tensor in weights]))
+
+        model = types.SimpleNamespace(load_weights=load_weights)
+        self.model_runner = types.SimpleNamespace(get_model=lambda: model)
+
+
+class FakeLLM:
+    """Records what the backend asks of an engine. ``replies[b]``: the token ids of prompt b's
+    completions (by default ``n`` times "a" then EOS); ``scorer(prompt_ids, completion_ids,
+    params)``: the processed log-probs it reports (by default -1 per token)."""
+
+    def __init__(self, model, **kwargs):
+        unknown = set(kwargs) - LLM_ARGUMENTS
+        if unknown:
+            raise TypeError(f"LLM got unexpected arguments {sorted(unknown)}")
+        self.kwargs = {"model": model, **kwargs}
+        self.visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        self.files = sorted(os.listdir(model))
+        self.replies = self.scorer = None
+        self.calls, self.events, self.seeds, self.removed = [], [], [], []
+        self.worker = FakeWorker(self.events)
+        self.llm_engine = types.SimpleNamespace(remove_lora=lambda lora_id: self.removed.append(lora_id) or True)
+
+    def generate(self, prompts, sampling_params=None, *, use_tqdm=True, lora_request=None, priority=None):
+        assert isinstance(sampling_params, list) and len(sampling_params) == len(prompts)
+        if isinstance(lora_request, list):
+            assert len(lora_request) == len(prompts)
+        self.calls.append((prompts, sampling_params, lora_request))
+        outputs = []
+        for b, (prompt, params) in enumerate(zip(prompts, sampling_params)):
+            reply = self.replies[b] if self.replies else [ids("a") + [EOS]] * params.n
+            samples = []
+            for tokens in reply:
+                logprobs = None
+                if params.kwargs.get("logprobs") is not None:
+                    values = (
+                        self.scorer(prompt["prompt_token_ids"], tokens, params) if self.scorer else [-1.0] * len(tokens)
+                    )
+                    logprobs = [{token: Logprob(value, rank=1)} for token, value in zip(tokens, values)]
+                samples.append(types.SimpleNamespace(token_ids=tuple(tokens), logprobs=logprobs))
+            outputs.append(types.SimpleNamespace(outputs=samples))
+        return outputs
 
     def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
-        return [method(self.worker, *args, **(kwargs or {}))]
+        assert isinstance(method, str), "a callable would need pickling into the engine process"
+        if method == "comlrl_seed":
+            self.seeds.append(args[0])
+        return [getattr(self.worker, method)(*args, **(kwargs or {}))]
 
-    def reset_prefix_cache(self):
+    def reset_prefix_cache(self, reset_running_requests=False, reset_connector=False):
         self.events.append("reset")
         return True
 
 
-class FakeSamplingParams:
-    def __init__(self, **kwargs):
-        self.kwargs = kwargs
-        self.n, self.seed = kwargs["n"], kwargs["seed"]
-
-
-def install_fake_vllm(monkeypatch, agents_on_gpu=True):
-    """A stand-in ``vllm`` and a machine that looks like it has GPUs; with ``agents_on_gpu``,
-    agent i 'sits on' cuda:i (its tensors stay on the CPU). Returns the module; ``engines``
-    lists the LLMs built."""
+def install_fake_vllm(monkeypatch, agents_on_gpu=True, free_gib=40.0, total_gib=80.0, version="0.33.0"):
+    """A stand-in ``vllm`` and a machine that looks like it has GPUs with ``free_gib`` of
+    ``total_gib`` free; with ``agents_on_gpu``, agent i 'sits on' cuda:i (its tensors stay on
+    the CPU). Returns the module; ``engines`` lists the LLMs built."""
     module = types.ModuleType("vllm")
+    module.__version__ = version
     module.engines = []
 
-    def make_llm(**kwargs):
-        module.engines.append(FakeLLM(**kwargs))
+    def make_llm(model, **kwargs):
+        module.engines.append(FakeLLM(model, **kwargs))
         return module.engines[-1]
 
-    module.LLM, module.SamplingParams = make_llm, FakeSamplingParams
+    module.LLM, module.SamplingParams, module.LoRARequest = make_llm, SamplingParams, LoRARequest
     monkeypatch.setitem(sys.modules, "vllm", module)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (int(free_gib * GIB), int(total_gib * GIB)))
     if agents_on_gpu:
         monkeypatch.setattr(vllm_backend, "agent_cuda_device", lambda agent, index: torch.device("cuda", index))
-    for name in LAUNCH_VARIABLES:
-        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     return module
 
 
@@ -95,10 +170,10 @@ def fake_vllm(monkeypatch):
     return install_fake_vllm(monkeypatch)
 
 
-def backend_for(num_agents=1, tokenizer=None):
+def backend_for(num_agents=1, tokenizer=None, **kwargs):
     tok = tokenizer or char_tokenizer()
     agents = [tiny_llama(tok, seed=i) for i in range(num_agents)]
-    return VLLMBackend(agents, [tok] * num_agents, [None] * num_agents, 0.3)
+    return VLLMBackend(agents, [tok] * num_agents, [None] * num_agents, 0.3, **kwargs)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -115,11 +190,11 @@ def test_sampled_arguments_map_to_sampling_params():
         "repetition_penalty": 1.1,
         "pad_token_id": PAD,
     }
-    assert vllm_sampling_kwargs(sampling, 4, [EOS, 7]) == {
+    expected = {
         "n": 4,
         "temperature": 0.7,
         "top_p": 0.9,
-        "top_k": -1,
+        "top_k": 0,
         "max_tokens": 32,
         "min_tokens": 4,
         "repetition_penalty": 1.1,
@@ -127,7 +202,10 @@ def test_sampled_arguments_map_to_sampling_params():
         "ignore_eos": True,
         "detokenize": False,
     }
+    assert vllm_sampling_kwargs(sampling, 4, [EOS, 7]) == expected
+    assert vllm_sampling_kwargs(sampling, 4, [EOS, 7], logprobs=True) == {**expected, "logprobs": 0}
     assert vllm_sampling_kwargs({**sampling, "top_k": 20}, 4, [EOS])["top_k"] == 20
+    SamplingParams(**vllm_sampling_kwargs(sampling, 4, [EOS], logprobs=True))  # every field is vLLM's
 
 
 def test_greedy_arguments_ask_for_one_greedy_completion():
@@ -135,7 +213,7 @@ def test_greedy_arguments_ask_for_one_greedy_completion():
         "n": 1,
         "temperature": 0.0,
         "top_p": 1.0,
-        "top_k": -1,
+        "top_k": 0,
         "max_tokens": 16,
         "min_tokens": 0,
         "repetition_penalty": 1.0,
@@ -159,18 +237,18 @@ def test_unsupported_arguments_fail_at_the_first_generate_naming_them(fake_vllm)
 # vLLM outputs -> AgentRollout
 # ---------------------------------------------------------------------------------------------
 def test_outputs_become_a_rollout_laid_out_like_generate_group(fake_vllm):
-    backend = backend_for()
+    backend = backend_for(sampler_logprobs=False)
     engine = fake_vllm.engines[0]
     engine.replies = [[ids("cat") + [EOS], ids("dogs")], [ids("hi") + [EOS], [EOS]]]
     rollout = backend.generate(0, ["ab", "hello"], 2, {"do_sample": True, "max_new_tokens": 4})
 
-    prompts, params = engine.calls[0]
+    prompts, params, adapters = engine.calls[0]
     assert prompts == [{"prompt_token_ids": [3, 4]}, {"prompt_token_ids": [10, 7, 14, 14, 17]}]
     assert [p.kwargs["stop_token_ids"] for p in params] == [[EOS], [EOS]]  # the model's EOS by default
+    assert adapters is None
     left_padded = [[PAD, PAD, PAD, 3, 4], [10, 7, 14, 14, 17]]
     assert rollout.prompt_ids.tolist() == [left_padded[0]] * 2 + [left_padded[1]] * 2
     assert rollout.prompt_mask.tolist() == [[0, 0, 0, 1, 1]] * 2 + [[1, 1, 1, 1, 1]] * 2
-    # "cat" + EOS, "dogs" (cut), "hi" + EOS, EOS: right-padded with PAD to the longest.
     assert rollout.completion_ids.tolist() == [
         [5, 3, 22, EOS],
         [6, 17, 9, 21],
@@ -185,33 +263,30 @@ def test_outputs_become_a_rollout_laid_out_like_generate_group(fake_vllm):
     ]
     assert rollout.texts == ["cat", "dogs", "hi", ""]
     assert rollout.truncated.tolist() == [False, True, False, False]
-    assert rollout.lengths.tolist() == [4, 4, 3, 1]
-    assert rollout.completion_ids.device == next(backend.agents[0].parameters()).device
+    assert rollout.sampler_logprobs is None
 
 
 def test_rollout_equals_generate_group_on_the_same_tokens(fake_vllm):
     """The hf backend samples; the engine is made to return exactly its tokens; both rollouts
     must then agree in every field (padding, masks, texts, truncation)."""
     tok = char_tokenizer()
-    backend = backend_for(tokenizer=tok)
+    backend = backend_for(tokenizer=tok, sampler_logprobs=False)
     model = backend.agents[0]
     prompts = ["hello there:", "a cat", "tell me, why?"]
-    # A caller's EOS ids, frequent enough that some completions end and some are cut.
     sampling = {"do_sample": True, "temperature": 1.0, "top_p": 1.0, "top_k": 0, "max_new_tokens": 8}
     sampling["eos_token_id"] = tok.convert_tokens_to_ids(["e", "a", " "])
     torch.manual_seed(3)
     hf = generate_group(model, tok, prompts, 4, sampling)
     assert hf.truncated.any() and not hf.truncated.all()
-    owned = [ids[:n] for ids, n in zip(hf.completion_ids.tolist(), hf.lengths.tolist())]
+    owned = [row[:n] for row, n in zip(hf.completion_ids.tolist(), hf.lengths.tolist())]
     fake_vllm.engines[0].replies = [owned[b * 4 : (b + 1) * 4] for b in range(len(prompts))]
 
     rollout = backend.generate(0, prompts, 4, sampling)
 
-    for field in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "truncated"):
-        assert torch.equal(getattr(rollout, field), getattr(hf, field)), field
+    for name in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "truncated"):
+        assert torch.equal(getattr(rollout, name), getattr(hf, name)), name
     assert rollout.texts == hf.texts
-    params = fake_vllm.engines[0].calls[0][1]
-    assert params[0].kwargs["stop_token_ids"] == sampling["eos_token_id"]
+    assert fake_vllm.engines[0].calls[0][1][0].kwargs["stop_token_ids"] == sampling["eos_token_id"]
 
 
 @pytest.mark.parametrize("model_top_k, expected", [(7, 7), (None, 50)])
@@ -221,7 +296,7 @@ def test_no_top_k_takes_the_models_generation_config_as_generate_does(fake_vllm,
     fake_vllm.engines[0].replies = [[[EOS], [EOS]]]
     backend.generate(0, ["ab"], 2, {"do_sample": True, "max_new_tokens": 4})
     backend.generate(0, ["ab"], 2, {"do_sample": True, "max_new_tokens": 4, "top_k": 0})
-    assert [call[1][0].kwargs["top_k"] for call in fake_vllm.engines[0].calls] == [expected, -1]
+    assert [call[1][0].kwargs["top_k"] for call in fake_vllm.engines[0].calls] == [expected, 0]
 
 
 def test_greedy_generation_repeats_the_one_completion(fake_vllm):
@@ -229,51 +304,138 @@ def test_greedy_generation_repeats_the_one_completion(fake_vllm):
     engine = fake_vllm.engines[0]
     engine.replies = [[ids("cat")], [ids("hi") + [EOS]]]
     rollout = backend.generate(0, ["ab", "hello"], 3, {"do_sample": False, "max_new_tokens": 3})
-    params = engine.calls[0][1]
-    assert [(p.n, p.seed, p.kwargs["temperature"]) for p in params] == [(1, None, 0.0), (1, None, 0.0)]
+    assert [(p.n, p.kwargs["temperature"]) for p in engine.calls[0][1]] == [(1, 0.0), (1, 0.0)]
     assert rollout.completion_ids.tolist() == [[5, 3, 22]] * 3 + [[10, 11, EOS]] * 3
     assert rollout.texts == ["cat"] * 3 + ["hi"] * 3
     assert rollout.truncated.tolist() == [True] * 3 + [False] * 3
 
 
-def test_seeds_come_from_the_agents_generator_or_torchs_so_seeded_runs_repeat(fake_vllm):
+def test_one_seed_per_call_from_the_agents_generator_so_seeded_runs_repeat(fake_vllm):
     backend = backend_for()
     engine = fake_vllm.engines[0]
     sampling = {"do_sample": True, "max_new_tokens": 2}
-    torch.manual_seed(5)
-    base = int(torch.randint(0, 2**31 - 1, ()).item())
     for _ in range(2):
-        torch.manual_seed(5)
-        backend.generate(0, ["ab", "hello", "cat"], 2, sampling)
-    backend.generate(0, ["ab", "hello", "cat"], 2, sampling, torch.Generator().manual_seed(5))
-    first, second, from_generator = ([p.seed for p in params] for _, params in engine.calls)
-    # vLLM seeds sample k of a prompt with seed + k: prompts are G apart, so no two samples share one.
-    assert first == [base, base + 2, base + 4]
-    assert second == first
-    assert from_generator == first, "an agent's generator seeds like torch's default one seeded alike"
+        backend.generate(0, ["ab", "hello", "cat"], 2, sampling, torch.Generator().manual_seed(5))
+    backend.generate(0, ["ab", "hello", "cat"], 2, sampling, torch.Generator().manual_seed(6))
+    first, again, other = engine.seeds
+    assert first == again != other
+    # No request carries a seed of its own: vLLM draws seeded requests with a kernel each.
+    assert all("seed" not in params.kwargs for _, call_params, _ in engine.calls for params in call_params)
 
 
 # ---------------------------------------------------------------------------------------------
-# weight sync and construction
+# the sampler's log-probs, in the learner's convention
 # ---------------------------------------------------------------------------------------------
-def test_sync_weights_hands_the_engine_the_agents_current_state_dict(fake_vllm):
-    backend = backend_for(num_agents=2)
-    agent = backend.agents[1]
-    with torch.no_grad():
-        agent.model.embed_tokens.weight.add_(1.0)
-    expected = {name: tensor.clone() for name, tensor in agent.state_dict().items()}
-
-    backend.sync_weights(1)
-
-    (load, weights), reset = fake_vllm.engines[1].events
-    assert (load, reset) == ("load", "reset")  # the prefix cache is dropped after the new weights
-    assert [name for name, _ in weights] == list(expected)
-    for name, tensor in weights:
-        assert torch.equal(tensor, expected[name]), name
-    assert fake_vllm.engines[0].events == []
+def test_support_log_mass_by_hand_with_top_k_top_p_and_a_banned_token():
+    logits = torch.tensor([[2.0, 1.0, 0.5, 0.0, -1.0]])
+    p = torch.softmax(logits / 0.5, dim=-1)[0]  # T = 0.5: [0.8390, 0.1135, 0.0418, 0.0154, 0.0021]
+    # top-k 3 keeps tokens 0-2; top-p 0.9 on their renormalised masses (0.840, 0.114, 0.042):
+    # the mass before token 2 is 0.954 >= 0.9, so it is dropped: S = {0, 1}.
+    assert support_log_mass(logits, 0.5, 3, 0.9).item() == pytest.approx(math.log(p[0] + p[1]), abs=1e-6)
+    assert support_log_mass(logits, 0.5, 3, 1.0).item() == pytest.approx(math.log(p[:3].sum()), abs=1e-6)
+    assert support_log_mass(logits, 0.5, 0, 1.0).item() == pytest.approx(0.0, abs=1e-6)
+    # Token 0 held back (an EOS under min_new_tokens): top-k 2 of the rest is {1, 2}, measured
+    # under the unbanned distribution.
+    banned = torch.tensor([[True, False, False, False, False]])
+    assert support_log_mass(logits, 0.5, 2, 1.0, banned).item() == pytest.approx(math.log(p[1] + p[2]), abs=1e-6)
 
 
-def test_each_agent_gets_an_engine_built_from_its_weights(fake_vllm):
+def processed_scorer(model, temperature, top_k, top_p, min_tokens=0):
+    """What vLLM's ``processed_logprobs`` reports, computed by hand over the whole vocabulary:
+    EOS masked before ``min_tokens``, then temperature, top-k, top-p, and log-softmax over the
+    tokens left."""
+
+    def score(prompt, tokens, params):
+        sequence = torch.tensor([prompt + list(tokens)])
+        with torch.no_grad():
+            logits = model(input_ids=sequence).logits[0, len(prompt) - 1 : -1].float()
+        values = []
+        for t, token in enumerate(tokens):
+            z = logits[t].clone()
+            if t < min_tokens:
+                z[EOS] = float("-inf")
+            z = z / temperature
+            order = z.argsort(descending=True)
+            keep = torch.zeros_like(z, dtype=torch.bool)
+            keep[order[:top_k]] = True
+            probs = torch.where(keep, z, float("-inf")).softmax(dim=-1)
+            sorted_probs = probs[order]
+            before = sorted_probs.cumsum(0) - sorted_probs
+            keep[order[(before >= top_p) & (torch.arange(len(z)) > 0)]] = False
+            values.append(torch.where(keep, z, float("-inf")).log_softmax(dim=-1)[token].item())
+        return values
+
+    return score
+
+
+def test_processed_logprobs_become_the_learners_own_when_the_engine_is_the_learner(fake_vllm):
+    """The engine reports processed log-probs (after min_tokens, T, top-k, top-p); the backend
+    puts them in the learner's convention. When the engine's model is the learner, they must
+    then equal the learner's log-probs over the whole vocabulary at T, to float precision, and
+    the gap the update measures is 0 instead of -log p(S) per token."""
+    backend = backend_for()
+    model = backend.agents[0]
+    engine = fake_vllm.engines[0]
+    settings = {"temperature": 0.7, "top_k": 5, "top_p": 0.8, "min_tokens": 2}
+    engine.scorer = processed_scorer(model, settings["temperature"], 5, 0.8, min_tokens=2)
+    torch.manual_seed(0)
+    sampling = {"do_sample": True, "temperature": 0.7, "top_k": 5, "top_p": 0.8, "max_new_tokens": 6}
+    drawn = generate_group(model, backend.tokenizers[0], ["hello", "ab"], 2, {**sampling, "min_new_tokens": 2})
+    owned = [row[:n] for row, n in zip(drawn.completion_ids.tolist(), drawn.lengths.tolist())]
+    engine.replies = [owned[:2], owned[2:]]
+    rollout = backend.generate(0, ["hello", "ab"], 2, {**sampling, "min_new_tokens": 2})
+
+    learner = completion_logprobs(
+        model, rollout.prompt_ids, rollout.prompt_mask, rollout.completion_ids, rollout.completion_mask, 0.7
+    )
+    mask = rollout.completion_mask
+    assert torch.allclose(rollout.sampler_logprobs[mask], learner[mask], atol=1e-5)
+    prompts = [request["prompt_token_ids"] for request in engine.calls[0][0]]
+    reported = torch.tensor(
+        [
+            v
+            for prompt, request in zip(prompts, engine.replies)
+            for reply in request
+            for v in engine.scorer(prompt, reply, None)
+        ]
+    )
+    assert (reported - learner[mask]).abs().max() > 1e-2, "the masking alone moves processed log-probs"
+
+
+def test_the_trainer_keeps_the_engines_logprobs_and_measures_the_gap(fake_vllm, tmp_path):
+    tok = char_tokenizer()
+    trainer = MAGRPOTrainer(
+        agents=[tiny_llama(tok, seed=0)],
+        tokenizer=tok,
+        train_dataset=[{"prompt": "hello"}],
+        reward_func=lambda a: [float(len(x)) for x in a],
+        args=MAGRPOConfig(
+            num_agents=1,
+            num_train_epochs=1,
+            num_generations=2,
+            max_new_tokens=4,
+            logging_steps=1,
+            top_k=5,
+            top_p=0.8,
+            output_dir=str(tmp_path / "run"),
+            generation_backend="vllm",
+        ),
+    )
+    engine, model, temperature = fake_vllm.engines[0], trainer.agents[0], trainer.sampling.temperature
+    torch.manual_seed(0)  # tokens the engine could draw: inside the top-k/top-p support
+    sampling = {"do_sample": True, "temperature": temperature, "top_k": 5, "top_p": 0.8, "max_new_tokens": 4}
+    drawn = generate_group(model, tok, ["hello"], 2, sampling)
+    engine.replies = [[row[:n] for row, n in zip(drawn.completion_ids.tolist(), drawn.lengths.tolist())]]
+    engine.scorer = processed_scorer(model, temperature, 5, 0.8)
+    metrics = trainer.training_step([0])
+    # The engine is the learner (fp32 both): the gap is float noise, not log p(S) per token.
+    assert abs(metrics["agent0/sampler_logprob_gap"]) < 1e-4
+
+
+# ---------------------------------------------------------------------------------------------
+# engines, dtype, weight sync
+# ---------------------------------------------------------------------------------------------
+def test_each_distinct_agent_gets_an_engine_built_from_its_weights_on_its_gpu(fake_vllm):
     tok = char_tokenizer()
     agents = [tiny_llama(tok, seed=0), tiny_llama(tok, seed=1).to(torch.bfloat16)]
     backend = VLLMBackend(agents, [tok, tok], [None, None], 0.25)
@@ -281,90 +443,210 @@ def test_each_agent_gets_an_engine_built_from_its_weights(fake_vllm):
     for i, (agent, engine) in enumerate(zip(agents, fake_vllm.engines)):
         kwargs = engine.kwargs
         assert kwargs["dtype"] == ["float32", "bfloat16"][i]
-        assert kwargs["gpu_memory_utilization"] == 0.25
-        assert kwargs["distributed_executor_backend"] == "external_launcher"
-        assert kwargs["enforce_eager"] is True
-        # In this process, on the agent's GPU (cuda:i here), as a one-process world.
-        assert {k: engine.env[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK")} == {
-            "RANK": "0",
-            "WORLD_SIZE": "1",
-            "LOCAL_RANK": str(i),
-        }
-        assert engine.env["MASTER_ADDR"] and engine.env["MASTER_PORT"]
+        assert kwargs["gpu_memory_utilization"] == 0.25  # one engine per GPU: the whole budget
+        assert kwargs["logprobs_mode"] == "processed_logprobs"
+        assert kwargs["worker_extension_cls"] == "comlrl.rollout.vllm_worker.WorkerExtension"
+        # CUDA graphs on, and vLLM's own engine process (no in-process launcher).
+        assert "enforce_eager" not in kwargs and "distributed_executor_backend" not in kwargs
+        assert engine.visible == str(i)
         assert {"config.json", "model.safetensors", "tokenizer.json"} <= set(engine.files)
         saved = AutoModelForCausalLM.from_pretrained(kwargs["model"], dtype=next(agent.parameters()).dtype)
         for name, tensor in agent.state_dict().items():
             assert torch.equal(saved.state_dict()[name], tensor), name
-    assert backend.devices == [torch.device("cuda", 0), torch.device("cuda", 1)]
-    assert all(name not in os.environ for name in LAUNCH_VARIABLES)  # restored after construction
+    assert [engine.device for engine in backend.engines] == [torch.device("cuda", 0), torch.device("cuda", 1)]
+    assert "CUDA_VISIBLE_DEVICES" not in os.environ  # restored after construction
 
 
-def test_under_torchrun_the_engine_keeps_the_launchers_process_group(fake_vllm, monkeypatch):
-    torchrun = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}
-    for name, value in torchrun.items():
-        monkeypatch.setenv(name, value)
-    backend_for()
-    # Only the GPU is the agent's (cuda:0 here); the rest is torchrun's, restored afterwards.
-    assert fake_vllm.engines[0].env == {**torchrun, "LOCAL_RANK": "0"}
-    assert {name: os.environ[name] for name in torchrun} == torchrun
+def test_the_rollout_dtype_reaches_the_engine(fake_vllm):
+    backend_for(dtype=torch.bfloat16)
+    assert fake_vllm.engines[0].kwargs["dtype"] == "bfloat16"
 
 
-def test_engines_run_one_at_a_time_even_when_called_from_threads(fake_vllm):
-    backend = backend_for(num_agents=2)
-    running, seen = [0], []
+def test_an_engine_on_a_restricted_gpu_list_gets_its_physical_gpu(fake_vllm, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,6")
+    backend_for(num_agents=2)
+    assert [engine.visible for engine in fake_vllm.engines] == ["4", "6"]
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "4,6"
 
-    def slowed(generate):
+
+def test_sync_sends_the_trainable_parameters_in_the_engines_dtype(fake_vllm):
+    backend = backend_for(num_agents=2, dtype=torch.bfloat16)
+    agent = backend.agents[1]
+    agent.model.norm.weight.requires_grad_(False)  # frozen: it cannot have changed
+    with torch.no_grad():
+        agent.model.embed_tokens.weight.add_(1.0)
+
+    backend.sync_weights(1)
+
+    (load, weights), reset = fake_vllm.engines[1].events
+    assert (load, reset) == ("load", "reset")  # the prefix cache is dropped after the new weights
+    expected = {name: p for name, p in agent.named_parameters() if p.requires_grad}
+    assert [name for name, _ in weights] == list(expected) and "model.norm.weight" not in expected
+    for name, tensor in weights:
+        assert tensor.device.type == "cpu" and tensor.dtype == torch.bfloat16, name
+        assert torch.equal(tensor, expected[name].detach().to(torch.bfloat16)), name
+    assert fake_vllm.engines[0].events == []
+
+
+def shared_lora_backend(fake_vllm, num_agents=3):
+    tok = char_tokenizer()
+    model = get_peft_model(tiny_llama(tok, seed=0), lora(), adapter_name="agent_0")
+    for i in range(1, num_agents):
+        model.add_adapter(f"agent_{i}", lora())
+    names = [f"agent_{i}" for i in range(num_agents)]
+    return VLLMBackend([model] * num_agents, [tok] * num_agents, names, 0.3), model
+
+
+def test_adapters_on_one_base_share_one_engine_and_one_call(fake_vllm):
+    backend, model = shared_lora_backend(fake_vllm)
+    (engine,) = fake_vllm.engines
+    kwargs = engine.kwargs
+    assert (kwargs["enable_lora"], kwargs["max_loras"], kwargs["max_lora_rank"]) == (True, 3, 8)  # r=4 -> 8
+    assert kwargs["gpu_memory_utilization"] == 0.3
+    # The engine loads the plain base: no LoRA weights, the wrapped layers under their own names.
+    saved = AutoModelForCausalLM.from_pretrained(kwargs["model"])
+    base = model.get_base_model()
+    with model.disable_adapter():
+        for name, tensor in saved.state_dict().items():
+            key = name.replace("q_proj.", "q_proj.base_layer.").replace("v_proj.", "v_proj.base_layer.")
+            assert torch.equal(tensor, base.state_dict()[key]), name
+    first_ids = {agent: request.lora_int_id for agent, request in engine_requests(backend).items()}
+    assert sorted(first_ids.values()) == [1, 2, 3]
+
+    sampling = {"do_sample": True, "max_new_tokens": 2}
+    rollouts = backend.generate_agents([0, 1, 2], [["ab"], ["hello", "cat"], ["x"]], 2, sampling, [None] * 3)
+
+    assert len(engine.calls) == 1  # every agent's prompts in one call
+    prompts, _, adapters = engine.calls[0]
+    assert len(prompts) == 4
+    assert [request.lora_int_id for request in adapters] == [first_ids[0], first_ids[1], first_ids[1], first_ids[2]]
+    assert [len(r.texts) for r in rollouts] == [2, 4, 2]
+
+
+def engine_requests(backend):
+    return backend.engines[0].adapter_requests
+
+
+def test_an_adapter_sync_publishes_only_the_adapter_under_a_fresh_id(fake_vllm):
+    backend, model = shared_lora_backend(fake_vllm, num_agents=2)
+    (engine,) = fake_vllm.engines
+    old = engine_requests(backend)[1]
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if ".agent_1." in name:
+                parameter.add_(0.5)
+
+    backend.sync_weights(1)
+
+    new = engine_requests(backend)[1]
+    assert new.lora_int_id not in (old.lora_int_id, engine_requests(backend)[0].lora_int_id)
+    assert engine.removed == [old.lora_int_id] and not os.path.exists(old.lora_path)
+    assert engine.events == []  # no base weights sent
+    written = load_file(os.path.join(new.lora_path, "adapter_model.safetensors"))
+    lora_a = next(p for n, p in model.named_parameters() if ".agent_1." in n and "lora_A" in n)
+    assert any(torch.equal(tensor, lora_a.detach()) for tensor in written.values())
+
+
+def test_lora_rank_slots():
+    assert [lora_rank_slot([r]) for r in (1, 4, 8, 9, 64, 300)] == [1, 8, 8, 16, 64, 320]
+    with pytest.raises(ValueError, match="LoRA rank 600"):
+        lora_rank_slot([600])
+
+
+def test_engines_on_one_gpu_run_one_at_a_time_and_on_two_at_once(fake_vllm, monkeypatch):
+    monkeypatch.setattr(vllm_backend, "agent_cuda_device", lambda agent, index: torch.device("cuda", index // 2))
+    backend = backend_for(num_agents=4)  # agents 0, 1 on cuda:0; 2, 3 on cuda:1
+    running, seen = {0: 0, 1: 0}, []
+
+    def slowed(engine):
+        generate = engine.generate
+
         def slow_generate(*args, **kwargs):
-            running[0] += 1
-            seen.append(running[0])
+            device = engine.kwargs["model"][-1]  # engine_{i}: its first agent
+            gpu = int(device) // 2
+            running[gpu] += 1
+            seen.append(dict(running))
             time.sleep(0.05)
-            running[0] -= 1
+            running[gpu] -= 1
             return generate(*args, **kwargs)
 
         return slow_generate
 
     for engine in fake_vllm.engines:
-        engine.generate = slowed(engine.generate)
+        engine.generate = slowed(engine)
     sampling = {"do_sample": True, "max_new_tokens": 2}
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        rollouts = list(pool.map(lambda agent: backend.generate(agent, ["ab"], 2, sampling), range(2)))
-    assert seen == [1, 1]
-    assert [r.texts for r in rollouts] == [["a", "a"], ["a", "a"]]
+    rollouts = backend.generate_agents(range(4), [["ab"]] * 4, 2, sampling, [None] * 4)
+    assert max(state[0] for state in seen) == 1 and max(state[1] for state in seen) == 1
+    assert any(state[0] and state[1] for state in seen), "the two GPUs' engines never ran at once"
+    assert [r.texts for r in rollouts] == [["a", "a"]] * 4
+    assert [e.kwargs["gpu_memory_utilization"] for e in fake_vllm.engines] == [0.15] * 4  # 0.3 split in two
 
 
-def test_trainer_samples_through_the_engines_and_syncs_every_agent_after_a_step(fake_vllm, tmp_path):
+def test_the_trainer_samples_through_the_engines_and_syncs_after_a_step_and_a_resume(fake_vllm, tmp_path, monkeypatch):
     tok = char_tokenizer()
-    config = MAGRPOConfig(
-        num_train_epochs=1,
-        num_generations=2,
-        max_new_tokens=4,
-        logging_steps=1,
-        agent_learning_rate=1e-2,
-        output_dir=str(tmp_path / "run"),
-        generation_backend="vllm",
-    )
-    trainer = MAGRPOTrainer(
-        agents=[tiny_llama(tok, seed=i) for i in range(2)],
-        tokenizer=tok,
-        train_dataset=[{"prompt": "hello"}],
-        # Different rewards for the two samples, so the step changes the weights.
-        reward_func=lambda a, b: [float(len(x) + len(y)) for x, y in zip(a, b)],
-        args=config,
-    )
+
+    def trainer_for(resume_epochs):
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the backend's check
+        trainer = build(resume_epochs)
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # no CUDA RNG to checkpoint
+        return trainer
+
+    def build(resume_epochs):
+        config = MAGRPOConfig(
+            num_train_epochs=resume_epochs,
+            num_generations=2,
+            max_new_tokens=4,
+            logging_steps=1,
+            agent_learning_rate=1e-2,
+            save_steps=1,
+            output_dir=str(tmp_path / "run"),
+            generation_backend="vllm",
+        )
+        return MAGRPOTrainer(
+            agents=[tiny_llama(tok, seed=i) for i in range(2)],
+            tokenizer=tok,
+            train_dataset=[{"prompt": "hello"}],
+            # Different rewards for the two samples, so the step changes the weights.
+            reward_func=lambda a, b: [float(len(x) + len(y)) for x, y in zip(a, b)],
+            args=config,
+        )
+
+    trainer = trainer_for(1)
     assert isinstance(trainer.backend, VLLMBackend)
     for engine in fake_vllm.engines:
         engine.replies = [[ids("a") + [EOS], ids("aaa") + [EOS]]]
     before = [trainer.agents[i].lm_head.weight.detach().clone() for i in range(2)]
-
     trainer.train()
-
     for i, engine in enumerate(fake_vllm.engines):
         assert len(engine.calls) == 1
         (load, weights), reset = engine.events
-        assert (load, reset) == ("load", "reset")
         synced = dict(weights)["lm_head.weight"]
         assert torch.equal(synced, trainer.agents[i].lm_head.weight)
         assert not torch.equal(synced, before[i])
+    trained = [trainer.agents[i].lm_head.weight.detach().clone() for i in range(2)]
+
+    # A resumed run's fresh engines start from the given (untrained) agents: the checkpoint's
+    # weights must reach them before the first sample.
+    fake_vllm.engines.clear()
+    resumed = trainer_for(2)
+    for engine in fake_vllm.engines:
+        engine.replies = [[ids("a") + [EOS], ids("aaa") + [EOS]]]
+        engine.generate = checked_generate(engine)
+    resumed.train(resume_from_checkpoint=True)
+    for i, engine in enumerate(fake_vllm.engines):
+        load, weights = engine.events[0]
+        assert torch.equal(dict(weights)["lm_head.weight"], trained[i])
+
+
+def checked_generate(engine):
+    """Fails when the engine samples before it was given any weights."""
+    generate = engine.generate
+
+    def first_synced(*args, **kwargs):
+        assert engine.events and engine.events[0][0] == "load", "sampled with the engine's stale weights"
+        return generate(*args, **kwargs)
+
+    return first_synced
 
 
 # ---------------------------------------------------------------------------------------------
@@ -376,6 +658,12 @@ def test_missing_vllm_says_how_to_install_it(monkeypatch):
         backend_for()
 
 
+def test_another_vllm_release_is_refused_naming_both(monkeypatch):
+    install_fake_vllm(monkeypatch, version="0.34.0")
+    with pytest.raises(ImportError, match=r"against vLLM 0\.33\.0, but vLLM 0\.34\.0.*vllm==0\.33\.0"):
+        backend_for()
+
+
 def test_no_gpu_says_to_use_the_hf_backend(fake_vllm, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(ValueError, match=r"needs a CUDA GPU.*generation_backend='hf'"):
@@ -383,12 +671,19 @@ def test_no_gpu_says_to_use_the_hf_backend(fake_vllm, monkeypatch):
     assert fake_vllm.engines == []
 
 
-def test_lora_agents_are_refused(fake_vllm):
-    tok = char_tokenizer()
-    agents = [tiny_llama(tok, seed=i) for i in range(2)]
-    with pytest.raises(ValueError, match=r"agents \[1\] train LoRA adapters.*generation_backend='hf'"):
-        VLLMBackend(agents, [tok, tok], [None, "agent_1"], 0.3)
-    assert fake_vllm.engines == []
+def test_a_budget_above_the_free_memory_fails_before_any_engine_starts(monkeypatch):
+    fake = install_fake_vllm(monkeypatch, free_gib=20.0, total_gib=80.0)
+    with pytest.raises(
+        ValueError,
+        match=r"the 2 engine\(s\) on cuda:0 would take vllm_gpu_memory_utilization=0\.3 of its 80\.0 GiB "
+        r"\(24\.0 GiB\), "
+        r"but only 20\.0 GiB are free \(60\.0 GiB are in use.*at most 0\.25",
+    ):
+        check_memory_budget([torch.device("cuda", 0)] * 2, 0.3)
+    with pytest.raises(ValueError, match="would take"):
+        backend_for()
+    assert fake.engines == []
+    assert check_memory_budget([torch.device("cuda", 0)] * 2, 0.2) == {torch.device("cuda", 0): 0.1}
 
 
 def test_an_agent_off_the_gpu_is_named(monkeypatch):
@@ -400,3 +695,34 @@ def test_an_agent_off_the_gpu_is_named(monkeypatch):
     with pytest.raises(ValueError, match=r"agent 0 is on cpu"):
         VLLMBackend([model], [tok], [None], 0.3)
     assert fake.engines == []
+
+
+def test_a_trainer_with_adapters_on_one_base_samples_every_agent_in_one_call(fake_vllm, tmp_path):
+    tok = char_tokenizer()
+    base = tiny_llama(tok, seed=0)
+    trainer = MAGRPOTrainer(
+        agents=[base, base],
+        tokenizer=tok,
+        peft_config=lora(),
+        train_dataset=[{"prompt": "hello"}, {"prompt": "ab"}],
+        reward_func=lambda a, b: [float(len(x) + 2 * len(y)) for x, y in zip(a, b)],
+        args=MAGRPOConfig(
+            num_train_epochs=1,
+            num_generations=2,
+            max_new_tokens=4,
+            agent_learning_rate=1e-2,
+            output_dir=str(tmp_path / "run"),
+            generation_backend="vllm",
+        ),
+    )
+    (engine,) = fake_vllm.engines
+    engine.replies = [[ids("a") + [EOS], ids("aaa") + [EOS]]] * 2
+    first = {agent: request.lora_int_id for agent, request in trainer.backend.engines[0].adapter_requests.items()}
+    trainer.training_step([0])
+    prompts, _, adapters = engine.calls[0]
+    assert len(engine.calls) == 1 and len(prompts) == 2  # both agents' prompt, one call
+    assert [request.lora_int_id for request in adapters] == [first[0], first[1]]
+    # After the step both adapters are republished under fresh ids; no base weights travel.
+    now = {agent: request.lora_int_id for agent, request in trainer.backend.engines[0].adapter_requests.items()}
+    assert set(now.values()).isdisjoint(first.values()) and sorted(engine.removed) == sorted(first.values())
+    assert engine.events == []

@@ -7,8 +7,8 @@ optimizer steps of a training step) that an agent's weights changed
 (:meth:`GenerationBackend.sync_weights`). ``hf`` samples with the training model itself
 (in bf16 with ``precision="bf16"``), through the lean loop of
 :mod:`comlrl.rollout.decoding` (or Hugging Face ``generate`` for settings outside it);
-``vllm`` (optional, GPU) keeps an inference engine per agent beside the training model and
-copies the weights into it.
+``vllm`` (optional, GPU) keeps an inference engine per base model beside the training models
+and copies the new weights into it (:mod:`comlrl.rollout.vllm_backend`).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 import torch
 
+from comlrl.models.placement import map_agents
 from comlrl.rollout.decoding import decoding_settings
 from comlrl.rollout.generation import AgentRollout, generate_group
 
@@ -55,16 +56,41 @@ def build_backend(
     vllm_gpu_memory_utilization: float,
     sampler_logprobs: bool = False,
     compiled: bool = False,
+    rollout_dtype: torch.dtype | None = None,
 ) -> GenerationBackend:
     """The backend ``name`` (a key of ``BACKENDS``) for ``agents`` (the trainer's
     :class:`~comlrl.trainers.agents.Agents`: models, tokenizers, adapters); for ``hf``,
     ``sampler_logprobs``: keep the log-probs the sampler gave its tokens, ``compiled``: the
-    compiled decoding step."""
+    compiled decoding step; for ``vllm``, ``rollout_dtype``: the engines' dtype (None: each
+    agent's), and the sampler's log-probs are always kept (an engine is never exactly the
+    learner)."""
     if name == "vllm":
         from comlrl.rollout.vllm_backend import VLLMBackend
 
-        return VLLMBackend(agents, agents.tokenizers, agents.adapters, vllm_gpu_memory_utilization)
+        return VLLMBackend(agents, agents.tokenizers, agents.adapters, vllm_gpu_memory_utilization, dtype=rollout_dtype)
     return HFBackend(agents, agents.tokenizers, agents.for_sampling, sampler_logprobs, compiled)
+
+
+def generate_agents(
+    backend: GenerationBackend,
+    agents: Sequence[torch.nn.Module],
+    prompts: Sequence[list[str]],
+    num_generations: int,
+    sampling: dict[str, Any],
+    generators: Sequence[torch.Generator | None],
+) -> list[AgentRollout]:
+    """Every agent's rollout of its ``prompts[i]``: in one call where the backend serves
+    agents together (``generate_agents``: the vllm backend's adapters on one engine), else one
+    :meth:`GenerationBackend.generate` per agent, in threads where
+    :func:`~comlrl.models.placement.map_agents` allows it."""
+    together = getattr(backend, "generate_agents", None)
+    if together is not None:
+        return together(range(len(agents)), prompts, num_generations, sampling, generators)
+
+    def one(i: int) -> AgentRollout:
+        return backend.generate(i, prompts[i], num_generations, sampling, generators[i])
+
+    return map_agents(agents, one, cpu_threads=backend.uses_generators(sampling))
 
 
 class HFBackend:

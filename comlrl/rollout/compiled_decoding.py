@@ -82,25 +82,48 @@ def compile_seconds() -> dict[Bucket, tuple[float, ...]]:
 
 
 def supports_compiled(model: torch.nn.Module) -> bool:
-    """Whether :func:`decode_compiled` can serve ``model``: a transformers decoder that declares
-    its forward compiles as one graph, with a checked attention implementation and only full
-    attention layers (a sliding window's cache is a ring the mask does not describe), not
-    quantized by a method that does not compile; under a PEFT adapter that changes weights
-    (LoRA and its kin, checked), not one that learns prompts (its virtual tokens or prefix keys
-    and values go into the cache its own way)."""
+    """Whether :func:`decode_compiled` can serve ``model`` (see :func:`why_not_compiled`)."""
+    return why_not_compiled(model) is None
+
+
+def why_not_compiled(model: torch.nn.Module) -> str | None:
+    """Why :func:`decode_compiled` cannot serve ``model``, or None when it can: it needs a
+    transformers decoder that declares its forward compiles as one graph, with a checked
+    attention implementation and only full attention layers (a sliding window's cache is a
+    ring the mask does not describe), not quantized by a method that does not compile; under a
+    PEFT adapter that changes weights (LoRA and its kin, checked), not one that learns prompts
+    (its virtual tokens or prefix keys and values go into the cache its own way)."""
     base = _base_model(model)
+    if base is None:
+        return "a prompt-learning adapter writes its own keys and values into the cache"
     config = getattr(base, "config", None)
     if config is None or not getattr(base, "_can_compile_fullgraph", False):
-        return False
+        return "the model does not declare that its forward compiles as one graph"
     quantizer = getattr(base, "hf_quantizer", None)
-    if (quantizer is not None and not quantizer.is_compileable) or getattr(config, "is_encoder_decoder", False):
-        return False
+    if quantizer is not None and not quantizer.is_compileable:
+        return "its quantization method does not compile"
+    if getattr(config, "is_encoder_decoder", False):
+        return "it is an encoder-decoder"
     if config._attn_implementation not in _ATTENTION:
-        return False
-    if not accepts(base, "cache"):  # transformers 4.x: its static cache and arguments differ
-        return False
+        return f"attention {config._attn_implementation!r} is not among the checked ones {sorted(_ATTENTION)}"
+    if not accepts(base, "cache"):
+        # Before transformers 5.2x the forward takes past_key_values, and the static cache differs.
+        return "its forward takes no 'cache' argument (transformers older than this library's development pin)"
     layer_types, _ = get_layer_types_and_kwargs(config.get_text_config(decoder=True))
-    return all(layer_type == "full_attention" for layer_type in layer_types)
+    if any(layer_type != "full_attention" for layer_type in layer_types):
+        return "it has layers other than full attention (a sliding window's cache is a ring)"
+    return None
+
+
+_WARNED: set[str] = set()
+
+
+def warn_eager_fallback(model: torch.nn.Module, reason: str) -> None:
+    """Say once per model class that ``compiled_decoding=True`` falls back to the eager loop, and why."""
+    name = type(model).__name__
+    if name not in _WARNED:
+        _WARNED.add(name)
+        logger.warning("compiled_decoding=True: %s decodes with the eager loop: %s", name, reason)
 
 
 def _base_model(model: torch.nn.Module) -> torch.nn.Module | None:

@@ -13,7 +13,7 @@ from torch import Tensor
 
 from comlrl.algorithms import completion_mask
 from comlrl.models.modes import frozen
-from comlrl.rollout.compiled_decoding import decode_compiled, supports_compiled
+from comlrl.rollout.compiled_decoding import decode_compiled, warn_eager_fallback, why_not_compiled
 from comlrl.rollout.decoding import decode, decoding_settings
 from comlrl.rollout.prompt_fit import check_length
 
@@ -121,7 +121,10 @@ def generate_group(
             pad_id = kwargs["pad_token_id"]
             if pad_id is None:  # no row can finish without an EOS id, so no pad is written
                 pad_id = eos_ids[0] if eos_ids else 0
-            loop = decode_compiled if compiled and supports_compiled(model) else decode
+            reason = why_not_compiled(model) if compiled else None
+            if reason is not None:
+                warn_eager_fallback(model, reason)
+            loop = decode_compiled if compiled and reason is None else decode
             decoded = loop(model, prompt_ids, prompt_mask, settings, eos_ids, pad_id, generator, with_logprobs)
             completion_ids, sampler_logprobs = decoded
     # Inference tensors cannot enter autograd; the ids are small, a copy is cheap.

@@ -9,7 +9,6 @@ call per agent per turn, however wide the tree.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -21,7 +20,7 @@ from comlrl.rollout.generation import AgentRollout
 from comlrl.rollout.prompts import PromptTable
 from comlrl.rollout.transition import Transition
 
-GenerateFn = Callable[[int, list[str]], AgentRollout]
+GenerateFn = Callable[[list[list[str]]], list[AgentRollout]]
 """``generate(agent, prompts)``: G completions of each prompt by agent ``agent``, in one call."""
 
 
@@ -113,10 +112,6 @@ def check_tree_budget(
         )
 
 
-def _generate_agent(generate: GenerateFn, prompts: list[list[str]], agent: int) -> AgentRollout:
-    return generate(agent, prompts[agent])
-
-
 def build_tree(
     prompts: PromptTable,
     row_ids: Sequence[int],
@@ -128,7 +123,6 @@ def build_tree(
     transition: Transition | None = None,
     prompt_passthrough: bool = False,
     early_termination_threshold: float | None = None,
-    map_agents: Callable[[Callable[[int], AgentRollout]], list[AgentRollout]] | None = None,
     written_prompts: bool = False,
 ) -> RolloutTree:
     """Sample, score and expand the rollout tree of ``row_ids`` turn by turn.
@@ -136,7 +130,8 @@ def build_tree(
     Args:
         prompts: the dataset's rows and the agents' first-turn prompts.
         row_ids: the dataset rows of this step (one tree each).
-        generate: samples ``num_generations`` completions per prompt for one agent.
+        generate: every agent's ``num_generations`` completions of each of its prompts of a
+            turn (``prompts[i]``: agent i's), as one rollout per agent.
         reward: scores joint actions, given agent 0's prompt of the turn and the dataset row of
             each; functions that ask for it get the turn and the histories.
         joint_indices: ``(J, N)`` sample of each agent in each joint action.
@@ -146,8 +141,6 @@ def build_tree(
         prompt_passthrough: use the transition's prompts as they are, instead of formatting
             them (the ``prompt`` column of the row replaced by them) with each agent's formatter.
         early_termination_threshold: a node whose mean reward is above it is not expanded.
-        map_agents: runs ``work(i)`` for every agent i and returns the results in order (the
-            trainer's runs agents on different GPUs at the same time); default: one by one.
         written_prompts: at later turns, give the reward functions' ``prompts`` and the
             transition's ``prompt_history_per_agent`` the prompts as the transition wrote them,
             before the formatters, as comlrl 1.4.3's MAGRPO did (its actor-critic trainers gave
@@ -168,8 +161,7 @@ def build_tree(
     transition_calls = 0
     names: list[str] = []
     for number in range(1, num_turns + 1):
-        generate_turn = functools.partial(_generate_agent, generate, turn_prompts)
-        agents = map_agents(generate_turn) if map_agents else [generate_turn(i) for i in range(num_agents)]
+        agents = generate(turn_prompts)
         num_nodes = len(rows)
         # completions[i][m*J + j]: agent i's part of joint action j at node m
         sample = (torch.arange(num_nodes).unsqueeze(1) * num_generations).unsqueeze(2) + joint_indices  # (M, J, N)

@@ -27,9 +27,9 @@ from comlrl.checkpoint import write_folders
 from comlrl.checkpoint.config_record import config_record
 from comlrl.compat.arguments import POSITIONAL_ORDER, named_arguments
 from comlrl.metrics.sinks import run_sinks
-from comlrl.models.placement import map_agents
 from comlrl.rewards import JointReward
 from comlrl.rollout import AgentRollout
+from comlrl.rollout.backends import generate_agents
 from comlrl.rollout.prompts import PromptTable
 from comlrl.rollout.sampling import SamplingSpec
 from comlrl.rollout.tree import RolloutTree, build_tree
@@ -249,8 +249,8 @@ class MultiAgentTrainer(abc.ABC):
         seeds = torch.randint(0, 2**63 - 1, (self.num_agents,), dtype=torch.int64).tolist()
         generators = [torch.Generator(self.agents.device(i)).manual_seed(seed) for i, seed in enumerate(seeds)]
 
-        def generate(agent: int, agent_prompts: list[str]) -> AgentRollout:
-            return self.generate(agent, agent_prompts, group, kwargs, generators[agent])
+        def generate(turn_prompts: list[list[str]]) -> list[AgentRollout]:
+            return generate_agents(self.backend, self.agents, turn_prompts, group, kwargs, generators)
 
         return build_tree(
             prompts,
@@ -263,7 +263,6 @@ class MultiAgentTrainer(abc.ABC):
             transition=self.transition,
             prompt_passthrough=self.args.external_prompt_passthrough,
             early_termination_threshold=self.args.early_termination_threshold,
-            map_agents=functools.partial(map_agents, self.agents, cpu_threads=self.backend.uses_generators(kwargs)),
             written_prompts=not self.objective.actor_critic_reward_calls,
         )
 
@@ -331,10 +330,13 @@ class MultiAgentTrainer(abc.ABC):
             part.write_checkpoint(self, folder)
 
     def load_models(self, path: str) -> None:
-        """The weights ``write_models`` wrote into checkpoint ``path``, loaded in place."""
+        """The weights ``write_models`` wrote into checkpoint ``path``, loaded in place, and
+        handed to the generation backend (an engine of its own would sample the old ones)."""
         self.agents.load(path)
         for part in (self.objective, self.reward_source):
             part.load(self, path)
+        for i in range(self.num_agents):
+            self.backend.sync_weights(i)
 
     def sinks(self) -> list:
         """Where metrics go: ``metrics.jsonl`` always, W&B and TensorBoard when asked."""

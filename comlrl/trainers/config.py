@@ -106,7 +106,8 @@ class TrainerConfig:
     (a vLLM engine per agent on its GPU, weights copied in after every update; needs
     ``pip install 'comlrl[vllm]'`` and a GPU)."""
     vllm_gpu_memory_utilization: float = 0.3
-    """Share in (0, 1) of each GPU's memory a vLLM engine may take (the rest is training's)."""
+    """Share in (0, 1) of each GPU's memory that the vLLM engines on it take together, split evenly
+    between them (the rest is training's); checked against the free memory at start."""
     compiled_decoding: bool = False
     """``hf``: run each decoding step as one ``torch.compile``-d forward over a KV cache
     allocated once per call (CUDA graphs on a GPU), drawing the same tokens as the eager

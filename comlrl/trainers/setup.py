@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from comlrl.algorithms import joint_action_indices
 from comlrl.distributed import DataParallel
 from comlrl.metrics.evaluation import EvalHooks
@@ -118,6 +120,7 @@ def set_up(trainer: Any, args: TrainerConfig, inputs: TrainerInputs) -> None:
         args.vllm_gpu_memory_utilization,
         sampler_logprobs=args.precision == "bf16",
         compiled=args.compiled_decoding,
+        rollout_dtype=torch.bfloat16 if args.precision == "bf16" else None,
     )
     trainer.global_step = 0
     if centralized is not None:
