@@ -32,7 +32,14 @@ from comlrl.trainers.dpo import MADPOConfig, MADPOIterConfig, MADPOIterTrainer, 
 from comlrl.trainers.dpo.objective import PAIRS_FILE
 from comlrl.trainers.dpo.pairs import PreferencePair
 from comlrl.trainers.dpo.rounds import PreferenceRounds, pair_record
-from comlrl.trainers.reinforce import MAGRPOConfig, MAGRPOTrainer, MAREINFORCEConfig, MAREINFORCETrainer
+from comlrl.trainers.reinforce import (
+    CentralizedMAGRPOConfig,
+    CentralizedMAGRPOTrainer,
+    MAGRPOConfig,
+    MAGRPOTrainer,
+    MAREINFORCEConfig,
+    MAREINFORCETrainer,
+)
 from comlrl.trainers.rlhf import MARLHFConfig, MARLHFIterConfig, MARLHFIterTrainer, MARLHFTrainer
 from comlrl.trainers.rlhf.reward_model import FittedRewardModel, seeded
 
@@ -421,6 +428,16 @@ def build_trainer(algorithm: str, output_dir: Path, per_device_rows: int, shardi
             **{**common, "micro_batch_size": 1},
         )
         return MARLHFOnGivenPairs(agents=agents, tokenizer=tok, train_dataset=ROWS, reward_func=score, args=args)
+    if algorithm == "centralized":  # one model writes both roles, with MAREINFORCE's raw returns
+        args = CentralizedMAGRPOConfig(num_agents=2, advantage_mode="raw", advantage_normalization=False, **common)
+        return CentralizedMAGRPOTrainer(
+            agents=agents[:1],
+            tokenizer=tok,
+            train_dataset=ROWS,
+            reward_func=score,
+            args=args,
+            centralized_adapter=SplitInHalves(),
+        )
     if algorithm == "iac":
         trainer_class, args = IACTrainer, IACConfig(critic_learning_rate=1e-3, **common)
     elif algorithm == "maac":  # a separate critic model: replicated while the agents may be sharded
@@ -431,6 +448,18 @@ def build_trainer(algorithm: str, output_dir: Path, per_device_rows: int, shardi
     else:
         trainer_class, args = MAREINFORCETrainer, MAREINFORCEConfig(**common)
     return trainer_class(agents=agents, tokenizer=tok, train_dataset=ROWS, reward_func=score, args=args)
+
+
+class SplitInHalves:
+    """A centralized adapter: the agents' prompts joined; a response's first half is role 0's
+    answer, the rest role 1's (never unsplittable)."""
+
+    def build_prompt(self, row, agent_prompts):
+        return " | ".join(agent_prompts)
+
+    def parse_completion(self, completion, row, num_agents):
+        middle = len(completion) // 2
+        return [completion[:middle], completion[middle:]]
 
 
 def ranks_reward_backbone(output_dir: Path, rank: int) -> str:

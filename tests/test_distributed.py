@@ -56,11 +56,11 @@ def torchrun(
 
 
 SHARDED = [("magrpo", "full_shard"), ("magrpo", "shard_grad_op"), ("iac", "full_shard"), ("maac", "full_shard")]
-SHARDED += [("madpo", "full_shard")]
+SHARDED += [("madpo", "full_shard"), ("centralized", "full_shard"), ("marlhf", "full_shard")]
 
 
 @pytest.mark.parametrize(
-    "algorithm, sharding", [(a, "replicate") for a in ("magrpo", "iac", "madpo", "marlhf")] + SHARDED
+    "algorithm, sharding", [(a, "replicate") for a in ("magrpo", "iac", "madpo", "marlhf", "centralized")] + SHARDED
 )
 def test_two_ranks_equal_one_process_over_the_same_global_batch(tmp_path, algorithm, sharding, monkeypatch):
     """2 ranks x 2 rows (MADPO: pairs) per step against 1 process x 4. The RL trainers sample
@@ -72,8 +72,9 @@ def test_two_ranks_equal_one_process_over_the_same_global_batch(tmp_path, algori
     at the last step of each epoch. MARLHF's reward model is fitted to the same given pairs in
     both set-ups (its last batch leaves rank 1 without a pair), then MAREINFORCE on its scores.
     Sharded (FSDP2), the ranks hold the same whole weights after every step, as one process
-    does within float error (sums over ranks in another order); MAAC's separate critic stays
-    replicated beside its sharded agents."""
+    does within float error (sums over ranks in another order); MAAC's separate critic and
+    MARLHF's reward model stay replicated beside the sharded agents, and centralized MAGRPO's
+    one model (writing both roles) is sharded as an agent is."""
     torchrun(algorithm, tmp_path / "ddp", ranks=2, per_device_rows=2, sharding=sharding)
     for variable in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
         monkeypatch.delenv(variable, raising=False)
@@ -104,10 +105,10 @@ def test_two_ranks_equal_one_process_over_the_same_global_batch(tmp_path, algori
     if sharding == "replicate":
         assert [i["sharded"] for i in info] == [[], []] and [i["optimizer_numel"] for i in info] == [whole, whole]
     else:
-        assert [i["sharded"] for i in info] == [["agent 0", "agent 1"]] * 2
+        assert [i["sharded"] for i in info] == [[f"agent {a}" for a in range(len(initial_trainer.agents))]] * 2
         assert sum(i["optimizer_numel"] for i in info) == whole
         assert all(i["optimizer_numel"] <= 0.55 * whole for i in info)
-        check_sharded_outputs(tmp_path / "ddp", rank0["straight"])
+        check_sharded_outputs(tmp_path / "ddp", rank0["straight"], len(initial_trainer.agents))
     assert info[0]["saved"] and info[1]["saved"] == []  # only rank 0 writes models
     run = tmp_path / "ddp" / "run"
     lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
@@ -136,10 +137,10 @@ def test_two_ranks_equal_one_process_over_the_same_global_batch(tmp_path, algori
                 assert ours[key] == pytest.approx(theirs[key], rel=1e-4, abs=2e-6), key
 
 
-def check_sharded_outputs(out: Path, straight: list[torch.Tensor]) -> None:
+def check_sharded_outputs(out: Path, straight: list[torch.Tensor], num_agents: int) -> None:
     """A sharded run's save_model wrote whole models (gathered from both ranks) that load as
     the trained agents; its checkpoints hold each rank's optimizer slices, in the manifest."""
-    for i in range(2):
+    for i in range(num_agents):
         saved = AutoModelForCausalLM.from_pretrained(out / "saved" / f"agent_{i}")
         assert torch.equal(torch.cat([p.detach().reshape(-1) for p in saved.parameters()]), straight[i])
     checkpoint = out / "run" / "checkpoint-2"
@@ -147,7 +148,7 @@ def check_sharded_outputs(out: Path, straight: list[torch.Tensor]) -> None:
     assert shards == [".metadata", "__0_0.distcp", "__1_0.distcp"]
     listed = json.loads((checkpoint / "manifest.json").read_text())["files"]
     assert {f"{OPTIMIZER_SHARDS}/{name}" for name in shards} <= listed.keys()
-    assert torch.load(checkpoint / "optimizer.pt")["sharded"] == ["agent 0", "agent 1"]
+    assert torch.load(checkpoint / "optimizer.pt")["sharded"] == [f"agent {i}" for i in range(num_agents)]
 
 
 def check_ranks_pairs(rank0: dict, rank1: dict, initial_trainer, checkpoint: Path) -> None:
