@@ -33,10 +33,10 @@ import sys
 import time
 
 import torch
+from gpu_check import gap_figures  # the learner against rollout.sampler_logprobs
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from comlrl.models import default_model_path
-from comlrl.models.forward import completion_logprobs
 from comlrl.rollout.backends import HFBackend
 from comlrl.rollout.generation import AgentRollout
 from comlrl.rollout.sampling import SamplingSpec
@@ -87,32 +87,10 @@ def compare_greedy(hf: AgentRollout, vllm: AgentRollout) -> dict:
     }
 
 
-def sample_with_logprobs(
-    backend: VLLMBackend, agent: int, texts: list[str], num_generations: int, sampling: dict
-) -> tuple[AgentRollout, torch.Tensor]:
-    """The backend's rollout and its sampler log-probs (vLLM's processed log-probs put into the
-    learner's convention by the backend)."""
-    rollout = backend.generate(agent, texts, num_generations, sampling, torch.Generator().manual_seed(0))
-    return rollout, rollout.sampler_logprobs
-
-
-def logprob_gap(
-    model: torch.nn.Module, rollout: AgentRollout, vllm_logps: torch.Tensor, temperature: float = 1.0
-) -> dict:
-    """Abs difference between vLLM's log-probs of its tokens and the hf model's at
-    ``temperature``, over the tokens the completions own."""
-    model.eval()
-    with torch.no_grad():
-        hf_logps = completion_logprobs(
-            model,
-            rollout.prompt_ids,
-            rollout.prompt_mask,
-            rollout.completion_ids,
-            rollout.completion_mask,
-            temperature=temperature,
-        )
-    gap = (hf_logps - vllm_logps).abs()[rollout.completion_mask]
-    return {"max_abs": gap.max().item(), "mean_abs": gap.mean().item(), "tokens": gap.numel()}
+def sample_with_logprobs(backend: VLLMBackend, agent: int, texts: list[str], num_generations: int, sampling: dict):
+    """The backend's rollout, whose ``sampler_logprobs`` are vLLM's processed log-probs put into
+    the learner's convention by the backend."""
+    return backend.generate(agent, texts, num_generations, sampling, torch.Generator().manual_seed(0))
 
 
 def timed(generate) -> tuple[AgentRollout, float]:
@@ -176,8 +154,8 @@ def main(argv=None) -> int:
 
     # (b) log-probs of vLLM's sampled tokens under the hf model
     sampled = {"do_sample": True, "temperature": 1.0, "top_p": 1.0, "top_k": 0, "max_new_tokens": 64}
-    rollout, vllm_logps = sample_with_logprobs(vllm, 0, eight, 4, sampled)
-    report["logprobs"] = gap = logprob_gap(agents[0], rollout, vllm_logps)
+    rollout = sample_with_logprobs(vllm, 0, eight, 4, sampled)
+    report["logprobs"] = gap = gap_figures(agents[0], rollout, 1.0)
     checks["logprob_mean_abs"] = check(
         gap["mean_abs"], gap["mean_abs"] <= tolerance["logprob_mean_abs_max"], f"<= {tolerance['logprob_mean_abs_max']}"
     )
@@ -188,8 +166,8 @@ def main(argv=None) -> int:
     # (b') the same at the trainer's defaults (temperature, top-k 50, top-p 0.6): the backend's
     # log-probs, after its top-k/top-p mass correction, must be as close to the learner's.
     defaults = SamplingSpec.from_config(MAGRPOConfig(max_new_tokens=64)).generate_kwargs()
-    rollout, vllm_logps = sample_with_logprobs(vllm, 0, eight, 4, defaults)
-    report["logprobs_filtered"] = gap = logprob_gap(agents[0], rollout, vllm_logps, defaults["temperature"])
+    rollout = sample_with_logprobs(vllm, 0, eight, 4, defaults)
+    report["logprobs_filtered"] = gap = gap_figures(agents[0], rollout, defaults["temperature"])
     checks["filtered_logprob_mean_abs"] = check(
         gap["mean_abs"], gap["mean_abs"] <= tolerance["logprob_mean_abs_max"], f"<= {tolerance['logprob_mean_abs_max']}"
     )
@@ -210,11 +188,11 @@ def main(argv=None) -> int:
 
     # (d) weight sync: change agent 1 only, then sync it
     perturb(agents[1], args.perturbation)
-    stale_rollout, stale_logps = sample_with_logprobs(vllm, 1, eight, 1, greedy)
-    stale = logprob_gap(agents[1], stale_rollout, stale_logps)
+    stale_rollout = sample_with_logprobs(vllm, 1, eight, 1, greedy)
+    stale = gap_figures(agents[1], stale_rollout, 1.0)
     _, sync_seconds = timed(lambda: vllm.sync_weights(1))
-    synced_rollout, synced_logps = sample_with_logprobs(vllm, 1, eight, 1, greedy)
-    synced = logprob_gap(agents[1], synced_rollout, synced_logps)
+    synced_rollout = sample_with_logprobs(vllm, 1, eight, 1, greedy)
+    synced = gap_figures(agents[1], synced_rollout, 1.0)
     hf_greedy = hf.generate(1, eight, 1, greedy)
     report["sync"] = {
         "sync_s": sync_seconds,
