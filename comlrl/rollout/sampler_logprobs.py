@@ -28,6 +28,7 @@ from torch import Tensor
 
 from comlrl.models.forward import padded_forward_kwargs
 from comlrl.models.modes import frozen
+from comlrl.rollout.decoding import filtered_distribution
 
 ROWS_PER_FORWARD = 8
 """Rows per forward of :func:`learner_support_log_mass`: bounds its (rows, T, V) logits."""
@@ -45,17 +46,13 @@ def support_log_mass(
     total = torch.logsumexp(scaled, dim=-1)
     if banned is not None:
         scaled = scaled.masked_fill(banned, float("-inf"))
-    vocabulary = scaled.shape[-1]
     if top_k <= 0 and top_p >= 1.0:
         return torch.logsumexp(scaled, dim=-1) - total
-    values = scaled.topk(vocabulary if top_k <= 0 else min(top_k, vocabulary), dim=-1).values
-    if top_p < 1.0:
-        probabilities = values.softmax(dim=-1)
-        mass_before = probabilities.cumsum(dim=-1) - probabilities
-        dropped = mass_before >= top_p
-        dropped[..., 0] = False  # the most likely token always stays
-        values = values.masked_fill(dropped, float("-inf"))
-    return torch.logsumexp(values, dim=-1) - total
+    # The sampler's own filter (comlrl.rollout.decoding), on the already tempered logits.
+    rows = scaled.reshape(-1, scaled.shape[-1])
+    probabilities, token_ids = filtered_distribution(rows, 1.0, top_k, top_p)
+    kept = rows.gather(-1, token_ids).masked_fill(probabilities == 0, float("-inf"))
+    return torch.logsumexp(kept, dim=-1).reshape(total.shape) - total
 
 
 @torch.no_grad()
