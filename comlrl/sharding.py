@@ -133,10 +133,24 @@ def local(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
+def full(tensor: torch.Tensor) -> torch.Tensor:
+    """A sharded tensor gathered whole (a collective); the tensor itself otherwise."""
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+
 def whole_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """A sharded model's whole weights on rank 0's CPU (a collective; other ranks get ``{}``)."""
     with sharded_parameters([model]):
         return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def whole_parameters(model: torch.nn.Module, names: Iterable[str]) -> dict[str, torch.Tensor]:
+    """These parameters of a sharded model whole on rank 0's CPU (a collective; other ranks
+    get ``{}``): an adapter's, without gathering its base."""
+    with sharded_parameters([model]):
+        parameters = dict(model.named_parameters())
+        whole = {name: full(parameters[name]).detach().cpu() for name in names}
+    return whole if dist.get_rank() == 0 else {}
 
 
 def load_whole_state_dict(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> tuple[list[str], list[str]]:
@@ -161,6 +175,22 @@ def total_norm(parameters: list[torch.nn.Parameter]) -> torch.Tensor:
     return squares.sqrt()
 
 
+@contextlib.contextmanager
+def _all_trainable(optimizers: Iterable[torch.optim.Optimizer]) -> Iterator[None]:
+    """Within it, every parameter of ``optimizers`` requires grad. The state-dict functions
+    make a fresh optimizer's state by a zero step, which skips frozen parameters: an inactive
+    adapter of a shared base would get no state, and loading would leave it fresh."""
+    parameters = [p for optimizer in optimizers for group in optimizer.param_groups for p in group["params"]]
+    flags = [p.requires_grad for p in parameters]
+    for p in parameters:
+        p.requires_grad_(True)
+    try:
+        yield
+    finally:
+        for p, flag in zip(parameters, flags):
+            p.requires_grad_(flag)
+
+
 def optimizer_state(module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """``optimizer``'s state keyed by ``module``'s parameter names (sharded tensors stay
     sharded), which a checkpoint can load at any other number of ranks."""
@@ -177,7 +207,7 @@ def save_optimizer_shards(folder: str, learners: dict[str, tuple[torch.nn.Module
 def load_optimizer_shards(folder: str, learners: dict[str, tuple[torch.nn.Module, torch.optim.Optimizer]]) -> None:
     """What :func:`save_optimizer_shards` wrote, at this run's number of ranks and sharding
     (resharded as needed), into these optimizers."""
-    with sharded_parameters(module for module, _ in learners.values()):
+    with sharded_parameters(module for module, _ in learners.values()), _all_trainable(o for _, o in learners.values()):
         states = {name: optimizer_state(*pair) for name, pair in learners.items()}
         dcp.load(states, checkpoint_id=folder, no_dist=not dist.is_initialized())
         for name, (module, optimizer) in learners.items():
@@ -187,7 +217,7 @@ def load_optimizer_shards(folder: str, learners: dict[str, tuple[torch.nn.Module
 def load_whole_optimizer_state(module: torch.nn.Module, optimizer: torch.optim.Optimizer, saved: dict) -> None:
     """An optimizer state saved whole by an unsharded run (``optimizer.state_dict()``) into
     the slices of this sharded ``optimizer`` of ``module``'s parameters."""
-    with sharded_parameters([module]):
+    with sharded_parameters([module]), _all_trainable([optimizer]):
         names = {id(p): name for name, p in module.named_parameters()}
         order = [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
         state = {

@@ -445,6 +445,13 @@ def build_trainer(algorithm: str, output_dir: Path, per_device_rows: int, shardi
         critic = dict(critics=[tiny_llama(critic_tok, seed=20 + 10 * rank)], critic_tokenizer=critic_tok)
         args = MAACConfig(critic_learning_rate=1e-3, **common)
         return MAACTrainer(agents=agents, tokenizer=tok, train_dataset=ROWS, reward_func=score, args=args, **critic)
+    elif algorithm in ("lora", "shared_lora"):  # MAREINFORCE on LoRA adapters, one base each or one shared
+        lora = LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
+        base = agents if algorithm == "lora" else [agents[0]] * 2
+        args = MAREINFORCEConfig(**{**common, "agent_learning_rate": 1e-2})
+        return MAREINFORCETrainer(
+            agents=base, tokenizer=tok, train_dataset=ROWS, reward_func=score, args=args, peft_config=lora
+        )
     else:
         trainer_class, args = MAREINFORCETrainer, MAREINFORCEConfig(**common)
     return trainer_class(agents=agents, tokenizer=tok, train_dataset=ROWS, reward_func=score, args=args)
@@ -496,6 +503,7 @@ def run_ddp_worker(
         straight.train()
         rank = straight.parallel.rank
         saved = straight.save_model(str(out_dir / "saved"))
+        merge_refused = merge_refusal(straight, out_dir / "merged")
         resumed = build_trainer(algorithm, out_dir / "run", per_device_rows, sharding)
         resumed.train(resume_from_checkpoint=str(out_dir / "run" / "checkpoint-2"))
     held = {"straight": weights(straight), "resumed": weights(resumed)}
@@ -511,7 +519,17 @@ def run_ddp_worker(
     info = {"world_size": straight.parallel.world_size, "saved": saved, "steps": straight.global_step}
     info["sharded"] = [straight.learners.names[i] for i in straight.learners.sharded]
     info["optimizer_numel"] = optimizer_numel(straight)
+    info["merge_refused"] = merge_refused
     (out_dir / f"rank{rank}.json").write_text(json.dumps({**info, **{name: m.call_count for name, m in round_files}}))
+
+
+def merge_refusal(trainer, folder: Path) -> str:
+    """What ``save_model(merge_adapters=True)`` raised on this rank, "" when it wrote ``folder``."""
+    try:
+        trainer.save_model(str(folder), merge_adapters=True)
+    except ValueError as error:
+        return str(error)
+    return ""
 
 
 def run_resume_worker(algorithm: str, out: str, per_device_rows: int, sharding: str, checkpoint: str) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from peft import PeftModel
 from transformers import AutoModelForCausalLM
 
 from comlrl.algorithms import bradley_terry_loss, pair_accuracy
@@ -57,6 +58,7 @@ def torchrun(
 
 SHARDED = [("magrpo", "full_shard"), ("magrpo", "shard_grad_op"), ("iac", "full_shard"), ("maac", "full_shard")]
 SHARDED += [("madpo", "full_shard"), ("centralized", "full_shard"), ("marlhf", "full_shard")]
+SHARDED += [("lora", "full_shard"), ("shared_lora", "shard_grad_op")]
 
 
 @pytest.mark.parametrize(
@@ -108,7 +110,13 @@ def test_two_ranks_equal_one_process_over_the_same_global_batch(tmp_path, algori
         assert [i["sharded"] for i in info] == [[f"agent {a}" for a in range(len(initial_trainer.agents))]] * 2
         assert sum(i["optimizer_numel"] for i in info) == whole
         assert all(i["optimizer_numel"] <= 0.55 * whole for i in info)
-        check_sharded_outputs(tmp_path / "ddp", rank0["straight"], len(initial_trainer.agents))
+        check_sharded_outputs(tmp_path / "ddp", rank0["straight"], len(initial_trainer.agents), algorithm)
+    if sharding != "replicate" and algorithm in ("lora", "shared_lora"):
+        # Refused on both ranks before any gather: the resumed run after it met the same collectives.
+        assert all("merge_adapters=True cannot copy whole" in i["merge_refused"] for i in info)
+        assert not (tmp_path / "ddp" / "merged").exists()
+    else:
+        assert info[0]["merge_refused"] == info[1]["merge_refused"] == ""
     assert info[0]["saved"] and info[1]["saved"] == []  # only rank 0 writes models
     run = tmp_path / "ddp" / "run"
     lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
@@ -137,11 +145,12 @@ def test_two_ranks_equal_one_process_over_the_same_global_batch(tmp_path, algori
                 assert ours[key] == pytest.approx(theirs[key], rel=1e-4, abs=2e-6), key
 
 
-def check_sharded_outputs(out: Path, straight: list[torch.Tensor], num_agents: int) -> None:
+def check_sharded_outputs(out: Path, straight: list[torch.Tensor], num_agents: int, algorithm: str) -> None:
     """A sharded run's save_model wrote whole models (gathered from both ranks) that load as
-    the trained agents; its checkpoints hold each rank's optimizer slices, in the manifest."""
+    the trained agents (LoRA agents: adapters that load on rank 0's initial base as them);
+    its checkpoints hold each rank's optimizer slices, in the manifest."""
     for i in range(num_agents):
-        saved = AutoModelForCausalLM.from_pretrained(out / "saved" / f"agent_{i}")
+        saved = saved_agent(out / "saved", i, algorithm)
         assert torch.equal(torch.cat([p.detach().reshape(-1) for p in saved.parameters()]), straight[i])
     checkpoint = out / "run" / "checkpoint-2"
     shards = sorted(p.name for p in (checkpoint / OPTIMIZER_SHARDS).iterdir())
@@ -149,6 +158,18 @@ def check_sharded_outputs(out: Path, straight: list[torch.Tensor], num_agents: i
     listed = json.loads((checkpoint / "manifest.json").read_text())["files"]
     assert {f"{OPTIMIZER_SHARDS}/{name}" for name in shards} <= listed.keys()
     assert torch.load(checkpoint / "optimizer.pt")["sharded"] == [f"agent {i}" for i in range(num_agents)]
+
+
+def saved_agent(folder: Path, agent: int, algorithm: str) -> torch.nn.Module:
+    """What save_model wrote of agent ``agent`` as the trainer holds it: the model, or its
+    adapter on the base (``"shared_lora"``: every agent's adapter on one base)."""
+    if algorithm not in ("lora", "shared_lora"):
+        return AutoModelForCausalLM.from_pretrained(folder / f"agent_{agent}")
+    if algorithm == "lora":
+        return PeftModel.from_pretrained(tiny_llama(char_tokenizer(), seed=agent), folder / f"agent_{agent}")
+    shared = PeftModel.from_pretrained(tiny_llama(char_tokenizer(), seed=0), folder / "agent_0", "agent_0")
+    shared.load_adapter(folder / "agent_1", "agent_1")
+    return shared
 
 
 def check_ranks_pairs(rank0: dict, rank1: dict, initial_trainer, checkpoint: Path) -> None:

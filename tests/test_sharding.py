@@ -4,15 +4,13 @@ precision, and what is refused before anything is sharded."""
 
 import pytest
 import torch
-from peft import LoraConfig
 
 from comlrl import sharding
-from comlrl.distributed import DataParallel
 from comlrl.trainers.dpo import MADPOIterConfig
 from comlrl.trainers.reinforce import MAGRPOConfig
 from comlrl.trainers.rlhf import MARLHFIterConfig
 
-from .helpers import build_trainer, char_tokenizer, make_trainer, small_config, tiny_gpt2, tiny_llama, weights
+from .helpers import build_trainer, char_tokenizer, tiny_gpt2, tiny_llama, weights
 from .test_distributed import torchrun
 
 
@@ -76,20 +74,6 @@ def test_sharding_is_checked_in_the_config():
     for config in (MADPOIterConfig, MARLHFIterConfig):
         with pytest.raises(ValueError, match="with sharding='full_shard' is not supported yet: its comparators"):
             config(sharding="full_shard")
-
-
-def test_lora_agents_are_refused_before_anything_is_sharded(tmp_path, monkeypatch):
-    """Under torchrun (two ranks pretended: the refusal comes before any collective)."""
-    monkeypatch.setattr(DataParallel, "from_environment", classmethod(lambda cls: cls(rank=0, world_size=2)))
-    tok = char_tokenizer()
-    with pytest.raises(ValueError, match="sharding='full_shard' with LoRA adapters is not supported yet"):
-        make_trainer(
-            tmp_path,
-            agents=[tiny_llama(tok, seed=i) for i in range(2)],
-            tokenizer=tok,
-            peft_config=LoraConfig(r=2, target_modules=["q_proj"]),
-            args=small_config(tmp_path, sharding="full_shard", per_device_train_batch_size=2),
-        )
 
 
 def test_models_are_sharded_layer_by_layer():

@@ -332,15 +332,10 @@ def load_weights(
                 weights.update(load_file(os.path.join(folder, name)))
             except Exception as error:
                 raise _unreadable(path, f"{prefix}_{i}/{name}", error) from error
-        if is_peft_model(agent):
-            unexpected = load_adapter_weights(agent, weights, adapter)
-            if unexpected:
-                raise ValueError(
-                    f"checkpoint {path}: {prefix}_{i}'s adapter does not fit {prefix} {i} ({unexpected[:3]})"
-                )
-            continue
         with sharded_parameters([agent]):
-            if is_sharded(agent):
+            if is_peft_model(agent):
+                missing, unexpected = [], load_adapter_weights(agent, weights, adapter)
+            elif is_sharded(agent):
                 missing, unexpected = load_whole_state_dict(agent, weights)
             else:
                 missing, unexpected = agent.load_state_dict(weights, strict=False)
@@ -348,8 +343,9 @@ def load_weights(
             loaded = {local(t).data_ptr() for key, t in state.items() if key in weights}
             untied = [key for key in missing if local(state[key]).data_ptr() not in loaded]
         if untied or unexpected:
+            what = "adapter does" if is_peft_model(agent) else "weights do"
             raise ValueError(
-                f"checkpoint {path}: {prefix}_{i}'s weights do not fit {prefix} {i} (missing {untied[:3]}, "
+                f"checkpoint {path}: {prefix}_{i}'s {what} not fit {prefix} {i} (missing {untied[:3]}, "
                 f"unexpected {unexpected[:3]})"
             )
 

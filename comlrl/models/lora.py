@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
+from comlrl import sharding
 from comlrl.utils.per_agent import per_agent
 
 ADAPTER_FILE = "adapter_model.safetensors"
@@ -81,15 +82,33 @@ def is_peft_model(agent: torch.nn.Module) -> bool:
 
 
 def load_adapter_weights(agent: torch.nn.Module, weights: dict[str, torch.Tensor], adapter: str | None) -> list[str]:
-    """Load saved adapter weights into ``agent``; returns the keys that did not fit."""
-    result = _peft().set_peft_model_state_dict(agent, weights, adapter_name=adapter or "default")
-    return list(result.unexpected_keys)
+    """Load saved adapter weights into ``agent``; returns the keys that did not fit. A sharded
+    agent must be released (``comlrl.sharding.sharded_parameters``): each rank keeps its slices."""
+    if not sharding.is_sharded(agent):
+        result = _peft().set_peft_model_state_dict(agent, weights, adapter_name=adapter or "default")
+        return list(result.unexpected_keys)
+    keys = adapter_keys(agent, adapter)
+    sharding.load_whole_state_dict(agent, {keys[key]: value for key, value in weights.items() if key in keys})
+    return sorted(set(weights) - set(keys))
 
 
-def save_adapter(agent: torch.nn.Module, adapter: str, folder: str) -> None:
+def adapter_keys(agent: torch.nn.Module, adapter: str | None) -> dict[str, str]:
+    """Each key of the adapter's saved state dict -> the name of the parameter it loads into
+    (PEFT drops the adapter's name from the keys it saves)."""
+    names = [name for name, _ in agent.named_parameters()]
+    # PEFT's own key mapping, run on parameter indices in place of the weights.
+    indices = {name: torch.tensor(k) for k, name in enumerate(names)}
+    saved = _peft().get_peft_model_state_dict(agent, state_dict=indices, adapter_name=adapter or "default")
+    return {key: names[int(index)] for key, index in saved.items()}
+
+
+def save_adapter(
+    agent: torch.nn.Module, adapter: str, folder: str, state_dict: dict[str, torch.Tensor] | None = None
+) -> None:
     """One adapter of a shared model as a standard PEFT folder (``adapter_model.safetensors``
-    and ``adapter_config.json``), loadable with ``PeftModel.from_pretrained(base, folder)``."""
-    weights = _peft().get_peft_model_state_dict(agent, adapter_name=adapter)
+    and ``adapter_config.json``), loadable with ``PeftModel.from_pretrained(base, folder)``;
+    from ``state_dict`` (the model's whole weights, of a sharded model) when given."""
+    weights = _peft().get_peft_model_state_dict(agent, state_dict=state_dict, adapter_name=adapter)
     os.makedirs(folder, exist_ok=True)
     save_file({key: value.contiguous() for key, value in weights.items()}, os.path.join(folder, ADAPTER_FILE))
     agent.peft_config[adapter].save_pretrained(folder)

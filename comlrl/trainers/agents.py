@@ -25,7 +25,14 @@ from comlrl.models.loading import (
     model_sources,
     resolve_tokenizers,
 )
-from comlrl.models.lora import attach_adapters, is_peft_model, merged_copy, save_adapter, trainable_parameters
+from comlrl.models.lora import (
+    adapter_keys,
+    attach_adapters,
+    is_peft_model,
+    merged_copy,
+    save_adapter,
+    trainable_parameters,
+)
 from comlrl.models.modes import disable_dropout, frozen
 from comlrl.models.placement import frozen_copy_on, place_agents, resolve_agent_devices, same_device
 from comlrl.models.precision import cast_parameters
@@ -130,11 +137,6 @@ class Agents(Sequence[torch.nn.Module]):
         add_special_tokens(tokenizers, models, model_config.special_tokens, loaded)
         placed = place_agents(models, args.agent_devices, local_rank)
         adapters: list[str | None] = [None] * len(models)
-        if sharding_mode != "replicate" and (peft_config is not None or any(map(is_peft_model, models))):
-            raise ValueError(
-                f"sharding={sharding_mode!r} with LoRA adapters is not supported yet: an adapter is small enough to "
-                "train whole on every rank, so use sharding='replicate'"
-            )
         if peft_config is not None:
             models, adapters = attach_adapters(models, peft_config)
         sharded = sharding_mode != "replicate"
@@ -181,19 +183,37 @@ class Agents(Sequence[torch.nn.Module]):
         """Agent ``agent``'s model, its adapter active, in train mode (activation checkpointing
         runs only in train mode; dropout was turned off at construction unless asked not to),
         sharded again if it was gathered."""
-        self.activate(agent)
+        # Released first: FSDP takes requires_grad from the sharded parameters at each gather,
+        # so the adapter switch must set theirs, not those of the gathered copies.
         sharding.release(self.models[agent])
+        self.activate(agent)
         return self.models[agent].train()
 
     @contextlib.contextmanager
-    def whole_weights(self) -> Iterator[None]:
+    def whole_weights(self, merge_adapters: bool = False) -> Iterator[None]:
         """Within it, :meth:`write` can save sharded agents: each one's whole weights are
-        gathered on rank 0 first (a collective: every rank enters it)."""
-        self._whole = {id(m): sharding.whole_state_dict(m) for m in unique(self.models) if sharding.is_sharded(m)}
+        gathered on rank 0 first (a collective: every rank enters it). ``merge_adapters``
+        (refused for sharded adapters, on every rank before any gather): what will be written."""
+        for i, model in enumerate(self.models):
+            if merge_adapters and is_peft_model(model) and sharding.is_sharded(model):
+                raise ValueError(
+                    f"agent {i} is a LoRA adapter on a sharded model, which merge_adapters=True cannot copy whole: "
+                    "save its adapter (merge_adapters=False), then merge it with "
+                    "peft.PeftModel.from_pretrained(base, folder).merge_and_unload()"
+                )
+        self._whole = {id(m): self.whole_state_dict(m) for m in unique(self.models) if sharding.is_sharded(m)}
         try:
             yield
         finally:
             self._whole = {}
+
+    def whole_state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+        """A sharded model's whole weights on rank 0 (a collective): a LoRA model's adapters only."""
+        if not is_peft_model(model):
+            return sharding.whole_state_dict(model)
+        adapters = {a for m, a in zip(self.models, self.adapters) if m is model}
+        names = {name for adapter in adapters for name in adapter_keys(model, adapter).values()}
+        return sharding.whole_parameters(model, sorted(names))
 
     def describe(self) -> list[dict[str, Any]]:
         """What a checkpoint records of each agent, to refuse resuming with other ones."""
@@ -202,16 +222,17 @@ class Agents(Sequence[torch.nn.Module]):
     def write(self, agent: int, folder: str, merge_adapters: bool = False) -> None:
         """Agent ``agent``'s weights (or adapter) and tokenizer into ``folder``."""
         model = self.models[agent]
+        whole = None
+        if sharding.is_sharded(model):
+            if id(model) not in self._whole:
+                raise RuntimeError(f"agent {agent} is sharded: write it within whole_weights()")
+            whole = self._whole[id(model)]
         if merge_adapters and is_peft_model(model):
             model = merged_copy(model, self.adapters[agent])
         if self.adapters[agent] is not None and not merge_adapters:
-            save_adapter(model, self.adapters[agent], folder)
-        elif sharding.is_sharded(model):
-            if id(model) not in self._whole:
-                raise RuntimeError(f"agent {agent} is sharded: write it within whole_weights()")
-            model.save_pretrained(folder, state_dict=self._whole[id(model)])
+            save_adapter(model, self.adapters[agent], folder, state_dict=whole)
         else:
-            model.save_pretrained(folder)
+            model.save_pretrained(folder, state_dict=whole)
         self.tokenizers[agent].save_pretrained(folder)
 
     def load(self, checkpoint: str) -> None:

@@ -302,7 +302,7 @@ class MultiAgentTrainer(abc.ABC):
         rank must call it: sharded agents' whole weights are gathered from all of them.
         """
         self.learners.require_finite(f": {output_dir} was not written")
-        with self.agents.whole_weights():
+        with self.agents.whole_weights(merge_adapters):
             if not self.parallel.is_main:
                 return []
             return write_folders(output_dir, self.model_writers(merge_adapters))
