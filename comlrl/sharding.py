@@ -153,6 +153,17 @@ def whole_parameters(model: torch.nn.Module, names: Iterable[str]) -> dict[str, 
     return whole if dist.get_rank() == 0 else {}
 
 
+def whole_copy(model: torch.nn.Module, empty: torch.nn.Module) -> torch.nn.Module:
+    """``empty`` (built with ``model``'s architecture, not sharded) holding a sharded
+    ``model``'s whole weights in the dtype it samples in, on every rank (a collective)."""
+    gather(model)
+    dtype = next(model.parameters()).dtype  # the gathered ones: precision's compute dtype
+    with sharded_parameters([model]):
+        weights = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+    empty.load_state_dict(weights)
+    return empty.to(dtype)
+
+
 def load_whole_state_dict(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> tuple[list[str], list[str]]:
     """Whole ``weights`` (every rank read them) into a sharded model's slices; returns the
     missing and unexpected keys as ``load_state_dict`` does. Call it within

@@ -298,15 +298,29 @@ def test_marlhf_builds_under_torchrun_and_fits_with_the_trainers_ranks(tmp_path,
     assert not hasattr(trainer.reward_source, "parallel")
 
 
-def test_madpo_iter_ranks_hold_the_same_rounds_and_resume_exactly(tmp_path):
+@pytest.mark.parametrize("sharding", ["replicate", "full_shard"])
+def test_madpo_iter_ranks_hold_the_same_rounds_and_resume_exactly(tmp_path, sharding):
     """2 ranks, 2 rounds of MADPOIter (history comparator, reference margins, reward
     histograms), then a run resumed from checkpoint-2, in round 1. Each rank samples its
     share of the rows, the current candidates and the comparator's, from its own random
     streams, so one process would build other pairs and is not compared with: the ranks
     must hold the same pairs in every round (rank 1's rows included, in row order), keep
-    identical weights, and resume exactly; only rank 0 writes the round files."""
-    torchrun("madpo_iter", tmp_path, ranks=2, per_device_rows=2)
+    identical weights, and resume exactly; only rank 0 writes the round files. Sharded, the
+    history comparator samples with whole copies gathered from the slices: its pairs are
+    the replicated run's, and the weights equal theirs (2e-5)."""
+    torchrun("madpo_iter", tmp_path, ranks=2, per_device_rows=2, sharding=sharding)
     rank0, rank1 = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))
+    if sharding != "replicate":
+        (tmp_path / "replicated").mkdir()
+        torchrun("madpo_iter", tmp_path / "replicated", ranks=2, per_device_rows=2)
+        replicated = torch.load(tmp_path / "replicated" / "rank0.pt")
+        assert len(rank0["shards"]) == len(replicated["shards"])
+        for ours, theirs in zip(rank0["shards"], replicated["shards"]):  # the same tokens, margins to float error
+            assert [{**p, "reference_deltas": None} for p in ours] == [{**p, "reference_deltas": None} for p in theirs]
+            for p, q in zip(ours, theirs):
+                assert p["reference_deltas"] == pytest.approx(q["reference_deltas"], abs=1e-4)
+        for a, b in zip(rank0["straight"], replicated["straight"], strict=True):
+            torch.testing.assert_close(a, b, atol=2e-5, rtol=0)
     assert len(rank0["shards"]) == 2
     assert rank0["shards"] == rank1["shards"] == rank0["resumed_shards"] == rank1["resumed_shards"]
     for shard in rank0["shards"]:
@@ -334,12 +348,13 @@ def test_madpo_iter_ranks_hold_the_same_rounds_and_resume_exactly(tmp_path):
     assert [line["step"] for line in lines if "dpo/loss" in line] == list(range(1, info[0]["steps"] + 1))
 
 
-def test_marlhf_iter_ranks_keep_identical_weights(tmp_path):
+@pytest.mark.parametrize("sharding", ["replicate", "full_shard"])
+def test_marlhf_iter_ranks_keep_identical_weights(tmp_path, sharding):
     """2 ranks, 2 rounds of MARLHFIter: the same pairs on both ranks, one reward model fitted
     together each round, identical agents, straight and resumed from checkpoint-2 (the end of
     round 1); only rank 0 writes the round's pairs. Its ranks sample from their own streams,
     so one process is not compared with."""
-    torchrun("marlhf_iter", tmp_path, ranks=2, per_device_rows=2)
+    torchrun("marlhf_iter", tmp_path, ranks=2, per_device_rows=2, sharding=sharding)
     rank0, rank1 = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))
     assert rank0["shards"] == rank1["shards"] == rank0["resumed_shards"] == rank1["resumed_shards"]
     assert len(rank0["shards"]) == 2 and all(rank0["shards"])

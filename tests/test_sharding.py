@@ -4,11 +4,11 @@ precision, and what is refused before anything is sharded."""
 
 import pytest
 import torch
+from peft import LoraConfig, get_peft_model
 
 from comlrl import sharding
-from comlrl.trainers.dpo import MADPOIterConfig
+from comlrl.models.lora import fresh_model
 from comlrl.trainers.reinforce import MAGRPOConfig
-from comlrl.trainers.rlhf import MARLHFIterConfig
 
 from .helpers import build_trainer, char_tokenizer, tiny_gpt2, tiny_llama, weights
 from .test_distributed import torchrun
@@ -71,9 +71,6 @@ def test_sharding_is_checked_in_the_config():
         MAGRPOConfig(sharding="full_shard", compiled_decoding=True)
     with pytest.raises(ValueError, match="generation_backend='vllm' is not supported with it yet"):
         MAGRPOConfig(sharding="shard_grad_op", generation_backend="vllm")
-    for config in (MADPOIterConfig, MARLHFIterConfig):
-        with pytest.raises(ValueError, match="with sharding='full_shard' is not supported yet: its comparators"):
-            config(sharding="full_shard")
 
 
 def test_models_are_sharded_layer_by_layer():
@@ -84,3 +81,23 @@ def test_models_are_sharded_layer_by_layer():
     assert sharding.model_class(llama) is type(llama) and not sharding.is_sharded(llama)
     with pytest.raises(ValueError, match=r"agent 1 \(Sequential\) names no decoder layer class"):
         sharding.shard_model(torch.nn.Sequential(torch.nn.Linear(2, 2)), "full_shard", None, "agent 1")
+
+
+def test_a_fresh_model_is_built_like_the_agent_without_moving_the_streams():
+    """What a sharded agent's whole copy (MADPOIter's comparators) is filled into: the same
+    class, parameter names and shapes, adapters and sampling defaults, and drawing its random
+    init from a forked stream, so the run samples as it would with a deep copy."""
+    tok = char_tokenizer()
+    base = tiny_llama(tok)
+    base.generation_config.top_k = 7
+    shared = get_peft_model(base, LoraConfig(r=2, target_modules=["q_proj"]), adapter_name="agent_0")
+    shared.add_adapter("agent_1", LoraConfig(r=3, target_modules=["v_proj"]))
+    for agent in (tiny_gpt2(tok), shared):
+        before = torch.get_rng_state()
+        fresh = fresh_model(agent)
+        assert torch.equal(torch.get_rng_state(), before)
+        assert type(fresh) is type(agent) and fresh is not agent
+        shapes = {k: v.shape for k, v in agent.state_dict().items()}
+        assert {k: v.shape for k, v in fresh.state_dict().items()} == shapes
+    assert sorted(fresh.peft_config) == ["agent_0", "agent_1"]
+    assert fresh.get_base_model().generation_config.top_k == 7

@@ -122,3 +122,20 @@ def merged_copy(agent: torch.nn.Module, adapter: str | None) -> torch.nn.Module:
         return merged.merge_and_unload()
     merged.set_adapter(adapter)
     return merged.merge_and_unload(adapter_names=[adapter])
+
+
+def fresh_model(agent: torch.nn.Module) -> torch.nn.Module:
+    """A newly built model of ``agent``'s class, config and generation config, not sharded (a
+    PEFT model: its base's, with the same adapters), for :func:`comlrl.sharding.whole_copy` to
+    fill. Its random init draws from a forked stream: the run's streams do not move."""
+    base = agent.get_base_model() if is_peft_model(agent) else agent
+    with torch.random.fork_rng(devices=[]):
+        built = sharding.model_class(base)(base.config)
+        built.generation_config = copy.deepcopy(base.generation_config)  # the sampling defaults
+        if not is_peft_model(agent):
+            return built
+        names = list(agent.peft_config)
+        fresh = _peft().get_peft_model(built, copy.deepcopy(agent.peft_config[names[0]]), adapter_name=names[0])
+        for name in names[1:]:
+            fresh.add_adapter(name, copy.deepcopy(agent.peft_config[name]))
+        return fresh

@@ -25,9 +25,10 @@ from typing import Any, Protocol
 import torch
 from transformers import AutoTokenizer
 
+from comlrl import sharding
 from comlrl.models.folders import check_model_source
 from comlrl.models.loading import load_agents
-from comlrl.models.lora import is_peft_model, merged_copy
+from comlrl.models.lora import fresh_model, is_peft_model, merged_copy
 from comlrl.models.placement import resolve_agent_devices
 from comlrl.rollout.backends import GenerationBackend, HFBackend
 from comlrl.trainers.dpo.api_comparator import ApiBackend, ApiClient
@@ -59,18 +60,24 @@ def comparator_devices(spec: str | Sequence[str] | None, agents: Any) -> list[to
     return resolve_agent_devices(spec, len(agents), field="comparator_devices")
 
 
-def frozen_copy(agents: Any, agent: int, device: torch.device) -> torch.nn.Module:
-    """Agent ``agent``'s policy as it is now, as a model of its own on ``device``, frozen (an
-    adapter is merged into the copy's weights)."""
+def policy_copy(agents: Any, agent: int) -> torch.nn.Module:
+    """Agent ``agent``'s policy as it is now, as a model of its own (an adapter is merged into
+    the copy's weights; a sharded agent's whole weights are gathered: a collective)."""
     model = agents[agent]
-    copied = merged_copy(model, agents.adapters[agent]) if is_peft_model(model) else copy.deepcopy(model)
-    return copied.to(device).eval().requires_grad_(False)
+    if sharding.is_sharded(model):
+        model = sharding.whole_copy(model, fresh_model(model))
+    return merged_copy(model, agents.adapters[agent]) if is_peft_model(model) else copy.deepcopy(model)
+
+
+def frozen_copy(agents: Any, agent: int, device: torch.device) -> torch.nn.Module:
+    """:func:`policy_copy` on ``device``, frozen."""
+    return policy_copy(agents, agent).to(device).eval().requires_grad_(False)
 
 
 def policy_weights(agents: Any, agent: int) -> dict[str, torch.Tensor]:
     """The weights :func:`frozen_copy` would give agent ``agent``'s copy now, on the CPU."""
     model = agents[agent]
-    source = merged_copy(model, agents.adapters[agent]) if is_peft_model(model) else model
+    source = policy_copy(agents, agent) if is_peft_model(model) or sharding.is_sharded(model) else model
     return {name: tensor.detach().to("cpu", copy=True) for name, tensor in source.state_dict().items()}
 
 

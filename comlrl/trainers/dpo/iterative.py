@@ -169,11 +169,6 @@ class MADPOIterConfig(MADPOConfig):
     def __post_init__(self):
         super().__post_init__()
         check_int(self, "num_iterations")
-        if self.sharding != "replicate":
-            raise ValueError(
-                f"{self.trainer_name} with sharding={self.sharding!r} is not supported yet: its comparators and "
-                "snapshots copy the agents' whole models; use sharding='replicate'"
-            )
         self._check_comparator()
         self._check_replay()
         check_bool(self, "log_reward_distribution")
