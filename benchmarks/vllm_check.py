@@ -133,7 +133,7 @@ def main(argv=None) -> int:
     agents = [AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to("cuda:0") for _ in range(2)]
     hf = HFBackend(agents, [tokenizer] * 2, lambda agent: None)
     started = time.perf_counter()
-    vllm = VLLMBackend(agents, [tokenizer] * 2, [None, None], args.gpu_memory_utilization, dtype=dtype)
+    vllm = VLLMBackend(agents, [tokenizer] * 2, [None, None], lambda agent: None, args.gpu_memory_utilization, dtype)
     report: dict = {
         "model": str(model_path),
         "dtype": args.dtype,

@@ -138,19 +138,21 @@ def full(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
 
 
-def whole_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """A sharded model's whole weights on rank 0's CPU (a collective; other ranks get ``{}``)."""
+def whole_state_dict(model: torch.nn.Module, every_rank: bool = False) -> dict[str, torch.Tensor]:
+    """A sharded model's whole weights on rank 0's CPU (a collective; other ranks get ``{}``),
+    or with ``every_rank``, on every rank's device."""
+    options = StateDictOptions(full_state_dict=True, cpu_offload=not every_rank)
     with sharded_parameters([model]):
-        return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return get_model_state_dict(model, options=options)
 
 
-def whole_parameters(model: torch.nn.Module, names: Iterable[str]) -> dict[str, torch.Tensor]:
+def whole_parameters(model: torch.nn.Module, names: Iterable[str], every_rank: bool = False) -> dict[str, torch.Tensor]:
     """These parameters of a sharded model whole on rank 0's CPU (a collective; other ranks
-    get ``{}``): an adapter's, without gathering its base."""
+    get ``{}`` unless ``every_rank``): an adapter's, without gathering its base."""
     with sharded_parameters([model]):
         parameters = dict(model.named_parameters())
         whole = {name: full(parameters[name]).detach().cpu() for name in names}
-    return whole if dist.get_rank() == 0 else {}
+    return whole if every_rank or dist.get_rank() == 0 else {}
 
 
 def whole_copy(model: torch.nn.Module, empty: torch.nn.Module) -> torch.nn.Module:
@@ -158,9 +160,7 @@ def whole_copy(model: torch.nn.Module, empty: torch.nn.Module) -> torch.nn.Modul
     ``model``'s whole weights in the dtype it samples in, on every rank (a collective)."""
     gather(model)
     dtype = next(model.parameters()).dtype  # the gathered ones: precision's compute dtype
-    with sharded_parameters([model]):
-        weights = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
-    empty.load_state_dict(weights)
+    empty.load_state_dict(whole_state_dict(model, every_rank=True))
     return empty.to(dtype)
 
 

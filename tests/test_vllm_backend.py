@@ -18,11 +18,13 @@ import types
 
 import pytest
 import torch
+import torch.distributed as dist
 from peft import get_peft_model
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 import comlrl.rollout.vllm_backend as vllm_backend
+from comlrl import sharding
 from comlrl.models.forward import completion_logprobs
 from comlrl.rollout.generation import generate_group
 from comlrl.rollout.sampler_logprobs import support_log_mass
@@ -170,10 +172,14 @@ def fake_vllm(monkeypatch):
     return install_fake_vllm(monkeypatch)
 
 
+def nothing_to_ready(agent: int) -> None:
+    """``ready`` for plain models: no adapter to activate, no shards to gather."""
+
+
 def backend_for(num_agents=1, tokenizer=None, **kwargs):
     tok = tokenizer or char_tokenizer()
     agents = [tiny_llama(tok, seed=i) for i in range(num_agents)]
-    return VLLMBackend(agents, [tok] * num_agents, [None] * num_agents, 0.3, **kwargs)
+    return VLLMBackend(agents, [tok] * num_agents, [None] * num_agents, nothing_to_ready, 0.3, **kwargs)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -438,7 +444,7 @@ def test_the_trainer_keeps_the_engines_logprobs_and_measures_the_gap(fake_vllm, 
 def test_each_distinct_agent_gets_an_engine_built_from_its_weights_on_its_gpu(fake_vllm):
     tok = char_tokenizer()
     agents = [tiny_llama(tok, seed=0), tiny_llama(tok, seed=1).to(torch.bfloat16)]
-    backend = VLLMBackend(agents, [tok, tok], [None, None], 0.25)
+    backend = VLLMBackend(agents, [tok, tok], [None, None], nothing_to_ready, 0.25)
 
     for i, (agent, engine) in enumerate(zip(agents, fake_vllm.engines)):
         kwargs = engine.kwargs
@@ -494,7 +500,8 @@ def shared_lora_backend(fake_vllm, num_agents=3):
     for i in range(1, num_agents):
         model.add_adapter(f"agent_{i}", lora())
     names = [f"agent_{i}" for i in range(num_agents)]
-    return VLLMBackend([model] * num_agents, [tok] * num_agents, names, 0.3), model
+    ready = lambda agent: model.set_adapter(names[agent])  # noqa: E731
+    return VLLMBackend([model] * num_agents, [tok] * num_agents, names, ready, 0.3), model
 
 
 def test_adapters_on_one_base_share_one_engine_and_one_call(fake_vllm):
@@ -545,6 +552,77 @@ def test_an_adapter_sync_publishes_only_the_adapter_under_a_fresh_id(fake_vllm):
     written = load_file(os.path.join(new.lora_path, "adapter_model.safetensors"))
     lora_a = next(p for n, p in model.named_parameters() if ".agent_1." in n and "lora_A" in n)
     assert any(torch.equal(tensor, lora_a.detach()) for tensor in written.values())
+
+
+@pytest.fixture
+def one_rank(tmp_path):
+    """A process group of this process alone, for FSDP to shard over (each slice is whole)."""
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def test_a_sharded_agent_gives_its_engine_its_whole_weights_and_stays_whole(fake_vllm, one_rank):
+    """The engine's folder and each sync hold the gathered weights, read without
+    ``state_dict()``, whose FSDP hook would shard the gathered model under the sampler."""
+    tok = char_tokenizer()
+    model = tiny_llama(tok)
+    expected = {name: p.detach().clone() for name, p in model.named_parameters()}
+    sharding.shard_model(model, "full_shard", None, "agent 0")
+    sharding.gather(model)
+    backend = VLLMBackend([model], [tok], [None], lambda agent: sharding.gather(model), 0.3)
+    saved = AutoModelForCausalLM.from_pretrained(fake_vllm.engines[0].kwargs["model"])
+    assert {name: p for name, p in saved.named_parameters()}.keys() == expected.keys()
+    for name, tensor in saved.named_parameters():
+        assert torch.equal(tensor, expected[name]), name
+    assert not sharding.has_sharded(model.parameters())
+    sharding.release(model)  # an optimizer step changes the slices
+    with torch.no_grad():
+        sharding.local(model.model.embed_tokens.weight).add_(1.0)
+    sharding.gather(model)
+
+    backend.sync_weights(0)
+
+    (_, weights), _ = fake_vllm.engines[0].events
+    sent = dict(weights)
+    assert torch.equal(sent["model.embed_tokens.weight"], expected["model.embed_tokens.weight"] + 1)
+    assert torch.equal(sent["lm_head.weight"], expected["lm_head.weight"])
+    assert not sharding.has_sharded(model.parameters())
+
+
+def test_sharded_adapters_on_one_base_reach_their_engine_whole(fake_vllm, one_rank):
+    """The shared engine loads the base gathered from its shards, and an adapter's sync
+    publishes its gathered weights; the model stays whole for the sampler."""
+    tok = char_tokenizer()
+    names = ["agent_0", "agent_1"]
+    model = get_peft_model(tiny_llama(tok), lora(), adapter_name=names[0])
+    model.add_adapter(names[1], lora())
+    expected = {name: p.detach().clone() for name, p in model.named_parameters()}
+    sharding.shard_model(model, "full_shard", None, "agents")
+    sharding.gather(model)
+
+    def ready(agent: int) -> None:
+        model.set_adapter(names[agent])
+        sharding.gather(model)
+
+    backend = VLLMBackend([model] * 2, [tok] * 2, names, ready, 0.3)
+    saved = AutoModelForCausalLM.from_pretrained(fake_vllm.engines[0].kwargs["model"])
+    for name, tensor in saved.named_parameters():
+        key = "base_model.model." + name.replace("q_proj.", "q_proj.base_layer.").replace(
+            "v_proj.", "v_proj.base_layer."
+        )
+        assert torch.equal(tensor, expected[key]), name
+    lora_a = next(name for name in expected if ".agent_1." in name and "lora_A" in name)
+    sharding.release(model)
+    with torch.no_grad():
+        sharding.local(dict(model.named_parameters())[lora_a]).add_(0.5)
+    sharding.gather(model)
+
+    backend.sync_weights(1)
+
+    written = load_file(os.path.join(engine_requests(backend)[1].lora_path, "adapter_model.safetensors"))
+    assert any(torch.equal(tensor, expected[lora_a] + 0.5) for tensor in written.values())
+    assert not sharding.has_sharded(model.parameters())
 
 
 def test_lora_rank_slots():
@@ -693,7 +771,7 @@ def test_an_agent_off_the_gpu_is_named(monkeypatch):
     with pytest.raises(ValueError, match=r"agent 3 is on cpu.*move agent 3 to a CUDA device.*generation_backend='hf'"):
         vllm_backend.agent_cuda_device(model, 3)
     with pytest.raises(ValueError, match=r"agent 0 is on cpu"):
-        VLLMBackend([model], [tok], [None], 0.3)
+        VLLMBackend([model], [tok], [None], nothing_to_ready, 0.3)
     assert fake.engines == []
 
 

@@ -102,6 +102,13 @@ def adapter_keys(agent: torch.nn.Module, adapter: str | None) -> dict[str, str]:
     return {key: names[int(index)] for key, index in saved.items()}
 
 
+def adapter_weights(agent: torch.nn.Module, adapters: Sequence[str | None], every_rank: bool = False) -> dict:
+    """These adapters' parameters of a sharded PEFT ``agent``, whole, keyed by parameter name
+    (what :func:`save_adapter` takes as ``state_dict``): on rank 0, or on ``every_rank`` (a collective)."""
+    names = {name for adapter in adapters for name in adapter_keys(agent, adapter).values()}
+    return sharding.whole_parameters(agent, sorted(names), every_rank)
+
+
 def save_adapter(
     agent: torch.nn.Module, adapter: str, folder: str, state_dict: dict[str, torch.Tensor] | None = None
 ) -> None:

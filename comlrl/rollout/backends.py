@@ -67,7 +67,9 @@ def build_backend(
     if name == "vllm":
         from comlrl.rollout.vllm_backend import VLLMBackend
 
-        return VLLMBackend(agents, agents.tokenizers, agents.adapters, vllm_gpu_memory_utilization, dtype=rollout_dtype)
+        return VLLMBackend(
+            agents, agents.tokenizers, agents.adapters, agents.for_sampling, vllm_gpu_memory_utilization, rollout_dtype
+        )
     return HFBackend(agents, agents.tokenizers, agents.for_sampling, sampler_logprobs, compiled)
 
 

@@ -40,14 +40,15 @@ import os
 import shutil
 import tempfile
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from comlrl.models.lora import save_adapter
+from comlrl import sharding
+from comlrl.models.lora import adapter_weights, save_adapter
 from comlrl.rollout.decoding import generation_default
 from comlrl.rollout.generation import AgentRollout, build_rollout, completion_eos_ids, encode_prompts
 from comlrl.rollout.sampler_logprobs import learner_support_log_mass
@@ -141,15 +142,19 @@ class Engine:
 
 class VLLMBackend:
     """vLLM engines for ``agents`` (see the module's docstring): ``tokenizers`` and ``adapters``
-    (each agent's LoRA adapter name, or None) are the trainer's; ``dtype``: the engines' (None:
-    each agent's own); ``sampler_logprobs``: report each drawn token's log-prob, in the
-    learner's convention."""
+    (each agent's LoRA adapter name, or None) are the trainer's; ``ready(i)`` makes agent i's
+    model readable (its adapter active, its weights whole: the trainer's
+    ``Agents.for_sampling``); ``dtype``: the engines' (None: each agent's own);
+    ``sampler_logprobs``: report each drawn token's log-prob, in the learner's convention. A
+    sharded agent's whole weights are gathered for its engine on every rank (a collective, as
+    is each sync)."""
 
     def __init__(
         self,
         agents: Sequence[torch.nn.Module],
         tokenizers: Sequence[Any],
         adapters: Sequence[str | None],
+        ready: Callable[[int], None],
         gpu_memory_utilization: float,
         dtype: torch.dtype | None = None,
         sampler_logprobs: bool = True,
@@ -172,7 +177,7 @@ class VLLMBackend:
                 "generation_backend='vllm' needs a CUDA GPU and none is available; use generation_backend='hf'"
             )
         self.vllm = vllm
-        self.agents, self.tokenizers, self.adapters = agents, tokenizers, list(adapters)
+        self.agents, self.tokenizers, self.adapters, self.ready = agents, tokenizers, list(adapters), ready
         self.sampler_logprobs = sampler_logprobs
         self.dtypes = [dtype or next(agent.parameters()).dtype for agent in agents]
         devices = [agent_cuda_device(agent, i) for i, agent in enumerate(agents)]
@@ -194,10 +199,14 @@ class VLLMBackend:
         first = group[0]
         model, lora = self.agents[first], self.adapters[first] is not None
         folder = os.path.join(self._folder.name, f"engine_{first}")
+        self.ready(first)
+        # Not model.state_dict() on a sharded model: FSDP would shard its gathered weights.
+        whole = sharding.whole_state_dict(model, every_rank=True) if sharding.is_sharded(model) else None
         if lora:
-            save_base_model(model, folder)
+            save_base_model(model, folder, whole)
         else:
-            model.save_pretrained(folder)
+            model.save_pretrained(folder, state_dict=whole)
+        del whole
         self.tokenizers[first].save_pretrained(folder)
         kwargs: dict[str, Any] = {
             "model": folder,
@@ -327,7 +336,7 @@ class VLLMBackend:
         """The learner's log-mass on the engine's support at each token (see
         :mod:`comlrl.rollout.sampler_logprobs`); greedy: temperature 1, no top-k or top-p, as
         the hf backend takes a greedy token's log-prob."""
-        self._activate(agent)
+        self.ready(agent)
         greedy = kwargs["temperature"] == 0
         return learner_support_log_mass(
             self.agents[agent],
@@ -341,10 +350,6 @@ class VLLMBackend:
             min_new_tokens=kwargs["min_tokens"],
             eos_ids=kwargs["stop_token_ids"],
         )
-
-    def _activate(self, agent: int) -> None:
-        if self.adapters[agent] is not None:
-            self.agents[agent].set_adapter(self.adapters[agent])
 
     def uses_generators(self, sampling: dict[str, Any]) -> bool:
         return True
@@ -363,6 +368,7 @@ class VLLMBackend:
             self._publish_adapter(engine, agent)
             return
         dtype = self.dtypes[agent]
+        self.ready(agent)  # a sharded model's parameters are then its whole ones
         weights = [
             (name, parameter.detach().to("cpu", dtype))
             for name, parameter in self.agents[agent].named_parameters()
@@ -375,7 +381,9 @@ class VLLMBackend:
     def _publish_adapter(self, engine: Engine, agent: int) -> None:
         adapter_id = next(self._adapter_ids)
         folder = os.path.join(self._folder.name, f"adapter_{agent}_{adapter_id}")
-        save_adapter(self.agents[agent], self.adapters[agent], folder)
+        model, adapter = self.agents[agent], self.adapters[agent]
+        whole = adapter_weights(model, [adapter], every_rank=True) if sharding.is_sharded(model) else None
+        save_adapter(model, adapter, folder, state_dict=whole)
         name = f"agent{agent}-{adapter_id}"
         request = self.vllm.LoRARequest(lora_name=name, lora_int_id=adapter_id, lora_path=folder)
         old = engine.adapter_requests.get(agent)

@@ -57,11 +57,13 @@ def lora_rank_slot(ranks: Sequence[int]) -> int:
     raise ValueError(f"LoRA rank {most} is above vLLM's largest max_lora_rank ({LORA_RANKS[-1]}): use a smaller r")
 
 
-def save_base_model(model: torch.nn.Module, folder: str) -> None:
+def save_base_model(model: torch.nn.Module, folder: str, whole: dict[str, torch.Tensor] | None = None) -> None:
     """The frozen base of a PEFT model as a plain Hugging Face folder (its LoRA weights left
-    out, its wrapped layers under their own names): what the engine loads before adapters."""
+    out, its wrapped layers under their own names): what the engine loads before adapters.
+    ``whole``: the PEFT model's state dict gathered from its shards (None: not sharded)."""
     base = model.get_base_model()
-    state = base.state_dict()
+    prefix = "base_model.model."
+    state = base.state_dict() if whole is None else {k.removeprefix(prefix): v for k, v in whole.items()}
     extra = sorted({key.split(".")[-2] for key in state if "modules_to_save" in key})
     if extra:
         raise ValueError(

@@ -26,7 +26,7 @@ from comlrl.models.loading import (
     resolve_tokenizers,
 )
 from comlrl.models.lora import (
-    adapter_keys,
+    adapter_weights,
     attach_adapters,
     is_peft_model,
     merged_copy,
@@ -211,9 +211,7 @@ class Agents(Sequence[torch.nn.Module]):
         """A sharded model's whole weights on rank 0 (a collective): a LoRA model's adapters only."""
         if not is_peft_model(model):
             return sharding.whole_state_dict(model)
-        adapters = {a for m, a in zip(self.models, self.adapters) if m is model}
-        names = {name for adapter in adapters for name in adapter_keys(model, adapter).values()}
-        return sharding.whole_parameters(model, sorted(names))
+        return adapter_weights(model, [a for m, a in zip(self.models, self.adapters) if m is model])
 
     def describe(self) -> list[dict[str, Any]]:
         """What a checkpoint records of each agent, to refuse resuming with other ones."""

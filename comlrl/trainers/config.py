@@ -113,7 +113,8 @@ class TrainerConfig:
     allocated once per call (CUDA graphs on a GPU), drawing the same tokens as the eager
     loop; the compile cost is paid once per process and shape bucket. Off by default: on a
     CPU the compile time outweighs what it saves on runs of this library's size
-    (benchmarks/README.md, "compiled decoding")."""
+    (benchmarks/README.md, "compiled decoding"). Not with ``sharding`` other than
+    ``"replicate"`` (refused)."""
 
     # --- multi-agent structure ------------------------------------------------------------
     num_agents: int | None = None
@@ -344,12 +345,10 @@ class TrainerConfig:
             )
         check_choice(self, "precision", PRECISIONS)
         check_choice(self, "sharding", SHARDING_MODES)
-        if self.sharding != "replicate" and (self.compiled_decoding or self.generation_backend != "hf"):
-            backend = f"generation_backend={self.generation_backend!r}"
-            used = "compiled_decoding=True" if self.compiled_decoding else backend
+        if self.sharding != "replicate" and self.compiled_decoding:
             raise ValueError(
-                f"sharding={self.sharding!r} samples with the hf backend's eager loop on the gathered weights; "
-                f"{used} is not supported with it yet: use sharding='replicate', or drop {used.split('=')[0]}"
+                f"compiled_decoding=True is not supported with sharding={self.sharding!r} yet (FSDP's hooks do not "
+                "compile into one graph): use sharding='replicate', or drop compiled_decoding"
             )
         if self.early_termination_threshold is not None and not is_real(self.early_termination_threshold):
             raise ValueError(
