@@ -92,8 +92,10 @@ def units(model: torch.nn.Module) -> list[Any]:
 
 
 def gather(model: torch.nn.Module) -> None:
-    """Make a sharded ``model`` whole (a collective), until :func:`release`; else nothing."""
-    if not is_sharded(model) or model in _GATHERED:
+    """Make a sharded ``model`` whole (a collective), until :func:`release`; else nothing.
+    Whole means its parameters, not this module's record: a ``state_dict()`` call shards a
+    gathered model again (FSDP's pre-save hook), and the next gather must undo it."""
+    if not is_sharded(model) or (model in _GATHERED and not has_sharded(model.parameters())):
         return
     model.set_reshard_after_forward(False)
     for unit in units(model):

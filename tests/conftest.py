@@ -6,6 +6,7 @@ import types
 
 import pytest
 import torch
+import torch.distributed as dist
 
 from tests.helpers import char_tokenizer, tiny_llama
 
@@ -13,6 +14,14 @@ if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
     # `make test` runs one pytest worker per core: each takes its share of the cores, rather
     # than every worker running torch's default of one thread per core (oversubscribed, slower).
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+
+
+@pytest.fixture
+def one_rank(tmp_path):
+    """A process group of this process alone, for FSDP to shard over (each slice is whole)."""
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
 
 
 @pytest.fixture

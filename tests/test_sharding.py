@@ -100,3 +100,19 @@ def test_a_fresh_model_is_built_like_the_agent_without_moving_the_streams():
         assert {k: v.shape for k, v in fresh.state_dict().items()} == shapes
     assert sorted(fresh.peft_config) == ["agent_0", "agent_1"]
     assert fresh.get_base_model().generation_config.top_k == 7
+
+
+def test_a_state_dict_call_does_not_leave_the_sampler_on_slices(one_rank):
+    """``state_dict()`` on a gathered model shards it again (FSDP's pre-save hook); the next
+    gather, which comes before anything samples, makes it whole again instead of trusting
+    that it still is (sampling on slices would gather per decoding step, in step with no rank)."""
+    model = tiny_llama(char_tokenizer())
+    sharding.shard_model(model, "full_shard", None, "agent 0")
+    sharding.gather(model)
+    assert not sharding.has_sharded(model.parameters())
+    model.state_dict()
+    assert sharding.has_sharded(model.parameters())
+    sharding.gather(model)
+    assert not sharding.has_sharded(model.parameters())
+    sharding.release(model)
+    assert sharding.has_sharded(model.parameters())

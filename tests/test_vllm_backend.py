@@ -18,7 +18,6 @@ import types
 
 import pytest
 import torch
-import torch.distributed as dist
 from peft import get_peft_model
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
@@ -552,14 +551,6 @@ def test_an_adapter_sync_publishes_only_the_adapter_under_a_fresh_id(fake_vllm):
     written = load_file(os.path.join(new.lora_path, "adapter_model.safetensors"))
     lora_a = next(p for n, p in model.named_parameters() if ".agent_1." in n and "lora_A" in n)
     assert any(torch.equal(tensor, lora_a.detach()) for tensor in written.values())
-
-
-@pytest.fixture
-def one_rank(tmp_path):
-    """A process group of this process alone, for FSDP to shard over (each slice is whole)."""
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 def test_a_sharded_agent_gives_its_engine_its_whole_weights_and_stays_whole(fake_vllm, one_rank):
