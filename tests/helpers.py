@@ -503,7 +503,8 @@ def run_ddp_worker(
         straight.train()
         rank = straight.parallel.rank
         saved = straight.save_model(str(out_dir / "saved"))
-        merge_refused = merge_refusal(straight, out_dir / "merged")
+        if algorithm in ("lora", "shared_lora"):
+            straight.save_model(str(out_dir / "merged"), merge_adapters=True)
         resumed = build_trainer(algorithm, out_dir / "run", per_device_rows, sharding)
         resumed.train(resume_from_checkpoint=str(out_dir / "run" / "checkpoint-2"))
     held = {"straight": weights(straight), "resumed": weights(resumed)}
@@ -519,17 +520,7 @@ def run_ddp_worker(
     info = {"world_size": straight.parallel.world_size, "saved": saved, "steps": straight.global_step}
     info["sharded"] = [straight.learners.names[i] for i in straight.learners.sharded]
     info["optimizer_numel"] = optimizer_numel(straight)
-    info["merge_refused"] = merge_refused
     (out_dir / f"rank{rank}.json").write_text(json.dumps({**info, **{name: m.call_count for name, m in round_files}}))
-
-
-def merge_refusal(trainer, folder: Path) -> str:
-    """What ``save_model(merge_adapters=True)`` raised on this rank, "" when it wrote ``folder``."""
-    try:
-        trainer.save_model(str(folder), merge_adapters=True)
-    except ValueError as error:
-        return str(error)
-    return ""
 
 
 def run_resume_worker(algorithm: str, out: str, per_device_rows: int, sharding: str, checkpoint: str) -> None:

@@ -121,10 +121,10 @@ def save_adapter(
     agent.peft_config[adapter].save_pretrained(folder)
 
 
-def merged_copy(agent: torch.nn.Module, adapter: str | None) -> torch.nn.Module:
+def merged_copy(agent: torch.nn.Module, adapter: str | None, in_place: bool = False) -> torch.nn.Module:
     """A copy of the base model with the agent's adapter merged into its weights (the
-    training model is left as it is)."""
-    merged = copy.deepcopy(agent)
+    training model is left as it is; ``in_place``: ``agent`` is itself a copy, merged as it is)."""
+    merged = agent if in_place else copy.deepcopy(agent)
     if adapter is None:
         return merged.merge_and_unload()
     merged.set_adapter(adapter)

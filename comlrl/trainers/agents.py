@@ -28,6 +28,7 @@ from comlrl.models.loading import (
 from comlrl.models.lora import (
     adapter_weights,
     attach_adapters,
+    fresh_model,
     is_peft_model,
     merged_copy,
     save_adapter,
@@ -191,25 +192,23 @@ class Agents(Sequence[torch.nn.Module]):
 
     @contextlib.contextmanager
     def whole_weights(self, merge_adapters: bool = False) -> Iterator[None]:
-        """Within it, :meth:`write` can save sharded agents: each one's whole weights are
-        gathered on rank 0 first (a collective: every rank enters it). ``merge_adapters``
-        (refused for sharded adapters, on every rank before any gather): what will be written."""
-        for i, model in enumerate(self.models):
-            if merge_adapters and is_peft_model(model) and sharding.is_sharded(model):
-                raise ValueError(
-                    f"agent {i} is a LoRA adapter on a sharded model, which merge_adapters=True cannot copy whole: "
-                    "save its adapter (merge_adapters=False), then merge it with "
-                    "peft.PeftModel.from_pretrained(base, folder).merge_and_unload()"
-                )
-        self._whole = {id(m): self.whole_state_dict(m) for m in unique(self.models) if sharding.is_sharded(m)}
+        """Within it, :meth:`write` can save sharded agents: each one's whole weights (a LoRA
+        model's adapters only, unless ``merge_adapters``) are gathered on rank 0 first (a
+        collective: every rank enters it)."""
+        self._whole = {
+            id(m): self.whole_state_dict(m, with_base=merge_adapters)
+            for m in unique(self.models)
+            if sharding.is_sharded(m)
+        }
         try:
             yield
         finally:
             self._whole = {}
 
-    def whole_state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
-        """A sharded model's whole weights on rank 0 (a collective): a LoRA model's adapters only."""
-        if not is_peft_model(model):
+    def whole_state_dict(self, model: torch.nn.Module, with_base: bool = False) -> dict[str, torch.Tensor]:
+        """A sharded model's whole weights on rank 0 (a collective): a LoRA model's adapters
+        only, unless ``with_base``."""
+        if with_base or not is_peft_model(model):
             return sharding.whole_state_dict(model)
         return adapter_weights(model, [a for m, a in zip(self.models, self.adapters) if m is model])
 
@@ -226,7 +225,12 @@ class Agents(Sequence[torch.nn.Module]):
                 raise RuntimeError(f"agent {agent} is sharded: write it within whole_weights()")
             whole = self._whole[id(model)]
         if merge_adapters and is_peft_model(model):
-            model = merged_copy(model, self.adapters[agent])
+            if whole is None:
+                model = merged_copy(model, self.adapters[agent])
+            else:  # rank 0 builds the sharded model whole from its gathered weights, and merges that
+                built = fresh_model(model)
+                built.load_state_dict(whole)
+                model, whole = merged_copy(built, self.adapters[agent], in_place=True), None
         if self.adapters[agent] is not None and not merge_adapters:
             save_adapter(model, self.adapters[agent], folder, state_dict=whole)
         else:
