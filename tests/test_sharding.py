@@ -1,6 +1,7 @@
 """FSDP2 sharding (:mod:`comlrl.sharding`) beyond tests/test_distributed.py's 2-rank runs:
 checkpoints resumed at another number of ranks in both directions, bf16 through FSDP's mixed
-precision, and what is refused before anything is sharded."""
+precision, the config's checks, the fresh models whole copies are filled into, and a gather
+that a ``state_dict()`` call cannot undo unseen."""
 
 import pytest
 import torch
