@@ -157,11 +157,17 @@ def whole_parameters(model: torch.nn.Module, names: Iterable[str], every_rank: b
     return whole if every_rank or dist.get_rank() == 0 else {}
 
 
+def sampling_dtype(model: torch.nn.Module) -> torch.dtype:
+    """The dtype a sharded ``model`` samples in: its gathered parameters' (precision's compute
+    dtype, where its slices are fp32 masters). Gathers it (a collective)."""
+    gather(model)
+    return next(model.parameters()).dtype
+
+
 def whole_copy(model: torch.nn.Module, empty: torch.nn.Module) -> torch.nn.Module:
     """``empty`` (built with ``model``'s architecture, not sharded) holding a sharded
     ``model``'s whole weights in the dtype it samples in, on every rank (a collective)."""
-    gather(model)
-    dtype = next(model.parameters()).dtype  # the gathered ones: precision's compute dtype
+    dtype = sampling_dtype(model)
     empty.load_state_dict(whole_state_dict(model, every_rank=True))
     return empty.to(dtype)
 

@@ -63,10 +63,11 @@ def comparator_devices(spec: str | Sequence[str] | None, agents: Any) -> list[to
 def policy_copy(agents: Any, agent: int) -> torch.nn.Module:
     """Agent ``agent``'s policy as it is now, as a model of its own (an adapter is merged into
     the copy's weights; a sharded agent's whole weights are gathered: a collective)."""
-    model = agents[agent]
-    if sharding.is_sharded(model):
-        model = sharding.whole_copy(model, fresh_model(model))
-    return merged_copy(model, agents.adapters[agent]) if is_peft_model(model) else copy.deepcopy(model)
+    model, adapter = agents[agent], agents.adapters[agent]
+    if sharding.is_sharded(model):  # built anew from the gathered slices: already a copy
+        built = sharding.whole_copy(model, fresh_model(model))
+        return merged_copy(built, adapter, in_place=True) if is_peft_model(built) else built
+    return merged_copy(model, adapter) if is_peft_model(model) else copy.deepcopy(model)
 
 
 def frozen_copy(agents: Any, agent: int, device: torch.device) -> torch.nn.Module:
@@ -77,8 +78,14 @@ def frozen_copy(agents: Any, agent: int, device: torch.device) -> torch.nn.Modul
 def policy_weights(agents: Any, agent: int) -> dict[str, torch.Tensor]:
     """The weights :func:`frozen_copy` would give agent ``agent``'s copy now, on the CPU."""
     model = agents[agent]
-    source = policy_copy(agents, agent) if is_peft_model(model) or sharding.is_sharded(model) else model
-    return {name: tensor.detach().to("cpu", copy=True) for name, tensor in source.state_dict().items()}
+    if is_peft_model(model):
+        state = policy_copy(agents, agent).state_dict()
+    elif sharding.is_sharded(model):  # read from the slices, without building a model around them
+        dtype = sharding.sampling_dtype(model)
+        state = {name: t.to(dtype) for name, t in sharding.whole_state_dict(model, every_rank=True).items()}
+    else:
+        state = model.state_dict()
+    return {name: tensor.detach().to("cpu", copy=True) for name, tensor in state.items()}
 
 
 def frozen_backend(models: Sequence[torch.nn.Module], agents: Any) -> HFBackend:
