@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import bisect
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 from transformers import get_scheduler
@@ -82,6 +83,7 @@ class Learners:
     ) -> None:
         """One AdamW and one schedule over ``total_steps`` optimizer steps per named set (of
         ``modules``' parameters, when given)."""
+        own_file_mapped(p for group in parameters for p in group)
         masters = [MasterWeights(p, enabled=self.fp32_masters) for p in parameters]
         optimizers = build_optimizers([m.masters for m in masters], learning_rates, weight_decay)
         self.names.extend(names)
@@ -235,3 +237,46 @@ def all_finite(tensors: Sequence[torch.Tensor]) -> bool:
         if tensor.numel():  # an empty tensor has no extremes (this rank's slice may be empty)
             extremes.setdefault(tensor.device, []).extend(torch.aminmax(tensor))
     return all(bool(torch.stack(group).isfinite().all()) for group in extremes.values())
+
+
+def own_file_mapped(parameters: Iterable[torch.nn.Parameter]) -> int:
+    """Copy each CPU parameter that is a view of a memory-mapped file into memory of its own;
+    returns how many were copied. ``from_pretrained`` maps safetensors files copy-on-write and
+    leaves the parameters in the mapping when it needs no conversion (the file's dtype).
+
+    Why: the optimizer's first write to such a parameter faults its pages in one by one, each
+    copied from the file: 1.2-2.2 s for SmolLM2-135M's fp32 weights on a 2-core CPU, against
+    0.25 s for one copy. And a parameter not yet written follows the file: a file rewritten in
+    place under a running trainer would change it, or (truncated) crash the process.
+    Only Linux says which memory is mapped from a file (``/proc/self/maps``); elsewhere nothing
+    is copied and the first step pays the faults."""
+    ranges = file_mapped_ranges()
+    starts = [start for start, _ in ranges]
+    copied = 0
+    with torch.no_grad():
+        for parameter in parameters:
+            if parameter.device.type != "cpu" or type(parameter.data) is not torch.Tensor or not parameter.numel():
+                continue
+            address = parameter.data_ptr()
+            i = bisect.bisect_right(starts, address) - 1
+            if i >= 0 and address < ranges[i][1]:
+                parameter.data = parameter.data.clone()
+                copied += 1
+    return copied
+
+
+def file_mapped_ranges() -> list[tuple[int, int]]:
+    """Sorted ``(start, end)`` addresses of this process's memory mapped from files (Linux; else none)."""
+    try:
+        with open("/proc/self/maps", encoding="ascii", errors="replace") as maps:
+            lines = maps.readlines()
+    except OSError:
+        return []
+    ranges = []
+    for line in lines:
+        # address perms offset device inode [path]; inode 0: anonymous memory, the heap, the stack
+        fields = line.split(maxsplit=5)
+        if len(fields) == 6 and fields[4] != "0":
+            start, end = fields[0].split("-")
+            ranges.append((int(start, 16), int(end, 16)))
+    return sorted(ranges)

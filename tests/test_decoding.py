@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-from comlrl.rollout import generate_group
+from comlrl.rollout import decoding, generate_group
 from comlrl.rollout.decoding import DecodingSettings, decode, decoding_settings, filtered_distribution, next_tokens
 
 from .helpers import MIXED, char_tokenizer, left_padded, position_sensitive, tiny_gpt2, tiny_llama, with_lora
@@ -140,3 +140,30 @@ def test_a_generator_makes_sampling_reproducible_without_touching_the_default_ge
     assert torch.equal(first.completion_ids, again.completion_ids)
     assert not torch.equal(first.completion_ids, other.completion_ids)
     assert len(set(first.texts)) > 1, "samples of one prompt differ"
+
+
+@pytest.mark.parametrize("build", [tiny_llama, tiny_gpt2], ids=["llama", "gpt2"])
+def test_the_head_in_vocabulary_slices_draws_what_the_models_own_head_draws(monkeypatch, build):
+    tok = char_tokenizer(MIXED)
+    model = position_sensitive(build, tok)
+    ids, mask = left_padded(tok, PROMPTS)
+    settings = DecodingSettings(max_new_tokens=8, do_sample=True, temperature=0.7, top_k=5)
+    monkeypatch.setattr("comlrl.models.forward.HEAD_VOCABULARY_CHUNK", 7)  # uneven slices
+
+    def run():
+        with torch.inference_mode():
+            generator = torch.Generator().manual_seed(0)
+            return decode(model, ids, mask, settings, [], tok.pad_token_id, generator, with_logprobs=True)
+
+    assert decoding.chunked_head(model) is not None
+    assert model.get_output_embeddings().weight.shape[0] % 7, "the test needs a last, shorter slice"
+    sliced = run()
+    monkeypatch.setattr("comlrl.rollout.decoding.chunked_head", lambda model: None)
+    whole = run()
+    assert torch.equal(sliced.ids, whole.ids)
+    torch.testing.assert_close(sliced.logprobs, whole.logprobs, rtol=1e-6, atol=1e-6)
+
+
+def test_bf16_weights_keep_the_models_own_head():
+    model = tiny_llama(char_tokenizer(MIXED)).to(torch.bfloat16)
+    assert decoding.chunked_head(model) is None

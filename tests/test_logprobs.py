@@ -75,9 +75,11 @@ def test_head_hand_example():
 
 @pytest.mark.parametrize("chunk_tokens", [1, 4, 1000], ids=["one token", "uneven chunks", "one chunk"])
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_head_values_and_gradients_match_the_logits_path(monkeypatch, chunk_tokens, temperature):
+@pytest.mark.parametrize("kept", [True, False], ids=["probabilities kept", "recomputed"])
+def test_head_values_and_gradients_match_the_logits_path(monkeypatch, chunk_tokens, temperature, kept):
     vocabulary = 13
     monkeypatch.setattr("comlrl.algorithms.logprobs.HEAD_CHUNK_ELEMENTS", chunk_tokens * vocabulary)
+    monkeypatch.setattr("comlrl.algorithms.logprobs.HEAD_KEPT_ELEMENTS", 10**6 if kept else 0)
     gen = torch.Generator().manual_seed(0)
     hidden = torch.randn(3, 6, 8, generator=gen, requires_grad=True)  # 6 positions, 5 completion tokens
     weight = torch.randn(vocabulary, 8, generator=gen, requires_grad=True)
@@ -95,7 +97,24 @@ def test_head_values_and_gradients_match_the_logits_path(monkeypatch, chunk_toke
     torch.testing.assert_close(grads[1], weight.grad, atol=1e-6, rtol=1e-6)
 
 
-def test_head_in_bf16_gives_float32_log_probs_and_bf16_gradients():
+def test_head_backward_twice_gives_the_same_gradients():
+    # The kept probabilities become the first backward's logit gradient: a second backward
+    # (retain_graph) must recompute them, not reuse what the first overwrote.
+    gen = torch.Generator().manual_seed(2)
+    hidden = torch.randn(2, 4, 8, generator=gen, requires_grad=True)
+    weight = torch.randn(11, 8, generator=gen, requires_grad=True)
+    got = head_log_softmax(hidden, weight, torch.randint(0, 11, (2, 4), generator=gen), 0.7)
+    got.sum().backward(retain_graph=True)
+    first = hidden.grad.clone(), weight.grad.clone()
+    hidden.grad = weight.grad = None
+    got.sum().backward()
+    torch.testing.assert_close(hidden.grad, first[0])
+    torch.testing.assert_close(weight.grad, first[1])
+
+
+@pytest.mark.parametrize("kept", [True, False], ids=["probabilities kept", "recomputed"])
+def test_head_in_bf16_gives_float32_log_probs_and_bf16_gradients(monkeypatch, kept):
+    monkeypatch.setattr("comlrl.algorithms.logprobs.HEAD_KEPT_ELEMENTS", 10**6 if kept else 0)
     gen = torch.Generator().manual_seed(1)
     hidden = torch.randn(2, 4, 8, generator=gen).bfloat16().requires_grad_()
     weight = torch.randn(11, 8, generator=gen).bfloat16().requires_grad_()
@@ -103,4 +122,10 @@ def test_head_in_bf16_gives_float32_log_probs_and_bf16_gradients():
     got = head_log_softmax(hidden, weight, token_ids)
     got.sum().backward()
     assert got.dtype == torch.float32 and hidden.grad.dtype == weight.grad.dtype == torch.bfloat16
-    torch.testing.assert_close(got, reference(hidden @ weight.T, token_ids))
+    grads = hidden.grad, weight.grad
+    hidden.grad = weight.grad = None
+    expected = reference(hidden @ weight.T, token_ids)
+    expected.sum().backward()
+    torch.testing.assert_close(got, expected)
+    torch.testing.assert_close(grads[0], hidden.grad, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(grads[1], weight.grad, atol=2e-2, rtol=2e-2)

@@ -1,9 +1,16 @@
-"""Optimizers: the fused AdamW steps like the reference one; the finiteness check finds any bad element."""
+"""Optimizers: the fused AdamW steps like the reference one; the finiteness check finds any
+bad element; parameters mapped from a model file get memory of their own before any step."""
+
+import bisect
+import os
 
 import pytest
 import torch
+from transformers import AutoModelForCausalLM
 
-from comlrl.optim import all_finite, build_optimizers
+from comlrl.optim import Learners, all_finite, build_optimizers, file_mapped_ranges, own_file_mapped
+
+from .helpers import MIXED, char_tokenizer, tiny_gpt2
 
 
 def test_fused_adamw_on_the_cpu_steps_like_the_reference_adamw():
@@ -36,3 +43,23 @@ def test_all_finite_finds_one_bad_element(bad, dtype):
 def test_all_finite_takes_large_and_empty_tensors():
     assert all_finite([torch.full((1000,), 3e38), torch.full((2,), -3e38)])  # a sum or 2-norm would overflow
     assert all_finite([torch.empty(0)]) and all_finite([])
+
+
+def file_mapped(tensor: torch.Tensor) -> bool:
+    ranges = file_mapped_ranges()
+    i = bisect.bisect_right([start for start, _ in ranges], tensor.data_ptr()) - 1
+    return i >= 0 and tensor.data_ptr() < ranges[i][1]
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="only Linux says which memory maps a file")
+def test_parameters_mapped_from_the_model_file_are_copied_before_the_optimizer_writes_them(tmp_path):
+    tiny_gpt2(char_tokenizer(MIXED)).save_pretrained(tmp_path)
+    model = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32)
+    expected = {name: p.detach().clone() for name, p in model.named_parameters()}
+    assert any(file_mapped(p) for p in model.parameters()), "the test needs from_pretrained to map the file"
+    Learners().add(["agent 0"], [list(model.parameters())], [1e-3], 0.0, "constant", 0.0, 1)
+    assert not any(file_mapped(p) for p in model.parameters())
+    assert model.lm_head.weight is model.transformer.wte.weight, "tied embeddings stay tied"
+    for name, p in model.named_parameters():
+        assert torch.equal(p, expected[name]), name
+    assert own_file_mapped(model.parameters()) == 0, "nothing left to copy"

@@ -53,7 +53,12 @@ class _SelectiveLogSoftmax(torch.autograd.Function):
 
 
 HEAD_CHUNK_ELEMENTS = 2**25
-"""Logits one chunk of :func:`head_log_softmax` holds: 128 MB in fp32 (~680 tokens of a 49k vocabulary)."""
+"""Logits one chunk of :func:`head_log_softmax` computes at once: 128 MB in fp32 (~680 tokens
+of a 49k vocabulary)."""
+
+HEAD_KEPT_ELEMENTS = 2**26
+"""The most fp32 probabilities :func:`head_log_softmax` keeps from its forward for its backward
+(256 MB: ~1360 tokens of a 49k vocabulary); past it, the backward recomputes them."""
 
 
 def head_log_softmax(hidden: Tensor, weight: Tensor, token_ids: Tensor, temperature: float = 1.0) -> Tensor:
@@ -61,50 +66,77 @@ def head_log_softmax(hidden: Tensor, weight: Tensor, token_ids: Tensor, temperat
     ``T <= L`` -> ``(S, T)`` float32 ``log softmax(hidden[:, t] @ weight.T / temperature)[token_ids[:, t]]``.
 
     The LM head and the log-softmax in one, chunk by chunk of tokens, in both directions: no
-    ``(S, T, V)`` logits tensor is ever kept, and the backward recomputes each chunk's logits
-    instead of storing them (a few % more compute, the largest activation of a small model
-    gone). The products run in the weight's dtype (bf16 on the bf16 learner), the softmax in
-    float32.
+    ``(S, T, V)`` logits tensor beyond :data:`HEAD_KEPT_ELEMENTS`. Up to that size the forward
+    keeps the probabilities for the backward, which turns them into the logits' gradient in
+    place (a head product fewer, about 6% of a small model's update); past it, the backward
+    recomputes each chunk's instead of storing them. The products run in the weight's dtype
+    (bf16 on the bf16 learner), the softmax in float32.
     """
-    return _HeadLogSoftmax.apply(hidden, weight, token_ids, temperature)
+    keep = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
+    return _HeadLogSoftmax.apply(hidden, weight, token_ids, temperature, keep)
+
+
+def _head_logits(hidden: Tensor, weight: Tensor, temperature: float, out: Tensor | None = None) -> Tensor:
+    """``hidden @ weight.T / temperature`` in float32, written into ``out`` when given."""
+    if out is None:
+        return (hidden @ weight.T).float().div_(temperature)
+    if weight.dtype == out.dtype:
+        return torch.mm(hidden, weight.T, out=out).div_(temperature)
+    return out.copy_(hidden @ weight.T).div_(temperature)
 
 
 class _HeadLogSoftmax(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, hidden: Tensor, weight: Tensor, token_ids: Tensor, temperature: float) -> Tensor:
+    def forward(ctx: Any, hidden: Tensor, weight: Tensor, token_ids: Tensor, temperature: float, keep: bool) -> Tensor:
         rows, num_tokens = token_ids.shape
         flat_hidden = hidden[:, :num_tokens].reshape(rows * num_tokens, hidden.shape[-1])
         flat_ids = token_ids.reshape(-1)
         normalisers = torch.empty(flat_ids.shape, dtype=torch.float32, device=hidden.device)
         chosen = torch.empty_like(normalisers)
+        kept = None
+        if keep and len(flat_ids) * weight.shape[0] <= HEAD_KEPT_ELEMENTS:
+            kept = torch.empty((len(flat_ids), weight.shape[0]), dtype=torch.float32, device=hidden.device)
         for piece in _chunks(len(flat_ids), weight.shape[0]):
-            logits = (flat_hidden[piece] @ weight.T).float().div_(temperature)
+            logits = _head_logits(flat_hidden[piece], weight, temperature, None if kept is None else kept[piece])
             normalisers[piece] = torch.logsumexp(logits, dim=-1)
             chosen[piece] = logits.gather(-1, flat_ids[piece].unsqueeze(-1)).squeeze(-1)
+            if kept is not None:
+                logits.sub_(normalisers[piece].unsqueeze(-1)).exp_()  # the softmax, kept
         ctx.save_for_backward(flat_hidden, weight, flat_ids, normalisers)
-        ctx.temperature, ctx.hidden_shape, ctx.num_tokens = temperature, hidden.shape, num_tokens
+        ctx.kept, ctx.temperature, ctx.hidden_shape, ctx.num_tokens = kept, temperature, hidden.shape, num_tokens
         return (chosen - normalisers).reshape(rows, num_tokens)
 
     @staticmethod
-    def backward(ctx: Any, grad_output: Tensor) -> tuple[Tensor | None, Tensor | None, None, None]:
+    def backward(ctx: Any, grad_output: Tensor) -> tuple[Tensor | None, Tensor | None, None, None, None]:
         flat_hidden, weight, flat_ids, normalisers = ctx.saved_tensors
+        kept, ctx.kept = ctx.kept, None
         scale = grad_output.reshape(-1).float() / ctx.temperature
         flat_grad_hidden = torch.empty_like(flat_hidden)
-        # Summed over chunks in float32; each chunk's product rounds as autograd's would.
-        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+        grad_weight = None  # summed over chunks in float32
         for piece in _chunks(len(flat_ids), weight.shape[0]):
             # d/dz_v of (z_chosen - logsumexp(z)), z = h W^T / T: (onehot_v - softmax_v) / T
-            grad_logits = (flat_hidden[piece] @ weight.T).float().div_(ctx.temperature)
-            grad_logits.sub_(normalisers[piece].unsqueeze(-1)).exp_().mul_(-scale[piece].unsqueeze(-1))
+            if kept is None:
+                probabilities = _head_logits(flat_hidden[piece], weight, ctx.temperature)
+                probabilities.sub_(normalisers[piece].unsqueeze(-1)).exp_()
+            else:
+                probabilities = kept[piece]
+            grad_logits = probabilities.mul_(-scale[piece].unsqueeze(-1))
             grad_logits.scatter_add_(-1, flat_ids[piece].unsqueeze(-1), scale[piece].unsqueeze(-1))
             grad_logits = grad_logits.to(weight.dtype)
-            flat_grad_hidden[piece] = grad_logits @ weight
-            grad_weight += grad_logits.T @ flat_hidden[piece]
+            torch.mm(grad_logits, weight, out=flat_grad_hidden[piece])
+            if grad_weight is None:
+                grad_weight = (grad_logits.T @ flat_hidden[piece]).float()
+            elif grad_weight.dtype == weight.dtype:
+                grad_weight.addmm_(grad_logits.T, flat_hidden[piece])
+            else:  # each chunk's product rounds to the weight's dtype, as autograd's would
+                grad_weight += grad_logits.T @ flat_hidden[piece]
         (rows, length, width), num_tokens = ctx.hidden_shape, ctx.num_tokens
         grad_hidden = flat_grad_hidden.reshape(rows, num_tokens, width)
         if num_tokens < length:  # positions past the completion predict nothing
             grad_hidden = torch.nn.functional.pad(grad_hidden, (0, 0, 0, length - num_tokens))
-        return grad_hidden, grad_weight.to(weight.dtype), None, None
+        if grad_weight is None:  # no tokens
+            grad_weight = torch.zeros_like(weight)
+        return grad_hidden, grad_weight.to(weight.dtype), None, None, None
 
 
 def _chunks(num_tokens: int, vocabulary: int) -> list[slice]:

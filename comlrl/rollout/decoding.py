@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from comlrl.models.forward import padded_forward_kwargs
+from comlrl.models.forward import Head, chunked_head_logits, padded_forward_kwargs, split_head
 
 # generation_config fields the loop implements, and fields that do not change which tokens
 # are drawn; anything else that differs from transformers' defaults (repetition_penalty,
@@ -161,10 +161,17 @@ def decode(
         empty = prompt_ids.new_zeros(prompt_ids.shape[0], 0)
         return Decoded(empty, empty.float() if with_logprobs else None)
     mask = prompt_mask
-    kwargs = padded_forward_kwargs(model, mask, logits_to_keep=1)
-    out = model(input_ids=prompt_ids, attention_mask=mask, use_cache=True, **kwargs)
+    head = chunked_head(model)
+    module = model if head is None else head.decoder
+    kwargs = padded_forward_kwargs(module, mask, logits_to_keep=1)
+    out = module(input_ids=prompt_ids, attention_mask=mask, use_cache=True, **kwargs)
     # transformers 5 names the cache ``cache`` (argument and output), 4.x ``past_key_values``.
     cache_name = "cache" if getattr(out, "cache", None) is not None else "past_key_values"
+
+    def last_logits() -> Tensor:
+        if head is None:
+            return out.logits[:, -1, :]
+        return chunked_head_logits(out.last_hidden_state[:, -1, :], head.weight)
 
     def forward(tokens: Tensor) -> Tensor:
         nonlocal mask, out
@@ -172,10 +179,19 @@ def decode(
         if "position_ids" in kwargs:
             kwargs["position_ids"] = mask.sum(dim=1, keepdim=True) - 1
         kwargs[cache_name] = getattr(out, cache_name)
-        out = model(input_ids=tokens.unsqueeze(1), attention_mask=mask, use_cache=True, **kwargs)
-        return out.logits[:, -1, :]
+        out = module(input_ids=tokens.unsqueeze(1), attention_mask=mask, use_cache=True, **kwargs)
+        return last_logits()
 
-    return sampling_loop(out.logits[:, -1, :], forward, settings, eos_ids, pad_id, generator, with_logprobs)
+    return sampling_loop(last_logits(), forward, settings, eos_ids, pad_id, generator, with_logprobs)
+
+
+def chunked_head(model: torch.nn.Module) -> Head | None:
+    """``model``'s decoder and head when decoding should apply the head in vocabulary slices
+    (:func:`comlrl.models.forward.chunked_head_logits`: fp32 weights on the CPU), else None."""
+    head = split_head(model)
+    if head is None or head.weight.device.type != "cpu" or head.weight.dtype != torch.float32:
+        return None
+    return head
 
 
 def sampling_loop(
