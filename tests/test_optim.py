@@ -63,3 +63,19 @@ def test_parameters_mapped_from_the_model_file_are_copied_before_the_optimizer_w
     for name, p in model.named_parameters():
         assert torch.equal(p, expected[name]), name
     assert own_file_mapped(model.parameters()) == 0, "nothing left to copy"
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="only Linux says which memory maps a file")
+def test_parameters_sharing_one_mapped_storage_stay_tied(tmp_path):
+    path = tmp_path / "weights.bin"
+    torch.arange(12, dtype=torch.float32).numpy().tofile(path)
+    storage = torch.from_file(str(path), shared=False, size=12)
+    whole = torch.nn.Parameter(storage.view(3, 4))
+    row = torch.nn.Parameter(storage[:4])  # a second parameter over the same memory
+    lone = torch.nn.Parameter(torch.from_file(str(path), shared=False, size=12))
+    assert file_mapped(whole) and file_mapped(lone)
+    assert own_file_mapped([whole, row, lone, lone]) == 1
+    assert not file_mapped(lone) and file_mapped(whole)
+    with torch.no_grad():
+        whole[0, 0] = 100.0
+    assert row[0] == 100.0, "still tied"
