@@ -6,7 +6,7 @@ from transformers import LlamaForCausalLM
 
 from comlrl.models.forward import completion_logprobs, min_saved_prompt_tokens, split_head
 from comlrl.models.modes import disable_dropout
-from comlrl.rollout import generate_group
+from comlrl.rollout import decoding, generate_group
 
 from .helpers import MIXED, char_tokenizer, tiny_gpt2, tiny_llama, with_lora
 
@@ -193,3 +193,15 @@ def test_a_model_whose_logits_are_not_its_heads_product_keeps_the_logits_path():
     expected = torch.log_softmax(logits, dim=-1).gather(-1, args[2].unsqueeze(-1)).squeeze(-1)
     mask = rollout.completion_mask
     torch.testing.assert_close(got[mask], expected[mask], atol=1e-5, rtol=1e-5)
+
+
+def test_a_prompt_learning_adapter_keeps_the_models_own_forward():
+    # Its virtual tokens are prepended in the PEFT wrapper's forward: the decoder alone would
+    # skip them. A LoRA-wrapped model of the same class was checked first, on purpose.
+    from peft import PromptTuningConfig, get_peft_model
+
+    tok = char_tokenizer(MIXED)
+    assert split_head(with_lora(tiny_llama)(tok)) is not None
+    prompted = get_peft_model(tiny_llama(tok), PromptTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=3))
+    assert split_head(prompted) is None
+    assert decoding.chunked_head(prompted) is None

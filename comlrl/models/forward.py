@@ -159,6 +159,9 @@ def split_head(model: torch.nn.Module) -> Head | None:
     get_head, get_decoder = getattr(model, "get_output_embeddings", None), getattr(model, "get_decoder", None)
     if get_head is None or get_decoder is None or is_sharded(model):  # FSDP gathers in the model's own forward
         return None
+    peft_config = getattr(model, "active_peft_config", None)
+    if getattr(peft_config, "is_prompt_learning", False):  # its virtual tokens come in the wrapper's forward
+        return None
     head = get_head()
     if type(head) is not torch.nn.Linear or head.bias is not None:
         return None
