@@ -113,6 +113,16 @@ def test_plain_process_isolation_is_chosen_explicitly_and_still_scores(monkeypat
     assert process.run(Job("def f():\n    return 2\n", "f", (PASSING_TEST,))).passed == (False,)
 
 
+def test_an_interpreter_slower_to_start_than_a_job_may_run_still_passes_the_check(tmp_path):
+    # The check asks whether the interpreter runs: a cold start on a loaded machine (2 s
+    # here, against the jobs' 1.5 s) must not make the sandbox refuse it.
+    slow = tmp_path / "slow-python"
+    slow.write_text(f'#!/bin/sh\nsleep 2\nexec {sys.executable} "$@"\n')
+    slow.chmod(0o755)
+    sandbox = Sandbox(SandboxLimits(timeout=1.5, isolation="process", user=None, python=str(slow)))
+    assert sandbox.python == str(slow)
+
+
 def test_isolation_names_are_checked():
     with pytest.raises(ValueError, match="isolation='container'"):
         SandboxLimits(isolation="container")

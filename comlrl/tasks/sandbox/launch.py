@@ -25,6 +25,10 @@ HARNESS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "harness.py")
 # A pure-Python module the harness does not load itself: the probe sees whether the program
 # can import from the standard library it is shown.
 PROBE = Job("import colorsys\ndef f():\n    return 1\n", "f", ("def check(c):\n    assert c() == 1\n",))
+PROBE_TIMEOUT = 30.0
+"""Seconds the interpreter check may take at least, whatever the jobs' ``timeout``: a cold start
+of an interpreter on a loaded machine can take longer than a job is allowed, and the check
+asks whether it runs, not how fast."""
 
 _RLIMITS = {
     "cpu_seconds": "RLIMIT_CPU",
@@ -85,7 +89,7 @@ class Sandbox:
             candidates = [sys.executable, "/usr/bin/python3"]
         failures = []
         for python in candidates:
-            probe = self._run(PROBE, python)
+            probe = self._run(PROBE, python, timeout=max(self.limits.timeout, PROBE_TIMEOUT))
             if probe.all_passed:
                 return python
             failures.append(f"{python}: {probe.status}, exit {probe.returncode}, {probe.error or probe.output[:200]!r}")
@@ -100,7 +104,7 @@ class Sandbox:
     def run(self, job: Job) -> SandboxResult:
         return self._run(job, self.python)
 
-    def _run(self, job: Job, python: str) -> SandboxResult:
+    def _run(self, job: Job, python: str, timeout: float | None = None) -> SandboxResult:
         limits = self.limits
         nonce = secrets.token_hex(16)
         # The first part reaches the program's process too; the tests and the marker are read by
@@ -132,7 +136,8 @@ class Sandbox:
                 return _failed(f"could not start {python}: {error}", started)
             try:
                 data = b"%10d" % len(program) + program + tests
-                status, raw = _exchange(process, data, started + limits.timeout, limits.output_bytes)
+                deadline = started + (limits.timeout if timeout is None else timeout)
+                status, raw = _exchange(process, data, deadline, limits.output_bytes)
             finally:
                 _kill_group(process)
         result = _parse(raw.decode("utf-8", "replace"), nonce, len(job.tests), status, process.returncode, started)
