@@ -257,16 +257,19 @@ def own_file_mapped(parameters: Iterable[torch.nn.Parameter]) -> int:
     candidates = [p for p in distinct if p.device.type == "cpu" and type(p.data) is torch.Tensor and p.numel() > 0]
     sharers = Counter(p.untyped_storage().data_ptr() for p in candidates)
     ranges = file_mapped_ranges()
-    starts = [start for start, _ in ranges]
     copied = 0
     with torch.no_grad():
         for parameter in candidates:
-            address = parameter.data_ptr()
-            i = bisect.bisect_right(starts, address) - 1
-            if i >= 0 and address < ranges[i][1] and sharers[parameter.untyped_storage().data_ptr()] == 1:
+            if maps_file(ranges, parameter.data_ptr()) and sharers[parameter.untyped_storage().data_ptr()] == 1:
                 parameter.data = parameter.data.clone()
                 copied += 1
     return copied
+
+
+def maps_file(ranges: list[tuple[int, int]], address: int) -> bool:
+    """Whether ``address`` lies in one of ``ranges``, the sorted mappings of :func:`file_mapped_ranges`."""
+    i = bisect.bisect_right(ranges, address, key=lambda mapping: mapping[0]) - 1
+    return i >= 0 and address < ranges[i][1]
 
 
 def file_mapped_ranges() -> list[tuple[int, int]]:

@@ -1,14 +1,13 @@
 """Optimizers: the fused AdamW steps like the reference one; the finiteness check finds any
 bad element; parameters mapped from a model file get memory of their own before any step."""
 
-import bisect
 import os
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from comlrl.optim import Learners, all_finite, build_optimizers, file_mapped_ranges, own_file_mapped
+from comlrl.optim import Learners, all_finite, build_optimizers, file_mapped_ranges, maps_file, own_file_mapped
 
 from .helpers import MIXED, char_tokenizer, tiny_gpt2
 
@@ -46,9 +45,7 @@ def test_all_finite_takes_large_and_empty_tensors():
 
 
 def file_mapped(tensor: torch.Tensor) -> bool:
-    ranges = file_mapped_ranges()
-    i = bisect.bisect_right([start for start, _ in ranges], tensor.data_ptr()) - 1
-    return i >= 0 and tensor.data_ptr() < ranges[i][1]
+    return maps_file(file_mapped_ranges(), tensor.data_ptr())
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="only Linux says which memory maps a file")
