@@ -98,6 +98,13 @@ class Learners:
         for optimizer in self.optimizers:
             optimizer.zero_grad(set_to_none=True)
 
+    def allocate_state(self) -> None:
+        """Every optimizer's state, allocated now rather than in its first step
+        (:func:`allocate_adamw_state`; a sharded learner's still in its first step)."""
+        for optimizer, parameters in zip(self.optimizers, self.parameters):
+            if not sharding.has_sharded(parameters):
+                allocate_adamw_state(optimizer)
+
     def step(self, max_grad_norm: float | None, reduce_gradients: Callable, step_number: int) -> list[float]:
         """Clip and apply every learner's gradient, or none: a non-finite gradient stops
         training with an error before any weight changes in this step. ``reduce_gradients``
@@ -225,6 +232,31 @@ class Learners:
         names = state.get("sharded", [])
         if names:
             sharding.load_optimizer_shards(folder, self.shard_entries(names))
+
+
+def allocate_adamw_state(optimizer: torch.optim.Optimizer) -> None:
+    """Give each parameter of an AdamW that has no state yet the state its first step would
+    create (step 0, zero moments), through ``load_state_dict``, which places it as the
+    optimizer places its own (the fused kernel's step on the parameter's device). The first
+    step computes the same numbers from it.
+
+    Why: AdamW allocates its state in its first step, in memory the gradient pass before it
+    has just freed, so the next pass needs as much fresh memory again. With the state in place
+    before training starts, every rollout and gradient pass reuses the first one's memory (kept
+    in the process by :func:`comlrl.utils.cpu_memory.kept_freed_memory`)."""
+    if not isinstance(optimizer, torch.optim.AdamW):
+        return
+    parameters = [(p, group) for group in optimizer.param_groups for p in group["params"]]
+    if all(p in optimizer.state for p, _ in parameters):
+        return
+    state = optimizer.state_dict()
+    for index, (parameter, group) in enumerate(parameters):
+        if index not in state["state"]:
+            moments = ("exp_avg", "exp_avg_sq") + (("max_exp_avg_sq",) if group["amsgrad"] else ())
+            state["state"][index] = {"step": torch.tensor(0.0)} | {
+                name: torch.zeros_like(parameter, memory_format=torch.preserve_format) for name in moments
+            }
+    optimizer.load_state_dict(state)
 
 
 def all_finite(tensors: Sequence[torch.Tensor]) -> bool:

@@ -1,4 +1,5 @@
-"""Optimizers: the fused AdamW steps like the reference one; the finiteness check finds any
+"""Optimizers: the fused AdamW steps like the reference one, and so does one whose state was
+allocated before its first step; the finiteness check finds any
 bad element; parameters mapped from a model file get memory of their own before any step."""
 
 import os
@@ -7,7 +8,15 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from comlrl.optim import Learners, all_finite, build_optimizers, file_mapped_ranges, maps_file, own_file_mapped
+from comlrl.optim import (
+    Learners,
+    all_finite,
+    allocate_adamw_state,
+    build_optimizers,
+    file_mapped_ranges,
+    maps_file,
+    own_file_mapped,
+)
 
 from .helpers import MIXED, char_tokenizer, tiny_gpt2
 
@@ -76,3 +85,46 @@ def test_parameters_sharing_one_mapped_storage_stay_tied(tmp_path):
     with torch.no_grad():
         whole[0, 0] = 100.0
     assert row[0] == 100.0, "still tied"
+
+
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("amsgrad", [False, True])
+def test_adamw_state_allocated_before_the_first_step_steps_as_the_lazy_one(fused, amsgrad):
+    torch.manual_seed(0)
+    weights = [torch.randn(5, 3), torch.randn(7), torch.randn(2)]
+    eager = [torch.nn.Parameter(w.clone()) for w in weights]
+    lazy = [torch.nn.Parameter(w.clone()) for w in weights]
+    options = dict(lr=1e-2, weight_decay=0.1, fused=fused or None, amsgrad=amsgrad)
+    eager_optimizer, lazy_optimizer = torch.optim.AdamW(eager, **options), torch.optim.AdamW(lazy, **options)
+    allocate_adamw_state(eager_optimizer)
+    state = eager_optimizer.state[eager[0]]
+    moments = {"exp_avg", "exp_avg_sq"} | ({"max_exp_avg_sq"} if amsgrad else set())
+    assert set(state) == {"step"} | moments and float(state["step"]) == 0
+    assert all(not state[name].any() for name in moments)
+    for step in range(3):
+        gradients = [torch.randn_like(w) for w in weights]
+        for params, optimizer in ((eager, eager_optimizer), (lazy, lazy_optimizer)):
+            for p, g in zip(params[:2], gradients):  # the last parameter never gets a gradient
+                p.grad = g.clone()
+            optimizer.step()
+        if step == 0:
+            allocate_adamw_state(eager_optimizer)  # a second call leaves the state as it is
+    for got, want in zip(eager, lazy):
+        torch.testing.assert_close(got, want, atol=0, rtol=0)
+    for got, want in zip(eager[:2], lazy[:2]):
+        for name, value in lazy_optimizer.state[want].items():
+            torch.testing.assert_close(eager_optimizer.state[got][name], value, atol=0, rtol=0)
+    assert float(eager_optimizer.state[eager[2]]["step"]) == 0
+
+
+def test_learners_allocate_state_fills_only_what_is_missing():
+    model = torch.nn.Linear(3, 2)
+    learners = Learners()
+    learners.add(["agent0"], [list(model.parameters())], [1e-3], 0.0, "constant", 0.0, 4)
+    (optimizer,) = learners.optimizers
+    model(torch.randn(4, 3)).sum().backward()
+    optimizer.step()
+    moments = {p: optimizer.state[p]["exp_avg"] for p in model.parameters()}
+    learners.allocate_state()
+    assert all(optimizer.state[p]["exp_avg"] is moments[p] for p in model.parameters())
+    assert all(float(optimizer.state[p]["step"]) == 1 for p in model.parameters())

@@ -85,6 +85,17 @@ def _head_logits(hidden: Tensor, weight: Tensor, temperature: float, out: Tensor
     return out.copy_(hidden @ weight.T).div_(temperature)
 
 
+def _exp_in_place(logits: Tensor, normalise: bool) -> Tensor:
+    """Each row's logsumexp, computed where ``logits`` lie: they become ``exp(logits - max)``,
+    or with ``normalise`` the softmax. ``torch.logsumexp`` would write a whole shifted copy (a
+    chunk's 128 MB of fresh pages) and a softmax after it a second exponential pass."""
+    shift = logits.amax(dim=-1, keepdim=True)
+    sums = logits.sub_(shift).exp_().sum(dim=-1, keepdim=True)
+    if normalise:
+        logits.div_(sums)
+    return (shift + sums.log()).squeeze(-1)
+
+
 class _HeadLogSoftmax(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, hidden: Tensor, weight: Tensor, token_ids: Tensor, temperature: float, keep: bool) -> Tensor:
@@ -98,10 +109,8 @@ class _HeadLogSoftmax(torch.autograd.Function):
             kept = torch.empty((len(flat_ids), weight.shape[0]), dtype=torch.float32, device=hidden.device)
         for piece in _chunks(len(flat_ids), weight.shape[0]):
             logits = _head_logits(flat_hidden[piece], weight, temperature, None if kept is None else kept[piece])
-            normalisers[piece] = torch.logsumexp(logits, dim=-1)
             chosen[piece] = logits.gather(-1, flat_ids[piece].unsqueeze(-1)).squeeze(-1)
-            if kept is not None:
-                logits.sub_(normalisers[piece].unsqueeze(-1)).exp_()  # the softmax, kept
+            normalisers[piece] = _exp_in_place(logits, normalise=kept is not None)
         ctx.save_for_backward(flat_hidden, weight, flat_ids, normalisers)
         ctx.kept, ctx.temperature, ctx.hidden_shape, ctx.num_tokens = kept, temperature, hidden.shape, num_tokens
         return (chosen - normalisers).reshape(rows, num_tokens)

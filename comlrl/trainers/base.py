@@ -39,6 +39,7 @@ from comlrl.trainers.inputs import TrainerInputs, call_signature
 from comlrl.trainers.loop import CheckpointPlan, TrainingLoop, TrainResult
 from comlrl.trainers.parts import Parts, Writer, raise_second_train
 from comlrl.trainers.setup import set_up
+from comlrl.utils.cpu_memory import kept_freed_memory
 
 
 class MultiAgentTrainer(abc.ABC):
@@ -216,7 +217,9 @@ class MultiAgentTrainer(abc.ABC):
             raise_second_train(type(self).__name__, made[0])
         self.train_started = True
         plan = CheckpointPlan.resolve(self.args, checkpoint_dir, checkpoint_interval, checkpoint_total_limit)
-        return TrainingLoop(self, resume_from_checkpoint, plan).run()
+        on_cpu = any(self.agents.device(i).type == "cpu" for i in range(len(self.agents)))
+        with kept_freed_memory(self.args.keep_freed_cpu_memory and on_cpu):
+            return TrainingLoop(self, resume_from_checkpoint, plan).run()
 
     def step(self, items: list[int]) -> Any:
         """One training step on this rank's ``items`` (dataset rows; MADPO: pairs): the objective's."""

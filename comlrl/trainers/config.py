@@ -184,6 +184,13 @@ class TrainerConfig:
     The update's activations grow with it: 8 cut the tutorial example's peak from 9.6 to 7.8
     GiB at the same speed, but made short (64-token) completions 6% slower on a CPU
     (benchmarks/README.md, "Memory")."""
+    keep_freed_cpu_memory: bool = True
+    """While ``train()`` runs with an agent on the CPU, memory the process frees stays in it
+    for the next step's tensors (glibc's allocator: no block by ``mmap``, nothing trimmed;
+    given back when ``train()`` returns) instead of coming back as fresh pages that the kernel
+    faults in: no higher peak, and on a 2-core CPU the second step's update a fifth faster
+    (benchmarks/README.md, "Memory"). False, or ``MALLOC_*`` settings in the environment, leave
+    the allocator alone."""
 
     # --- evaluation -----------------------------------------------------------------------
     eval_interval: int = 16
@@ -282,6 +289,7 @@ class TrainerConfig:
             "disable_dropout",
             "overwrite_output_dir",
             "compiled_decoding",
+            "keep_freed_cpu_memory",
         )
         bounded = self.train_batch_size_counts_rows and self.train_batch_size is not None
         if bounded and self.train_batch_size > self.per_device_train_batch_size:

@@ -198,6 +198,7 @@ class TrainingLoop:
         else:
             say = tqdm.write if self.main else lambda note: None
             self.progress = resume_trainer(trainer, checkpoint, self.data_order, say, checkpoints.folder)
+        trainer.learners.allocate_state()  # below the first rollout's and update's memory
         self.save_every = trainer.schedule.save_every_steps(checkpoints, trainer.steps_per_epoch)
         self.logger = MetricsLogger(trainer.sinks() if self.main else [])
         self.zero_spread = ZeroSpreadWatch()
