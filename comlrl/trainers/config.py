@@ -188,9 +188,9 @@ class TrainerConfig:
     """While ``train()`` runs with an agent on the CPU, memory the process frees stays in it
     for the next step's tensors (glibc's allocator: no block by ``mmap``, nothing trimmed;
     given back when ``train()`` returns) instead of coming back as fresh pages that the kernel
-    faults in: no higher peak, and on a 2-core CPU the second step's update a fifth faster
-    (benchmarks/README.md, "Memory"). False, or ``MALLOC_*`` settings in the environment, leave
-    the allocator alone."""
+    faults in. On a 2-core CPU the second step's update ran a fifth faster, at a peak 2% lower
+    on the fixed speed workload and 4% higher on the tutorial example (benchmarks/README.md,
+    "Memory"). False, or ``MALLOC_*`` settings in the environment, leave the allocator alone."""
 
     # --- evaluation -----------------------------------------------------------------------
     eval_interval: int = 16

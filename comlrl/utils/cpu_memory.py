@@ -8,12 +8,13 @@ pages, which the kernel maps and zeroes one 4 KiB page at a time as they are fir
 about a million faults per step for two 135M-parameter agents, and in a virtual machine whose
 host takes freed pages back each of them costs a fault on the host as well. On the fixed
 workload of benchmarks/README.md ("Memory": two agents, two steps, a 2-core CPU) keeping the
-memory took the update from 34.5-36.5 s to 27.8-33.6 s, at a 100-150 MiB lower peak.
+memory took the update from 34.5-36.5 s to 27.8-33.6 s, at a 2% lower peak (the tutorial
+example, whose lengths vary from step to step: 4% higher, 7.8 against 7.5 GiB).
 
 :func:`kept_freed_memory` has glibc serve every block from its heap and trim nothing while
 ``train()`` runs, then gives the free memory back to the kernel (``malloc_trim``). The
-process's resident memory between steps stays at the step's peak instead of falling back;
-the peak does not rise, since each step reuses the memory of the one before. It does
+process's resident memory between steps stays at the step's peak instead of falling back,
+and each step reuses the memory of the one before. It does
 nothing elsewhere than glibc, inside another trainer's ``train()``, or when the environment
 tunes glibc's allocator already (``MALLOC_*_`` variables, ``glibc.malloc`` tunables): those
 settings are the user's.
