@@ -1,6 +1,6 @@
 """Optimizers: the fused AdamW steps like the reference one, and so does one whose state was
-allocated before its first step; the finiteness check finds any
-bad element; parameters mapped from a model file get memory of their own before any step."""
+allocated before its first step; the finiteness check finds any bad element; parameters
+mapped from a model file get memory of their own before any step."""
 
 import os
 

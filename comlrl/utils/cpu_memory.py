@@ -14,10 +14,10 @@ example, whose lengths vary from step to step: 4% higher, 7.8 against 7.5 GiB).
 :func:`kept_freed_memory` has glibc serve every block from its heap and trim nothing while
 ``train()`` runs, then gives the free memory back to the kernel (``malloc_trim``). The
 process's resident memory between steps stays at the step's peak instead of falling back,
-and each step reuses the memory of the one before. It does
-nothing elsewhere than glibc, inside another trainer's ``train()``, or when the environment
-tunes glibc's allocator already (``MALLOC_*_`` variables, ``glibc.malloc`` tunables): those
-settings are the user's.
+and each step reuses the memory of the one before. It does nothing elsewhere than glibc,
+inside another trainer's ``train()``, or when the environment tunes the allocator already
+(``MALLOC_*`` variables, jemalloc's ``MALLOC_CONF`` among them, or ``glibc.malloc``
+tunables): those settings are the user's.
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ GLIBC_MMAP_MAX = 65536
 """glibc's default for ``M_MMAP_MAX``: how many blocks it may serve by ``mmap`` at once."""
 
 TRIM_THRESHOLD_AFTER = 64 * 2**20
-"""The trim threshold set back after training: the value glibc's own adaptation reaches
-(twice its largest dynamic mmap threshold), which setting any threshold turns off."""
+"""The trim threshold set back after training. glibc adapts its thresholds to the blocks it
+sees until one is set; this is where its adaptation ends (twice its largest mmap threshold)."""
 
 _active = False
 
