@@ -30,12 +30,17 @@ class FakeLibc:
 
 
 @pytest.fixture
-def libc(monkeypatch):
-    fake = FakeLibc()
-    monkeypatch.setattr(cpu_memory, "glibc", lambda: fake)
+def untuned_environment(monkeypatch):
+    """No allocator settings in the environment (which would make the trainer leave glibc alone)."""
     for name in [name for name in os.environ if name.startswith("MALLOC_")]:
         monkeypatch.delenv(name)
     monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
+
+
+@pytest.fixture
+def libc(monkeypatch, untuned_environment):
+    fake = FakeLibc()
+    monkeypatch.setattr(cpu_memory, "glibc", lambda: fake)
     return fake
 
 
@@ -99,15 +104,12 @@ print(kept, default, inside, faults())
 
 
 @pytest.mark.skipif(cpu_memory.glibc() is None, reason="glibc's allocator only")
-def test_a_freed_block_is_reused_without_page_faults():
+def test_a_freed_block_is_reused_without_page_faults(untuned_environment):
     # In a process of its own: its main thread allocates from glibc's main heap, as the
     # trainer's does (pytest's workers may run tests in another thread, whose heaps are
     # too small for such a block).
-    environment = {name: value for name, value in os.environ.items() if not name.startswith("MALLOC_")}
-    environment.pop("GLIBC_TUNABLES", None)
-    out = subprocess.run(
-        [sys.executable, "-c", FAULTS_SCRIPT], env=environment, capture_output=True, text=True, check=True
-    ).stdout.split()
+    run = subprocess.run([sys.executable, "-c", FAULTS_SCRIPT], capture_output=True, text=True, check=True)
+    out = run.stdout.split()
     kept, default, inside, after = out[0] == "True", *map(int, out[1:])
     pages = 2**26 // resource.getpagesize()
     assert kept
