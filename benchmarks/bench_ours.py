@@ -6,6 +6,7 @@
     .venv/bin/python benchmarks/bench_ours.py --precision bf16   # bf16 agents, fp32 master weights
     .venv/bin/python benchmarks/bench_ours.py --max-grad-norm none   # no gradient clipping (the original's)
     .venv/bin/python benchmarks/bench_ours.py --agents 1         # one agent (benchmarks/compare_trl.py)
+    .venv/bin/python benchmarks/bench_ours.py --compiled-decoding   # the compiled decoding step
 
 Config: one epoch, 2 dataset rows per step (``per_device_train_batch_size=2``: one optimizer
 step per agent per 2 prompts, as the original's rollout buffer of 2), rows in dataset order (the
@@ -48,6 +49,7 @@ def build_trainer(
     learning_seed: int | None = None,
     reward: object = wl.length_ratio_reward,
     max_grad_norm: float | None = MAGRPOConfig.max_grad_norm,
+    compiled_decoding: bool = False,
 ) -> MAGRPOTrainer:
     """The timed run, or with ``learning_seed`` the learning run (free lengths, its epochs and seed)."""
     learning = learning_seed is not None
@@ -65,6 +67,7 @@ def build_trainer(
         generation_kwargs={} if learning else {"min_new_tokens": work.max_new_tokens},
         seed=learning_seed if learning else wl.SEED,
         max_grad_norm=max_grad_norm,
+        compiled_decoding=compiled_decoding,
         logging_steps=1,
         output_dir=output_dir,
     )
@@ -100,6 +103,11 @@ def main(argv=None) -> None:
         choices=[1, 2],
         help="agents (default: %(default)s; 1: the one-agent reward, as benchmarks/bench_trl.py)",
     )
+    parser.add_argument(
+        "--compiled-decoding",
+        action="store_true",
+        help="the config's compiled_decoding=True (its compile, once per process, inside train())",
+    )
     measure.add_learning_arg(parser)
     measure.add_common_args(parser)
     args = parser.parse_args(argv)
@@ -120,7 +128,13 @@ def main(argv=None) -> None:
         return
     with tempfile.TemporaryDirectory(prefix="bench_ours_") as output_dir:
         trainer = build_trainer(
-            args.model, work, output_dir, args.precision, reward=reward, max_grad_norm=args.max_grad_norm
+            args.model,
+            work,
+            output_dir,
+            args.precision,
+            reward=reward,
+            max_grad_norm=args.max_grad_norm,
+            compiled_decoding=args.compiled_decoding,
         )
         gflops = measure.matmul_gflops()
         with contextlib.redirect_stdout(sys.stderr):
