@@ -111,6 +111,8 @@ def main(argv=None) -> None:
     measure.add_learning_arg(parser)
     measure.add_common_args(parser)
     args = parser.parse_args(argv)
+    if args.compiled_decoding and args.learning_seed is not None:
+        parser.error("--compiled-decoding times the timed run; the learning run (--learning-seed) decodes eagerly")
     measure.set_threads(args.threads)
     work = dataclasses.replace(measure.workload_from_args(args), num_agents=args.agents)
     reward = wl.one_agent_length_ratio_reward if args.agents == 1 else wl.length_ratio_reward
@@ -146,7 +148,7 @@ def main(argv=None) -> None:
     measure.check_generated(generated, work.generated_tokens)
     measure.print_result(
         measure.result(
-            f"ours-{args.precision}",
+            f"ours-{args.precision}" + ("-compiled" if args.compiled_decoding else ""),
             train_s=train_s,
             generate_s=sum(s["time/generate_s"] for s in steps),
             update_s=sum(s["time/update_s"] for s in steps),
