@@ -112,8 +112,8 @@ class TrainerConfig:
     """``hf``: run each decoding step as one ``torch.compile``-d forward over a KV cache
     allocated once per call (CUDA graphs on a GPU), drawing the same tokens as the eager
     loop; the compile cost is paid once per process and shape bucket. Off by default: on a
-    CPU the compile time outweighs what it saves on runs of this library's size
-    (benchmarks/README.md, "compiled decoding"). Not with ``sharding`` other than
+    CPU, the benchmarks' two-agent workload ran slower compiled, even past its compile
+    (benchmarks/README.md, "Compiled decoding"). Not with ``sharding`` other than
     ``"replicate"`` (refused)."""
 
     # --- multi-agent structure ------------------------------------------------------------
