@@ -133,9 +133,9 @@ def all_config_classes():
 @pytest.mark.parametrize("config_class", all_config_classes(), ids=lambda cls: cls.__name__)
 def test_an_unknown_keyword_names_the_closest_field_and_the_docs(config_class):
     with pytest.raises(TypeError) as caught:
-        config_class(termination_threshold=0.5, zzz=1)
+        config_class(early_termination_treshold=0.5, zzz=1)
     message = str(caught.value)
-    assert message.startswith(f"{config_class.__name__} has no field 'termination_threshold' (did you mean ")
+    assert message.startswith(f"{config_class.__name__} has no field 'early_termination_treshold' (did you mean ")
     assert "'early_termination_threshold'?), 'zzz';" in message  # nothing close: no guess
     assert f"help({config_class.__name__})" in message and "docs/reference/" in message
     page = message.rsplit("(", 1)[1].rstrip(")")

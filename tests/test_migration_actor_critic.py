@@ -266,15 +266,21 @@ def test_value_heads_on_the_agents_train_at_their_agents_rate_and_schedule(tmp_p
 
 
 @pytest.mark.parametrize("use_separate_critic", [False, None])
-def test_a_critic_learning_rate_value_heads_would_ignore_is_refused(use_separate_critic):
-    """1.4.3 ignored critic_learning_rate for heads on the agents; a silent no-op here is an error."""
+def test_a_critic_learning_rate_value_heads_ignore_warns_in_the_original_layout_else_is_refused(use_separate_critic):
+    """1.4.3 ignored critic_learning_rate for heads on the agents (use_separate_critic=False):
+    that script runs, with a warning that it has no effect. Heads on the agents because no critic
+    is given is this library's layout (1.4.3 required a critic there): a no-op there is an error."""
     match = (
         r"critic_learning_rate=0.001 has no effect with value heads on the agents \({}\): the heads train with "
         r"their agent at agent_learning_rate, as in comlrl 1.4.3; drop critic_learning_rate"
     )
-    layout = "use_separate_critic=False" if use_separate_critic is False else "no critic_model/critics given"
-    with pytest.raises(ValueError, match=match.format(layout)):
-        build(args=config(use_separate_critic=use_separate_critic, critic_learning_rate=1e-3))
+    if use_separate_critic is False:
+        with pytest.warns(UserWarning, match=match.format("use_separate_critic=False")):
+            trainer = build(args=config(use_separate_critic=False, critic_learning_rate=1e-3))
+        assert trainer.learners.learning_rates() == [5e-6] * 4  # the heads at their agent's rate, as in 1.4.3
+    else:
+        with pytest.raises(ValueError, match=match.format("no critic_model/critics given")):
+            build(args=config(use_separate_critic=use_separate_critic, critic_learning_rate=1e-3))
     # The default, None and the agents' own rate mean what the heads do anyway.
     for rate in (5e-6, None, 1e-3):
         build(args=config(use_separate_critic=use_separate_critic, critic_learning_rate=rate, agent_learning_rate=1e-3))
@@ -331,6 +337,39 @@ def test_each_head_width_sizes_the_heads_of_its_layout(overrides, separate, widt
 
 
 @pytest.mark.parametrize(
+    "overrides,separate,match,width",
+    [
+        (
+            {"value_head_hidden_dim": 8},
+            True,
+            r"value_head_hidden_dim=8 has no effect: the critics are separate models, sized by "
+            r"critic_value_head_hidden_dim=None; write critic_value_head_hidden_dim=8, or drop value_head_hidden_dim",
+            None,
+        ),
+        (
+            {"critic_value_head_hidden_dim": 16, "use_separate_critic": False},
+            False,
+            r"critic_value_head_hidden_dim=16 has no effect: the value heads sit on the agents' models",
+            None,
+        ),
+        (
+            {"value_head_hidden_dim": 8, "critic_value_head_hidden_dim": 16},
+            True,
+            r"value_head_hidden_dim=8 has no effect: .* critic_value_head_hidden_dim=16; drop value_head_hidden_dim",
+            16,
+        ),
+    ],
+)
+def test_a_head_width_the_original_ignored_warns_and_sizes_nothing(overrides, separate, match, width):
+    """1.4.3's IAC ignored the width of the layout not in use: the script runs, with a warning,
+    and the heads are sized as 1.4.3 sized them."""
+    critics = {"critics": [tiny_gpt2(char_tokenizer(), seed=c) for c in range(2)]} if separate else {}
+    with pytest.warns(UserWarning, match=match):
+        trainer = build(args=config(**overrides), **critics)
+    assert all(critic.head.hidden_dim == width for critic in trainer.critics)
+
+
+@pytest.mark.parametrize(
     "overrides,separate,match",
     [
         (
@@ -344,17 +383,21 @@ def test_each_head_width_sizes_the_heads_of_its_layout(overrides, separate, widt
             False,
             r"critic_value_head_hidden_dim=16 would be ignored: the value heads sit on the agents' models",
         ),
-        (
-            {"value_head_hidden_dim": 8, "critic_value_head_hidden_dim": 16},
-            True,
-            r"value_head_hidden_dim=8 would be ignored: .* critic_value_head_hidden_dim=16; drop value_head_hidden_dim",
-        ),
     ],
 )
-def test_a_head_width_that_would_be_ignored_is_refused(overrides, separate, match):
-    """1.4.3 ignored the width of the layout not in use; here that is an error, not a silent no-op."""
+def test_a_head_width_that_would_be_ignored_outside_the_original_layouts_is_refused(overrides, separate, match):
+    """Where 1.4.3 had no such field (MAAC) or no such layout (heads on the agents because no
+    critic is given), a width that does nothing is an error, not a silent no-op."""
     with pytest.raises(ValueError, match=match):
         IACConfig(**overrides).value_head_width(separate)
+    if not separate:
+        with pytest.raises(ValueError, match=match):
+            build(args=config(**overrides))
+    else:
+        with pytest.raises(ValueError, match=match):
+            build(
+                MAACTrainer, JOINT_TOKENIZER, config(MAACConfig, **overrides), critic_model=tiny_gpt2(JOINT_TOKENIZER)
+            )
 
 
 # ---------------------------------------------------------------------------------------- use_separate_critic
@@ -365,9 +408,15 @@ def test_use_separate_critic_without_a_critic_is_refused_naming_critic_model():
         build(args=config(use_separate_critic=True))
 
 
-def test_use_separate_critic_false_with_a_critic_is_refused():
-    with pytest.raises(ValueError, match="use_separate_critic=False puts value heads on the agents' models, but"):
-        build(args=config(use_separate_critic=False), critics=[tiny_gpt2(char_tokenizer(), seed=c) for c in range(2)])
+def test_use_separate_critic_false_with_a_critic_warns_and_puts_the_heads_on_the_agents():
+    """1.4.3 loaded no critic with use_separate_critic=False, whatever critic_model/critics said."""
+    match = "critic_model/critics has no effect with use_separate_critic=False: the value heads sit on the agents'"
+    with pytest.warns(UserWarning, match=match):
+        trainer = build(
+            args=config(use_separate_critic=False), critics=[tiny_gpt2(char_tokenizer(), seed=c) for c in range(2)]
+        )
+    assert [critic.agent for critic in trainer.critics] == [0, 1]
+    assert all(critic.backbone is agent for critic, agent in zip(trainer.critics, trainer.agents))
 
 
 def test_use_separate_critic_false_puts_sized_value_heads_on_the_agents():
@@ -409,10 +458,14 @@ def test_maac_critic_value_head_hidden_dim_in_model_config_sizes_its_critic():
         )
 
 
-def test_iac_refuses_the_model_config_head_width_it_ignored():
+def test_iac_warns_that_the_model_config_head_width_it_ignored_has_no_effect():
     tok = char_tokenizer()
-    with pytest.raises(ValueError, match=r"was comlrl 1.4.3 MAAC's setting \(its IAC ignored it\); write IACConfig"):
-        build(critics=[tiny_gpt2(tok, seed=c) for c in range(2)], model_config={"critic_value_head_hidden_dim": 16})
+    match = r"has no effect: it was comlrl 1.4.3 MAAC's setting; write IACConfig\(critic_value_head_hidden_dim=...\)"
+    with pytest.warns(UserWarning, match=match):
+        trainer = build(
+            critics=[tiny_gpt2(tok, seed=c) for c in range(2)], model_config={"critic_value_head_hidden_dim": 16}
+        )
+    assert all(critic.head.hidden_dim is None for critic in trainer.critics)
 
 
 def test_critic_model_kwargs_load_the_critics_only(tmp_path):
@@ -569,6 +622,29 @@ def test_critic_devices_of_value_heads_must_be_their_agents():
     build(args=config(critic_devices="cpu"))
     with pytest.raises(ValueError, match="a critic lives with its agent"):
         build(args=config(critic_devices="cuda:0"))
+
+
+def test_critic_devices_with_use_separate_critic_false_warn_that_they_have_no_effect():
+    """1.4.3 placed value heads with their agents and ignored critic_devices there."""
+    with pytest.warns(UserWarning, match=r"critic_devices='cuda:0' has no effect with value heads on the agents"):
+        trainer = build(args=config(use_separate_critic=False, critic_devices="cuda:0"))
+    assert all(next(c.head.parameters()).device.type == "cpu" for c in trainer.critics)
+
+
+def test_critic_models_that_name_no_source_read_with_their_agents_tokenizers():
+    """1.4.3's IAC had no critic_tokenizer: it fed each critic its agent's token ids. A critic
+    model built in the script (no folder or hub id to take a tokenizer from) reads so here."""
+    tokenizers = [char_tokenizer(), char_tokenizer()]
+    trainer = IACTrainer(
+        agents=[tiny_llama(tokenizers[i], seed=i) for i in range(2)],
+        tokenizer=tokenizers,
+        critics=[tiny_gpt2(tokenizers[c], seed=c) for c in range(2)],
+        train_dataset=DATA,
+        reward_func=length_sum,
+        args=config(),
+    )
+    assert [critic.tokenizer for critic in trainer.critics] == list(trainer.agents.tokenizers)
+    assert trainer.critics[0].tokenizer is not trainer.critics[1].tokenizer
 
 
 def test_maac_critic_devices_name_one_device():

@@ -114,12 +114,57 @@ trainer.train()
 trainer.save_model(f"{output_dir}/models")
 """
     ),
+    # The original's README and older pages, as written there (1.4.3 itself refused these four
+    # names): model= for agent_model=, the module paths comlrl.trainers.magrpo / .iac, and the
+    # config fields termination_threshold and critic_model_name_or_path.
+    "older_docs.py": (
+        PREAMBLE
+        + """
+import sys
+
+from comlrl.trainers.iac import IACConfig, IACTrainer
+from comlrl.trainers.magrpo import MAGRPOConfig, MAGRPOTrainer
+
+model_name = sys.argv[1]
+trainer = MAGRPOTrainer(
+    model=model_name, tokenizer=tokenizer, reward_func=reward, train_dataset=train_dataset,
+    args=MAGRPOConfig(termination_threshold=-0.2, **small),
+)
+trainer.train()
+iac = IACTrainer(
+    model=model_name, tokenizer=tokenizer, reward_func=reward, train_dataset=train_dataset,
+    args=IACConfig(use_separate_critic=True, critic_model_name_or_path=model_name, **small),
+)
+iac.train()
+"""
+    ),
+    # Settings 1.4.3 accepted and ignored: they run, with a warning, and mean what they meant.
+    "ignored_settings.py": (
+        PREAMBLE
+        + """
+from comlrl.trainers.actor_critic import IACConfig, IACTrainer
+
+separate = IACTrainer(
+    agents=agents(), tokenizer=tokenizer, reward_func=reward, train_dataset=train_dataset,
+    critics=[tiny_gpt2(tokenizer, seed=c) for c in range(2)],
+    args=IACConfig(value_head_hidden_dim=16, **small),
+)
+separate.train()
+heads = IACTrainer(
+    agents=agents(), tokenizer=tokenizer, reward_func=reward, train_dataset=train_dataset,
+    args=IACConfig(use_separate_critic=False, critic_learning_rate=1e-3, **small),
+)
+heads.train()
+"""
+    ),
 }
 
 EXPECTED_RUNS = {
     "sweep.py": ["magrpo", "mareinforce", "marloo", "maremax"],
     "iac_then_maac.py": ["iac", "maac"],
     "tutorial.py": ["magrpo"],
+    "older_docs.py": ["magrpo", "iac"],
+    "ignored_settings.py": ["iac", "iac"],
 }
 """Each script's trainers, in order: one run folder each per run of the script."""
 RUN = re.compile(r"([a-z-]+?)-\d{8}-\d{6}(?:-\d+)?")

@@ -7,10 +7,13 @@
   (:func:`warn_if_original_head`).
 - Its critic keys of ``model_config`` (:func:`split_critic_model_config`):
   ``critic_model_kwargs`` and MAAC's ``critic_value_head_hidden_dim``.
-- Its critic folders, saved without a tokenizer (:func:`lacks_tokenizer`): such a critic
-  reads with its agent's tokenizer (MAAC's: agent 0's), as every 1.4.3 critic did.
+- Its critic folders, saved without a tokenizer, and critic models that name no source
+  (:func:`lacks_tokenizer`): such a critic reads with its agent's tokenizer (MAAC's: agent
+  0's), as every 1.4.3 critic did.
 - Its ``critic_devices`` (:func:`critic_device_list`), and its check of ``critic_model``
   against ``critics`` when both are given (:func:`check_same_model`).
+- The config field its older docs named ``critic_model_name_or_path``, read as the trainer's
+  ``critic_model`` (:func:`critic_model_argument`).
 """
 
 from __future__ import annotations
@@ -24,8 +27,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from comlrl.compat.fields import warn_ignored
 from comlrl.models.placement import resolve_agent_devices
-from comlrl.utils.caller import user_stacklevel
+from comlrl.utils.caller import user_stacklevel, warn_once
 
 # ------------------------------------------------------------------------------------------
 # the value-head file
@@ -92,14 +96,18 @@ class CriticModelConfig:
     def resolve_head_width(self, configured: int | None, centralized: bool) -> int | None:
         """The value heads' hidden width: ``configured`` (the config's, for the critic layout
         in use), or :attr:`head_width` where 1.4.3 read it: for MAAC (``centralized``), and
-        only if the two agree. 1.4.3's IAC ignored the key, so IAC refuses it."""
+        only if the two agree. 1.4.3's IAC ignored the key: so does IAC here, with a one-time
+        warning."""
         if self.head_width is None:
             return configured
         if not centralized:
-            raise ValueError(
-                "model_config['critic_value_head_hidden_dim'] was comlrl 1.4.3 MAAC's setting (its IAC ignored it); "
-                "write IACConfig(critic_value_head_hidden_dim=...) for separate critics, or drop it"
+            warn_ignored(
+                "IACTrainer",
+                "model_config['critic_value_head_hidden_dim']",
+                f"model_config['critic_value_head_hidden_dim']={self.head_width} has no effect: it was comlrl 1.4.3 "
+                "MAAC's setting; write IACConfig(critic_value_head_hidden_dim=...) for separate critics, or drop it",
             )
+            return configured
         if configured is not None and configured != self.head_width:
             raise ValueError(
                 f"model_config['critic_value_head_hidden_dim']={self.head_width} and "
@@ -126,9 +134,11 @@ def split_critic_model_config(config: Any) -> tuple[Any, CriticModelConfig]:
 # critic folders, devices and sources
 # ------------------------------------------------------------------------------------------
 def lacks_tokenizer(model: torch.nn.Module) -> bool:
-    """The model was loaded from a folder holding no tokenizer (comlrl 1.4.3 saved its critics so)."""
+    """The model has no tokenizer of its own to read with: it was loaded from a folder holding
+    none (comlrl 1.4.3 saved its critics so), or it says nowhere where it came from (a model
+    built in the script). comlrl 1.4.3 fed every critic its agent's token ids."""
     source = getattr(model, "name_or_path", "") or ""
-    return os.path.isdir(source) and not os.path.isfile(os.path.join(source, "tokenizer_config.json"))
+    return not source or (os.path.isdir(source) and not os.path.isfile(os.path.join(source, "tokenizer_config.json")))
 
 
 def critic_device_list(spec: str | Sequence[str], count: int, local_rank: int | None) -> list[torch.device]:
@@ -151,6 +161,28 @@ def named_source(source: Any) -> str | None:
     if isinstance(source, str | os.PathLike):
         return os.fspath(source)
     return getattr(getattr(source, "config", None), "_name_or_path", None) or None
+
+
+def critic_model_argument(critic_model: Any, config: Any) -> Any:
+    """The trainer's ``critic_model``, or the folder or hub id ``config`` names in
+    ``critic_model_name_or_path`` (older comlrl docs' config field for it; a one-time
+    warning). Both given must name the same model."""
+    named = getattr(config, "critic_model_name_or_path", None)
+    if named is None:
+        return critic_model
+    if critic_model is not None and named_source(critic_model) != named:
+        raise ValueError(
+            f"critic_model_name_or_path={named!r} and critic_model={named_source(critic_model) or critic_model!r} "
+            "name different critics: pass only critic_model="
+        )
+    config_name = type(config).__name__
+    warn_once(
+        (config_name, "critic_model_name_or_path"),
+        f"{config_name}: critic_model_name_or_path is the name older comlrl docs gave the trainer's critic_model "
+        f"argument; write {config_name.removesuffix('Config')}Trainer(critic_model={named!r})",
+        FutureWarning,
+    )
+    return named if critic_model is None else critic_model
 
 
 def check_same_model(critic_model: Any, critics: Sequence[Any]) -> None:

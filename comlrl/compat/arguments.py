@@ -6,7 +6,8 @@ there, before the trainer reads any.
 1.4.3's MAGRPO, its variants, centralized MAGRPO, MADPO and MARLHF take
 :data:`POSITIONAL_ORDER`; its IAC and MAAC take :data:`ACTOR_CRITIC_ORDER`, a different order.
 Its ``CentralizedMAGRPOTrainer`` named the adapter ``centralized_adapter``, where MADPO and
-MARLHF said ``centralized_comparator_adapter`` (the one name here)."""
+MARLHF said ``centralized_comparator_adapter`` (the one name here); its docs named
+``agent_model`` ``model``."""
 
 from __future__ import annotations
 
@@ -52,8 +53,10 @@ ACTOR_CRITIC_ORDER = (
 )
 """1.4.3's order of IAC's and MAAC's arguments."""
 
-RENAMED_ARGUMENTS = {"centralized_adapter": "centralized_comparator_adapter"}
-"""1.4.3's other name of a trainer argument -> ours (the same meaning)."""
+RENAMED_ARGUMENTS = {"centralized_adapter": "centralized_comparator_adapter", "model": "agent_model"}
+"""1.4.3's other names of a trainer argument -> ours (the same meaning). ``model`` is the name
+its README and older pages used for ``agent_model`` (1.4.3 itself refused it: an unexpected
+keyword)."""
 
 
 def named_arguments(trainer: str, order: Sequence[str], positional: Sequence[Any], named: dict[str, Any]) -> dict:

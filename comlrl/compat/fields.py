@@ -6,6 +6,8 @@ the meaning they had there.
   1.4.3's name is suggested as the name it became (:func:`current_name`).
 - Inert fields (:func:`inert`): fields 1.4.3's MADPO had that did nothing there either:
   accepted with a one-time warning (:func:`warn_inert_fields`), so 1.4.3 configs run unchanged.
+- Settings 1.4.3 ignored in some layouts only (:func:`warn_ignored`): a critic's settings where
+  the value heads sit on the agents, and the like; the code that knows the layout calls it.
 """
 
 from __future__ import annotations
@@ -79,3 +81,15 @@ def warn_inert_fields(config: Any, trainer_name: str) -> None:
                 "comlrl 1.4.3 either); remove it",
                 UserWarning,
             )
+
+
+def warn_ignored(owner: str, setting: str, message: str) -> None:
+    """A setting comlrl 1.4.3 ignored without a word where it is used: accepted, so that its
+    scripts run with the meaning they had, with a one-time warning for ``owner`` (a config
+    class, or trainer argument's trainer) and ``setting``. ``message`` says why it has no
+    effect and what to write instead."""
+    warn_once(
+        (owner, setting),
+        f"{owner}: {message} (comlrl 1.4.3 ignored it without a word, and so does this run)",
+        UserWarning,
+    )

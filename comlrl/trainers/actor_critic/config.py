@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from comlrl.compat.fields import renamed
+from comlrl.compat.fields import renamed, warn_ignored
 from comlrl.compat.spellings import CRITIC_TYPE_SPELLINGS, respell
 from comlrl.trainers.config_checks import (
     check_bool,
@@ -42,8 +42,9 @@ class ActorCriticConfig(PolicyGradientConfig):
     critic_learning_rate: float | None = 5e-6
     """AdamW learning rate of the separate critic models (and their value heads); ``None``:
     ``agent_learning_rate`` (as comlrl 1.4.3's IAC). Value heads on the agents train at their
-    agent's rate and schedule, as 1.4.3 trained them in the agent's optimizer: set there to
-    another rate than the default or ``agent_learning_rate``, it would do nothing, an error."""
+    agent's rate and schedule, as 1.4.3 trained them in the agent's optimizer: another rate than
+    the default or ``agent_learning_rate`` does nothing there, said by a one-time warning with
+    ``use_separate_critic=False`` (1.4.3 ignored it so) and an error without it."""
     critic_type: str = "v"
     """``v``: the critic values a node from the prompts, V(h); ``q``: it values each action
     from the prompts and the completions, Q(h, a), and a node's value is the mean over the
@@ -54,13 +55,16 @@ class ActorCriticConfig(PolicyGradientConfig):
     ``critics`` is given; True requires one; False (IAC only) forbids one: value heads on the agents."""
     value_head_hidden_dim: int | None = None
     """Width of a Tanh hidden layer in the value heads on the agents' models (IAC without a
-    separate critic); ``None``: one linear map."""
+    separate critic); ``None``: one linear map. With IAC's separate critics it has no effect
+    (a one-time warning; comlrl 1.4.3 ignored it so)."""
     critic_value_head_hidden_dim: int | None = None
     """Width of a Tanh hidden layer in the value head of each separate critic model (IAC's
-    ``critic_model`` / ``critics``, MAAC's critic); ``None``: one linear map."""
+    ``critic_model`` / ``critics``, MAAC's critic); ``None``: one linear map. With IAC's
+    ``use_separate_critic=False`` it has no effect (a one-time warning, as 1.4.3 ignored it)."""
     critic_devices: str | list[str] | None = None
     """comlrl 1.4.3's critic placement. A critic lives with its agent here (MAAC's with agent 0):
-    ``None``, or devices equal to that placement, are accepted; anything else is an error."""
+    ``None``, or devices equal to that placement, are accepted; anything else is an error,
+    except for value heads on the agents, where 1.4.3 ignored it too (a one-time warning)."""
     gamma: float = 1.0
     """Discount in [0, 1] of the next turn's value."""
     gae_lambda: float = 0.95
@@ -84,6 +88,10 @@ class ActorCriticConfig(PolicyGradientConfig):
     # --- comlrl 1.4.3's names (accepted with a one-time warning) ---------------------------
     discount: float | None = renamed("gamma")
     """comlrl 1.4.3's name of ``gamma``."""
+    critic_model_name_or_path: str | None = None
+    """The name comlrl's older docs gave the trainer's ``critic_model`` argument, as a config
+    field (1.4.3 itself refused it): a folder or hub id of the separate critic, used as
+    ``critic_model``, with a one-time warning; write ``critic_model=`` in the trainer call."""
 
     def __post_init__(self):
         super().__post_init__()
@@ -103,7 +111,12 @@ class ActorCriticConfig(PolicyGradientConfig):
             raise ValueError(f"value_clip_range must be > 0 or None (off), got {self.value_clip_range!r}")
         check_coefficient(self, "value_loss_coef", positive=True)
         if self.use_separate_critic is False:
-            self.check_heads_learning_rate("use_separate_critic=False")
+            self.check_heads_learning_rate("use_separate_critic=False", as_in_original=True)
+        if self.critic_model_name_or_path is not None and not isinstance(self.critic_model_name_or_path, str):
+            raise ValueError(
+                "critic_model_name_or_path must be a folder or hub id (a string), got "
+                f"{type(self.critic_model_name_or_path).__name__}; pass a model as the trainer's critic_model="
+            )
 
     def renamed_advice(self, old_name: str, value: object) -> str | None:
         """1.4.3's ``rollout_buffer_size`` counted samples, and its ``discount`` came with a
@@ -162,30 +175,41 @@ class ActorCriticConfig(PolicyGradientConfig):
             )
         return self.critic_learning_rate
 
-    def check_heads_learning_rate(self, layout: str) -> None:
+    def check_heads_learning_rate(self, layout: str, as_in_original: bool) -> None:
         """Value heads on the agents train with their agent, at ``agent_learning_rate`` (comlrl
-        1.4.3 put them in the agent's optimizer and ignored ``critic_learning_rate``): another
-        rate there would do nothing, an error. ``layout`` says why the heads are on the agents."""
+        1.4.3 put them in the agent's optimizer): another rate there does nothing. In the layout
+        where 1.4.3 ignored it so (``as_in_original``: ``use_separate_critic=False``), a one-time
+        warning; else an error. ``layout`` says why the heads are on the agents."""
         rate = self.critic_learning_rate
         if rate is None or rate in (field_default(self, "critic_learning_rate"), self.agent_learning_rate):
             return
-        raise ValueError(
+        message = (
             f"critic_learning_rate={rate!r} has no effect with value heads on the agents ({layout}): the heads "
             "train with their agent at agent_learning_rate, as in comlrl 1.4.3; drop critic_learning_rate (set "
             "agent_learning_rate for both), or give separate critics (critic_model=... or critics=[...])"
         )
+        if not as_in_original:
+            raise ValueError(message)
+        warn_ignored(type(self).__name__, "critic_learning_rate", message)
 
-    def value_head_width(self, separate: bool) -> int | None:
+    def value_head_width(self, separate: bool, as_in_original: bool = False) -> int | None:
         """Hidden width of the value heads of the critic layout in use: ``critic_value_head_hidden_dim``
         for separate critic models, ``value_head_hidden_dim`` for heads on the agents. The other
-        one set to another value would be ignored (as comlrl 1.4.3 silently did): an error."""
+        one set to another value does nothing: in a layout where comlrl 1.4.3 had both fields
+        and ignored it so (``as_in_original``: IAC's), a one-time warning; else an error."""
         names = ("critic_value_head_hidden_dim", "value_head_hidden_dim")
         used, unused = names if separate else names[::-1]
         width, other = getattr(self, used), getattr(self, unused)
         if other is not None and other != width:
             layout = "the critics are separate models" if separate else "the value heads sit on the agents' models"
             fix = f"write {used}={other!r}, or drop {unused}" if width is None else f"drop {unused}"
-            raise ValueError(f"{unused}={other!r} would be ignored: {layout}, sized by {used}={width!r}; {fix}")
+            if not as_in_original:
+                raise ValueError(f"{unused}={other!r} would be ignored: {layout}, sized by {used}={width!r}; {fix}")
+            warn_ignored(
+                type(self).__name__,
+                unused,
+                f"{unused}={other!r} has no effect: {layout}, sized by {used}={width!r}; {fix}",
+            )
         return width
 
 

@@ -21,9 +21,11 @@ from comlrl.compat.actor_critic import (
     CriticModelConfig,
     check_same_model,
     critic_device_list,
+    critic_model_argument,
     lacks_tokenizer,
     warn_if_original_head,
 )
+from comlrl.compat.fields import warn_ignored
 from comlrl.distributed import DataParallel
 from comlrl.models.loading import check_agents, load_agents, resolve_tokenizers
 from comlrl.models.placement import same_device
@@ -87,8 +89,18 @@ def build_critics(
         trainer.parallel,
         centralized,
     )
+    critic_model = critic_model_argument(critic_model, config)
     separate = _uses_separate_critics(setup, critic_model is not None or critics is not None)
-    width = critic_config.resolve_head_width(setup.args.value_head_width(separate), centralized)
+    # IAC's two layouts had both head widths in comlrl 1.4.3, which ignored the one not in use.
+    as_in_original = not centralized and (separate or config.use_separate_critic is False)
+    width = critic_config.resolve_head_width(setup.args.value_head_width(separate, as_in_original), centralized)
+    if critic_config.model_kwargs and not separate:
+        warn_ignored(
+            type(trainer).__name__,
+            "model_config['critic_model_kwargs']",
+            "model_config['critic_model_kwargs'] has no effect: no critic model is loaded (the value heads sit on "
+            "the agents' models); drop it",
+        )
     if separate:
         built = _separate_critics(setup, critic_model, critics, critic_tokenizer, critic_config, special_tokens, width)
     else:
@@ -140,6 +152,12 @@ def _separate_critics(
     """The critic models, loaded by name (with ``model_config``'s arguments, and the critic
     keys' over them) or as given, set up as the agents are, each with a value head."""
     sources = _critic_sources(setup, critic_model, critics)
+    if config.model_kwargs and not any(isinstance(source, str) for source in sources):
+        warn_ignored(
+            type(setup.args).__name__,
+            "model_config['critic_model_kwargs']",
+            "model_config['critic_model_kwargs'] has no effect: the critics are given as models, not loaded; drop it",
+        )
     model_kwargs = {**setup.model_kwargs, **config.model_kwargs}
     argument = "critics[{}]" if critics is not None else "critic_model"
     models = [
@@ -189,13 +207,17 @@ def _uses_separate_critics(setup: _Setup, given: bool) -> bool:
             "use_separate_critic=True needs the critics: critic_model=<folder or hub id> (a copy per agent) or "
             "critics=[one per agent]; for value heads on the agents' models, drop use_separate_critic"
         )
-    if flag is False and given:
-        raise ValueError(
-            "use_separate_critic=False puts value heads on the agents' models, but critic_model/critics is "
-            "given: drop one of the two"
-        )
+    if flag is False:
+        if given:
+            warn_ignored(
+                type(setup.args).__name__,
+                "use_separate_critic",
+                "critic_model/critics has no effect with use_separate_critic=False: the value heads sit on the "
+                "agents' models and no critic model is loaded; drop critic_model/critics, or use_separate_critic",
+            )
+        return False
     if not given:
-        setup.args.check_heads_learning_rate("no critic_model/critics given")
+        setup.args.check_heads_learning_rate("no critic_model/critics given", as_in_original=False)
     return given
 
 
@@ -290,7 +312,14 @@ def _check_critic_devices(setup: _Setup, critics: list[Critic]) -> None:
     asked = critic_device_list(spec, len(critics), setup.parallel.local_rank if setup.parallel.enabled else None)
     for critic, device in zip(critics, asked):
         actual = next(critic.backbone.parameters()).device
-        if not same_device(device, actual):
+        if not same_device(device, actual) and setup.args.use_separate_critic is False:  # as 1.4.3 ignored it
+            warn_ignored(
+                type(setup.args).__name__,
+                "critic_devices",
+                f"critic_devices={spec!r} has no effect with value heads on the agents: each head lives with its "
+                "agent; drop critic_devices",
+            )
+        elif not same_device(device, actual):
             raise ValueError(
                 f"critic_devices={spec!r} puts {critic.name} on {device}, but it is on {actual}: here a critic "
                 "lives with its agent (MAAC's with agent 0); drop critic_devices and place the agents with "

@@ -9,6 +9,7 @@ from typing import ClassVar
 from comlrl.algorithms import BASELINES
 from comlrl.trainers.config_checks import check_bool, check_choice, check_fraction, check_int
 from comlrl.trainers.policy_gradient_config import PolicyGradientConfig
+from comlrl.utils.caller import warn_once
 from comlrl.utils.checks import is_real
 
 
@@ -20,7 +21,8 @@ class MAGRPOConfig(PolicyGradientConfig):
 
     discount: float = 1.0
     """Weight in [0, 1] of the next turn: a joint action's return is its reward plus
-    ``discount`` times the mean return of the joint actions of the branch it started."""
+    ``discount`` times the mean return of the joint actions of the branch it started.
+    comlrl 1.4.3 ignored it: below 1 with several turns, a one-time warning says so."""
     advantage_mode: str = "mean"
     """Group baseline: ``mean`` (GRPO), ``rloo`` (leave-one-out), ``max`` (ReMax-style), ``raw`` (none)."""
     advantage_normalization: bool = True
@@ -34,6 +36,13 @@ class MAGRPOConfig(PolicyGradientConfig):
     def __post_init__(self):
         super().__post_init__()
         check_fraction(self, "discount")
+        if self.discount != 1 and self.num_turns > 1:
+            warn_once(
+                (type(self).__name__, "discount"),
+                f"{type(self).__name__}: discount={self.discount!r} discounts each next turn's return here; comlrl "
+                "1.4.3 ignored discount (undiscounted returns): for its meaning write discount=1.0",
+                UserWarning,
+            )
         if isinstance(self.advantage_mode, str):  # comlrl 1.4.3 took any letter case
             self.advantage_mode = self.advantage_mode.lower()
         check_choice(self, "advantage_mode", BASELINES)
