@@ -122,10 +122,13 @@ trainer.save_model(f"{output_dir}/models")
         + """
 import sys
 
+from transformers import AutoTokenizer
+
 from comlrl.trainers.iac import IACConfig, IACTrainer
 from comlrl.trainers.magrpo import MAGRPOConfig, MAGRPOTrainer
 
 model_name = sys.argv[1]
+tokenizer = AutoTokenizer.from_pretrained(model_name)
 trainer = MAGRPOTrainer(
     model=model_name, tokenizer=tokenizer, reward_func=reward, train_dataset=train_dataset,
     args=MAGRPOConfig(termination_threshold=-0.2, **small),

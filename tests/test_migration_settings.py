@@ -45,10 +45,15 @@ def test_model_is_the_docs_name_of_agent_model(tmp_path, model_folder):
 
 
 def test_termination_threshold_is_the_docs_name_of_early_termination_threshold():
-    with pytest.warns(FutureWarning, match="termination_threshold is comlrl 1.4.3's name for early_termination"):
+    with pytest.warns(
+        FutureWarning, match="termination_threshold is older comlrl docs' name for early_termination_threshold"
+    ):
         config = MAGRPOConfig(termination_threshold=-0.2)
     assert config.early_termination_threshold == -0.2 and config.termination_threshold is None
-    with pytest.raises(ValueError, match=r"termination_threshold=0.5 .* and early_termination_threshold=0.1 disagree"):
+    with pytest.raises(
+        ValueError,
+        match=r"termination_threshold=0.5 \(older comlrl docs' name .*\) and early_termination_threshold=0.1 disagree",
+    ):
         MAGRPOConfig(termination_threshold=0.5, early_termination_threshold=0.1)
 
 

@@ -19,10 +19,11 @@ from comlrl.utils.caller import warn_once
 from comlrl.utils.checks import field_default
 
 
-def renamed(new_name: str) -> Any:
-    """A field that holds comlrl 1.4.3's name of ``new_name``: accepted, with a one-time
-    warning, and moved to ``new_name`` by :func:`apply_renamed_fields` (then back to None)."""
-    return field(default=None, repr=False, metadata={"renamed_to": new_name})
+def renamed(new_name: str, whose: str = "comlrl 1.4.3's") -> Any:
+    """A field that holds comlrl 1.4.3's name of ``new_name`` (or, ``whose`` says, a name its
+    docs used): accepted, with a one-time warning, and moved to ``new_name`` by
+    :func:`apply_renamed_fields` (then back to None)."""
+    return field(default=None, repr=False, metadata={"renamed_to": new_name, "whose": whose})
 
 
 def current_name(spec: Field) -> str:
@@ -44,13 +45,13 @@ def apply_renamed_fields(config: Any) -> None:
         current = getattr(config, new_name)
         if current != value and current != field_default(config, new_name):
             raise ValueError(
-                f"{spec.name}={value!r} (comlrl 1.4.3's name for {new_name}) and {new_name}={current!r} "
+                f"{spec.name}={value!r} ({spec.metadata['whose']} name for {new_name}) and {new_name}={current!r} "
                 f"disagree: set only {new_name}"
             )
         advice = config.renamed_advice(spec.name, value) or f"write {new_name}={value!r}"
         warn_once(
             (type(config).__name__, spec.name),
-            f"{type(config).__name__}: {spec.name} is comlrl 1.4.3's name for {new_name}; {advice}",
+            f"{type(config).__name__}: {spec.name} is {spec.metadata['whose']} name for {new_name}; {advice}",
             FutureWarning,
         )
         setattr(config, new_name, value)

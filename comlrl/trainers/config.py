@@ -236,7 +236,7 @@ class TrainerConfig:
     """Old name of ``agent_learning_rate``."""
     rollout_buffer_size: int | None = renamed("per_device_train_batch_size")
     """comlrl 1.4.3's name of ``per_device_train_batch_size`` (prompt groups per rollout)."""
-    termination_threshold: float | None = renamed("early_termination_threshold")
+    termination_threshold: float | None = renamed("early_termination_threshold", "older comlrl docs'")
     """The name comlrl's older docs gave ``early_termination_threshold`` (1.4.3 itself refused it)."""
 
     trainer_name: ClassVar[str] = "this trainer"
