@@ -1,4 +1,5 @@
-"""Checkpoints: what a folder holds and how it is written and read (``files``), and how a
+"""Checkpoints: what a folder holds and how it is written and read (``files``; its manifest of
+file hashes: ``manifest``), and how a
 trainer saves itself into one and resumes from it (``trainer``), and the run's config as
 JSON (``config_record``)."""
 
@@ -16,10 +17,10 @@ from comlrl.checkpoint.files import (
     read_tensors,
     save_checkpoint,
     truncate_log,
-    verify_checkpoint,
     write_folders,
     write_json,
 )
+from comlrl.checkpoint.manifest import verify_checkpoint
 
 __all__ = [
     "TrainerState",

@@ -12,7 +12,10 @@ A checkpoint is ``output_dir/checkpoint-{step}/`` holding, as data only (never p
     manifest.json         every other file's size and SHA-256
 
 It is written under ``checkpoint-{step}.partial`` and renamed when complete: a folder
-without ``trainer_state.json`` (a crash mid-save) is never taken for a checkpoint. Resuming
+without ``trainer_state.json`` (a crash mid-save) is never taken for a checkpoint. One is
+deleted (``save_total_limit``, or a checkpoint of its step written again) by renaming it to
+``.deleting-checkpoint-{step}`` first, so a deletion cut short leaves no folder that looks
+complete and misses files; the next run's start removes what is left of it. Resuming
 checks every file against the manifest first, so a damaged file (a flipped byte inside a
 weight tensor loads without complaint) is an error naming the file. Reading uses
 ``torch.load(weights_only=True)``, JSON and safetensors only, so a tampered file gives an
@@ -21,7 +24,6 @@ error, not code execution.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -34,6 +36,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
+from comlrl.checkpoint.manifest import unreadable, write_manifest
 from comlrl.models.lora import is_peft_model, load_adapter_weights
 from comlrl.models.value import VALUE_HEAD_FILE
 from comlrl.sharding import is_sharded, load_whole_state_dict, local, model_class, sharded_parameters
@@ -44,7 +47,8 @@ OPTIMIZER_FILE = "optimizer.pt"
 OPTIMIZER_SHARDS = "optimizer_shards"
 """The folder of the sharded optimizers' states: each rank's slices (``torch.distributed.checkpoint``)."""
 RNG_FILE = "rng_state.pt"
-MANIFEST_FILE = "manifest.json"
+DISCARDED = ".deleting-"
+"""What a checkpoint folder's name starts with while it is deleted (no listing takes it for one)."""
 _STEP = re.compile(rf"^{PREFIX}(\d+)$")
 
 
@@ -143,12 +147,33 @@ def save_checkpoint(
     except (OSError, RuntimeError) as error:  # torch reports a full disk as RuntimeError
         shutil.rmtree(partial, ignore_errors=True)
         raise OSError(save_failure(final, output_dir, error)) from error
-    shutil.rmtree(final, ignore_errors=True)
+    if os.path.isdir(final):
+        discard_checkpoint(final)
     os.replace(partial, final)
     if total_limit is not None:
         for old in complete_checkpoints(output_dir)[:-total_limit]:
-            shutil.rmtree(old, ignore_errors=True)
+            discard_checkpoint(old)
     return final
+
+
+def discard_checkpoint(path: str) -> None:
+    """Delete checkpoint folder ``path``, renamed out of the ``checkpoint-*`` names first (one
+    atomic step): a run stopped mid-deletion (a kill, a second Ctrl-C) then leaves no folder
+    that looks complete and misses files, only what :func:`remove_discarded` removes."""
+    parent, name = os.path.split(os.path.normpath(path))
+    aside = os.path.join(parent, DISCARDED + name)
+    shutil.rmtree(aside, ignore_errors=True)  # an earlier deletion's rest: a rename onto it would fail
+    os.rename(path, aside)
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+def remove_discarded(folder: str) -> list[str]:
+    """Remove what deletions cut short (:func:`discard_checkpoint`) left in ``folder``; returns their names."""
+    names = os.listdir(folder) if os.path.isdir(folder) else []
+    removed = sorted(name for name in names if name.startswith(DISCARDED + PREFIX))
+    for name in removed:
+        shutil.rmtree(os.path.join(folder, name), ignore_errors=True)
+    return removed
 
 
 def start_checkpoint(output_dir: str, step: int) -> str:
@@ -171,62 +196,6 @@ def save_failure(final: str, output_dir: str, error: BaseException) -> str:
         f"checkpoint {final} could not be written ({type(error).__name__}: {error}); the disk holding "
         f"{os.path.abspath(output_dir)} has {free}. Nothing of it was left behind; {kept}"
     )
-
-
-def file_sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def folder_files(folder: str) -> list[str]:
-    """Every file under ``folder`` but the manifest, as sorted relative paths with ``/``."""
-    found = []
-    for root, _, names in os.walk(folder):
-        for name in names:
-            relative = os.path.relpath(os.path.join(root, name), folder).replace(os.sep, "/")
-            if relative != MANIFEST_FILE:
-                found.append(relative)
-    return sorted(found)
-
-
-def write_manifest(folder: str) -> None:
-    """``folder/manifest.json``: the size and SHA-256 of every other file in ``folder``."""
-    files = {}
-    for relative in folder_files(folder):
-        path = os.path.join(folder, relative)
-        files[relative] = {"size": os.path.getsize(path), "sha256": file_sha256(path)}
-    with open(os.path.join(folder, MANIFEST_FILE), "w", encoding="utf-8") as f:
-        json.dump({"files": files}, f, indent=1)
-
-
-def verify_checkpoint(path: str) -> None:
-    """Check every file of checkpoint ``path`` against its manifest; the error names the
-    first file that is missing, has another size, or other bytes. A checkpoint written
-    before manifests existed is read with a warning that it cannot be verified."""
-    try:
-        with open(os.path.join(path, MANIFEST_FILE), encoding="utf-8") as f:
-            files = json.load(f)["files"]
-        files = {str(relative): (int(entry["size"]), str(entry["sha256"])) for relative, entry in files.items()}
-    except FileNotFoundError:
-        warnings.warn(f"checkpoint {path} has no {MANIFEST_FILE}: its files cannot be verified", stacklevel=2)
-        return
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
-        raise _unreadable(path, MANIFEST_FILE, error) from error
-    for relative, (expected_size, expected_sha256) in files.items():
-        file = os.path.join(path, relative)
-        if not os.path.isfile(file):
-            raise ValueError(f"checkpoint {path} is damaged: {relative} is missing")
-        size = os.path.getsize(file)
-        if size != expected_size:
-            raise ValueError(f"checkpoint {path} is damaged: {relative} has {size} bytes, {expected_size} were written")
-        if file_sha256(file) != expected_sha256:
-            raise ValueError(
-                f"checkpoint {path} is damaged: {relative} differs from what was written (SHA-256 mismatch); "
-                "resume from an earlier checkpoint"
-            )
 
 
 def write_json(path: str, value: Any, indent: int | None = None) -> None:
@@ -263,16 +232,14 @@ def find_checkpoint(output_dir: str, resume_from_checkpoint: bool | str) -> str:
             raise ValueError(f"resume_from_checkpoint=True but {output_dir} holds no complete {PREFIX}* folder")
         return found[-1]
     path = str(resume_from_checkpoint)
+    if os.path.basename(os.path.normpath(path)).startswith(DISCARDED):
+        raise ValueError(
+            f"{path} is a checkpoint whose deletion was cut short: files may be missing; resume from a complete "
+            f"{PREFIX}* folder"
+        )
     if not os.path.isfile(os.path.join(path, STATE_FILE)):
         raise ValueError(f"{path} is not a complete checkpoint: it has no {STATE_FILE}")
     return path
-
-
-def _unreadable(path: str, name: str, error: Exception) -> ValueError:
-    return ValueError(
-        f"checkpoint {path}: {name} cannot be read ({type(error).__name__}: {error}); the file is truncated, "
-        "was changed, or was not written by comlrl"
-    )
 
 
 def read_state(path: str) -> TrainerState:
@@ -280,7 +247,7 @@ def read_state(path: str) -> TrainerState:
         with open(os.path.join(path, STATE_FILE), encoding="utf-8") as f:
             return TrainerState(**json.load(f))
     except (OSError, ValueError, TypeError) as error:
-        raise _unreadable(path, STATE_FILE, error) from error
+        raise unreadable(path, STATE_FILE, error) from error
 
 
 def check_compatible(path: str, state: TrainerState, now: TrainerState) -> None:
@@ -331,7 +298,7 @@ def load_weights(
             try:
                 weights.update(load_file(os.path.join(folder, name)))
             except Exception as error:
-                raise _unreadable(path, f"{prefix}_{i}/{name}", error) from error
+                raise unreadable(path, f"{prefix}_{i}/{name}", error) from error
         with sharded_parameters([agent]):
             if is_peft_model(agent):
                 missing, unexpected = [], load_adapter_weights(agent, weights, adapter)
@@ -356,7 +323,7 @@ def read_tensors(path: str, name: str, parse: Callable[[Any], Any] = lambda data
     try:
         return parse(torch.load(os.path.join(path, name), weights_only=True))
     except Exception as error:
-        raise _unreadable(path, name, error) from error
+        raise unreadable(path, name, error) from error
 
 
 def load_training_state(path: str) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:

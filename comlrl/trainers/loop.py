@@ -1,6 +1,6 @@
 """The training loop: epochs of shuffled items (dataset rows; MADPO: preference pairs), one
 training step per batch, logging, evaluation and checkpoints at their cadence, and a clean
-stop on SIGINT/SIGTERM.
+stop on SIGINT/SIGTERM (a second Ctrl-C: at once, raising KeyboardInterrupt).
 
     seed (or find the checkpoint) -> trainer.prepare -> resume (or start) -> [evaluate]
     -> for each epoch: order the items
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 from dataclasses import dataclass, replace
 from typing import Any
@@ -20,7 +21,8 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from comlrl.checkpoint.files import find_checkpoint, verify_checkpoint
+from comlrl.checkpoint.files import complete_checkpoints, find_checkpoint, remove_discarded
+from comlrl.checkpoint.manifest import verify_checkpoint
 from comlrl.checkpoint.run_folder import (
     DEFAULT_ROOT,
     RunFolderLock,
@@ -107,7 +109,8 @@ class TrainResult:
     train_seconds: float
     """Wall time of ``train()``."""
     interrupted: bool = False
-    """SIGINT or SIGTERM stopped training early, after writing a checkpoint."""
+    """SIGINT or SIGTERM stopped training early, after writing a checkpoint (a second SIGINT
+    raises KeyboardInterrupt instead: :meth:`TrainingLoop.run`)."""
     output_dir: str | None = None
     """The absolute folder the run wrote to (its logs and checkpoints)."""
 
@@ -167,6 +170,8 @@ class TrainingLoop:
         try:
             for folder, what in folders.values():
                 locks.append(RunFolderLock(folder, what).acquire())
+                for name in remove_discarded(folder):  # under the lock: no run is deleting there now
+                    tqdm.write(f"removed {name} in {folder}: the rest of a checkpoint whose deletion was cut short")
                 removed = [] if resuming else check_new_run(folder, self.args.overwrite_output_dir, what)
                 if removed:
                     tqdm.write(f"overwrite_output_dir=True: removed the earlier run's {', '.join(removed)} in {folder}")
@@ -218,7 +223,16 @@ class TrainingLoop:
 
     def run(self) -> TrainResult:
         """Train to the last epoch, or until a signal; the metrics of every step taken are
-        written whatever stops training (after a signal, into the checkpoint)."""
+        written whatever stops training (after a signal, into the checkpoint).
+
+        A SIGINT or SIGTERM lets the step finish, writes a checkpoint and returns; the ranks
+        agree on stopping after the same step. A second SIGINT (Ctrl-C) stops at once: the
+        step or save in progress is dropped (it never leaves a folder that looks complete),
+        rank 0 names the last complete checkpoint and KeyboardInterrupt propagates, so a
+        script ends as after any Ctrl-C (exit code 130). Under torchrun it is raised on the
+        ranks that got the signal; a rank that did not waits at its next collective until
+        torchrun, seeing a rank exit, ends it.
+        """
         started = time.perf_counter()
         try:
             with StopOnSignal() as stop:
@@ -239,6 +253,10 @@ class TrainingLoop:
                     self.end_epoch()
                 if self.evaluates and not (self.periodic_evaluation and self.due(self.args.eval_interval)):
                     self.evaluate()
+        except KeyboardInterrupt:
+            self.bar.close()  # the note goes under the bar, last before the traceback
+            self.say_interrupted()
+            raise
         finally:
             self.close()
         return self.result(started)
@@ -333,6 +351,19 @@ class TrainingLoop:
             self.bar.write(
                 f"stopped by {cause} after step {self.trainer.global_step}: checkpoint {folder}; "
                 "continue with train(resume_from_checkpoint=True)"
+            )
+
+    def say_interrupted(self) -> None:
+        if self.main:
+            found = complete_checkpoints(self.checkpoints.folder)
+            last = (
+                f"the last complete checkpoint is {os.path.abspath(found[-1])}; continue with "
+                "train(resume_from_checkpoint=True)"
+                if found
+                else f"{os.path.abspath(self.checkpoints.folder)} holds no complete checkpoint"
+            )
+            tqdm.write(
+                f"KeyboardInterrupt after step {self.trainer.global_step}: stopped at once; {last}", file=sys.stderr
             )
 
     def close(self) -> None:

@@ -21,7 +21,10 @@ def seed_everything(seed: int) -> None:
 class StopOnSignal:
     """While active, SIGINT and SIGTERM only record the signal (training checks it after each
     step, saves and stops); the first one puts the previous handlers back, so a second
-    signal acts at once. Outside the main thread, where handlers cannot be set, it does nothing."""
+    signal acts at once, and makes a second SIGINT raise KeyboardInterrupt whatever handler
+    SIGINT had (one that ignores it, as a job a script starts in the background inherits,
+    would let the run end with exit code 0 as if nothing had happened). Leaving puts every
+    handler back as it was. Outside the main thread, where handlers cannot be set, it does nothing."""
 
     def __enter__(self) -> StopOnSignal:
         self.signal: int | None = None
@@ -34,6 +37,7 @@ class StopOnSignal:
     def _record(self, signum: int, frame: Any) -> None:
         self.signal = signum
         self._restore()
+        self._previous[signal.SIGINT] = signal.signal(signal.SIGINT, signal.default_int_handler)
 
     def _restore(self) -> None:
         for signum, handler in self._previous.items():
