@@ -26,6 +26,7 @@ import torch
 from comlrl.checkpoint import write_folders
 from comlrl.checkpoint.config_record import config_record
 from comlrl.compat.arguments import POSITIONAL_ORDER, named_arguments
+from comlrl.compat.trainer_attributes import TrainerAttributes
 from comlrl.metrics.sinks import run_sinks
 from comlrl.rewards import JointReward
 from comlrl.rollout import AgentRollout
@@ -42,7 +43,7 @@ from comlrl.trainers.setup import set_up
 from comlrl.utils.cpu_memory import kept_freed_memory
 
 
-class MultiAgentTrainer(abc.ABC):
+class MultiAgentTrainer(TrainerAttributes, abc.ABC):
     """Trains N LLM agents together on a shared reward. Its arguments are
     :class:`~comlrl.trainers.inputs.TrainerInputs` (every one documented there) and ``args``,
     the config (a ``config_class``; default ``config_class()``); positionally, in the order of
@@ -78,7 +79,8 @@ class MultiAgentTrainer(abc.ABC):
     def __init__(self, *positional: Any, **named: Any):
         named = named_arguments(type(self).__name__, self.positional_order, positional, named)
         args = self.accept_config(named.pop("args", None))
-        set_up(self, args, TrainerInputs.of(type(self), named))
+        self.inputs = TrainerInputs.of(type(self), named)
+        set_up(self, args, self.inputs)
 
     @abc.abstractmethod
     def parts(self, args: Any, inputs: TrainerInputs) -> Parts:

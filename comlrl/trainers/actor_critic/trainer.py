@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from comlrl.compat.arguments import ACTOR_CRITIC_ORDER
+from comlrl.compat.trainer_attributes import IACAttributes, MAACAttributes
 from comlrl.models.value import Critic
 from comlrl.trainers.actor_critic.config import ActorCriticConfig, IACConfig, MAACConfig
 from comlrl.trainers.actor_critic.critics import CriticEstimate, joint_critic_text
@@ -44,7 +45,7 @@ class ActorCriticTrainer(MultiAgentTrainer):
         return self.objective.critics
 
 
-class IACTrainer(ActorCriticTrainer):
+class IACTrainer(IACAttributes, ActorCriticTrainer):
     """Independent actor-critic: each agent has its own critic, a value head on the agent's
     model (the default) or a separate critic model (``critic_model`` / ``critics``), that
     reads only that agent's prompt (and, with ``critic_type="q"``, its completion)."""
@@ -53,7 +54,7 @@ class IACTrainer(ActorCriticTrainer):
     algorithm_name = "IAC"
 
 
-class MAACTrainer(ActorCriticTrainer):
+class MAACTrainer(MAACAttributes, ActorCriticTrainer):
     """Multi-agent actor-critic with one centralized critic (``critic_model`` / ``critics``)
     that reads every agent's prompt (and, with ``critic_type="q"``, the joint action) and
     gives one value per agent."""

@@ -28,6 +28,7 @@ from comlrl.compat.spellings import (
     REPLAY_MODE_SPELLINGS,
     respell,
 )
+from comlrl.compat.trainer_attributes import IterativeAttributes
 from comlrl.trainers.config_checks import check_bool, check_choice, check_int
 from comlrl.trainers.dpo.api_comparator import secret_problem
 from comlrl.trainers.dpo.api_formats import API_FORMATS
@@ -341,7 +342,7 @@ class MADPOIterConfig(MADPOConfig):
                 raise ValueError(f"{name} must be None or a folder path, got {folder!r}")
 
 
-class MADPOIterTrainer(MADPOTrainer):
+class MADPOIterTrainer(IterativeAttributes, MADPOTrainer):
     """Iterative MADPO: ``num_iterations`` rounds, each making new pairs of the current policy
     against a comparator policy and training on them (with earlier rounds' pairs, as
     ``preference_replay_mode`` says) with MADPO's joint DPO loss.

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from comlrl.compat.trainer_attributes import PreferenceAttributes
 from comlrl.trainers.base import MultiAgentTrainer
 from comlrl.trainers.centralized import CentralizedCollaboration
 from comlrl.trainers.dpo.config import MADPOConfig
@@ -36,7 +37,7 @@ ONCE = MadeOnce(
 """MADPO's pairs come from the policy before the first ``train()``; what to use for new ones."""
 
 
-class MADPOTrainer(MultiAgentTrainer):
+class MADPOTrainer(PreferenceAttributes, MultiAgentTrainer):
     """Multi-Agent Direct Preference Optimization: each agent learns from pairs of joint
     actions ranked by the task reward, through the joint policy's DPO loss.
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from comlrl.compat.trainer_attributes import MARLHFAttributes, PreferenceAttributes
 from comlrl.models.folders import check_model_source
 from comlrl.models.loading import split_model_config
 from comlrl.models.reward_model import JointRewardModel
@@ -26,7 +27,7 @@ from comlrl.trainers.rlhf.reward_model import FittedRewardModel
 __all__ = ["JointRewardModel", "MARLHFConfig", "MARLHFTrainer"]
 
 
-class MARLHFTrainer(MultiAgentTrainer):
+class MARLHFTrainer(PreferenceAttributes, MARLHFAttributes, MultiAgentTrainer):
     """Multi-Agent RLHF: a joint reward model fitted to preference pairs of the agents' own
     joint actions, then online RL on its scores (module docstring: the four phases).
 

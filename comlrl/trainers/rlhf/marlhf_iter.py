@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from comlrl.compat.spellings import SCORING_REWARD_SPELLINGS, respell
+from comlrl.compat.trainer_attributes import IterativeAttributes
 from comlrl.trainers.config_checks import check_choice
 from comlrl.trainers.dpo.iterative import MADPOIterConfig
 from comlrl.trainers.dpo.rounds import PreferenceRounds, Stream, round_generator
@@ -110,7 +111,7 @@ class RoundsRewardModel(FittedRewardModel):
         return metrics
 
 
-class MARLHFIterTrainer(MARLHFTrainer):
+class MARLHFIterTrainer(IterativeAttributes, MARLHFTrainer):
     """Iterative MARLHF: ``num_iterations`` rounds, each making new pairs of the current policy
     against a comparator policy (as :class:`MADPOIterTrainer`), fitting a fresh joint reward
     model to the round's training pairs (as :class:`MARLHFTrainer`), then ``num_train_epochs``
