@@ -15,7 +15,8 @@ from typing import Any, NoReturn
 _VALUE_HEADS = (
     "value heads are not a model class here: pass plain causal LMs as agents (and critics); IACTrainer "
     "and MAACTrainer add the heads (IACConfig(use_separate_critic=False) puts them on the agents, "
-    "critic_value_head_hidden_dim sizes them) and still load 1.4.3's saved value_head.pt"
+    "critic_value_head_hidden_dim sizes them) and still load 1.4.3's saved value_head.pt; "
+    "CausalLMWithValueHead(model, value_head_hidden_dim=...).value_head is such a head"
 )
 _HELPER = (
     "one of its internal helpers: the trainers do that work themselves here (trainer arguments and "
@@ -23,27 +24,15 @@ _HELPER = (
 )
 
 MOVED_MODULES = {
-    "comlrl.models.actor_critic": _VALUE_HEADS,
-    "comlrl.schedulers": "devices are placed by the config's agent_devices and critic_devices (torchrun for "
-    "several processes)",
-    "comlrl.schedulers.device_scheduler": "devices are placed by the config's agent_devices and critic_devices",
-    "comlrl.trainers.actor_critic.ac_base": "the actor-critic base class is ActorCriticTrainer, in "
-    "comlrl.trainers.actor_critic",
     "comlrl.trainers.preference.checkpointing": "checkpoints are written by train() (checkpoint_dir, "
     "checkpoint_interval) and read by train(resume_from_checkpoint=...); their files: comlrl.checkpoint",
     "comlrl.trainers.preference.collaboration": "centralized collaboration is collaboration_mode='centralized' "
     "with a CentralizedComparatorAdapter (comlrl.trainers.centralized)",
     "comlrl.trainers.preference.output_paths": "preference files are written under the config's output_dir",
-    "comlrl.utils.checkpoint": "checkpoint files are read and written by comlrl.checkpoint",
     "comlrl.utils.distributed": "several processes run under torchrun; comlrl.distributed holds the data parallelism",
-    "comlrl.utils.formatters": "formatters are plain callables (one, or one per agent) passed as formatters=",
     "comlrl.utils.model_loading": "agents are loaded from agent_model= or agents=[names or models], with model_config",
     "comlrl.utils.reference_kl": "the KL to a reference is the config's reference_kl_enabled / reference_kl_coef "
     "(reward shaping, as 1.4.3) or beta (a loss term)",
-    "comlrl.utils.reward_utils": "set_reward_range and resolve_reward_range are in comlrl.utils; how reward "
-    "functions are called is the config's reward_call",
-    "comlrl.utils.tokenizer_utils": "tokenizers are passed as tokenizer= (one, or one per agent) or loaded with "
-    "the agents",
     "comlrl.utils.wandb_utils": "W&B is configured by the trainer's wandb_config=",
 }
 """1.4.3 module -> what to use instead."""
@@ -51,8 +40,6 @@ MOVED_MODULES = {
 _UTILS_HELPERS = (
     "DistributedContext",
     "apply_tokenizer_specials",
-    "build_formatters",
-    "call_reward_function",
     "clone_reference_models",
     "ensure_pad_token",
     "ensure_tokenizer",
@@ -60,28 +47,42 @@ _UTILS_HELPERS = (
     "load_reference_models_from_sources",
     "local_context",
     "normalize_reward_lengths",
-    "read_checkpoint_metadata",
     "reference_kl_coef",
     "reference_kl_enabled",
     "reference_kl_for_sequence",
     "resolve_model_sources",
     "resolve_reference_devices",
-    "resolve_tokenizers",
     "unwrap_model",
     "validate_reference_kl_config",
 )
 
+_TOKENIZERS = "tokenizers are passed as tokenizer= (one, or one per agent) or loaded with the agents"
+
 MOVED_NAMES = {
-    "comlrl.models": {name: _VALUE_HEADS for name in ("CausalLMWithValueHead", "ValueHead", "ActorCriticOutput")},
-    "comlrl.trainers": {"ActorCriticTrainerBase": MOVED_MODULES["comlrl.trainers.actor_critic.ac_base"]},
-    "comlrl.trainers.actor_critic": {
-        "ActorCriticTrainerBase": MOVED_MODULES["comlrl.trainers.actor_critic.ac_base"],
-        "RolloutSample": "the samples metrics callbacks see are comlrl.metrics.hooks.RolloutSample",
-    },
+    "comlrl.models": {"ValueHead": _VALUE_HEADS},
+    "comlrl.models.actor_critic": {"ValueHead": _VALUE_HEADS},
     "comlrl.trainers.reinforce.magrpo": {
         "NodeSample": "a step's rollout is a tree of turns: comlrl.rollout.tree (RolloutTree, Turn)"
     },
     "comlrl.utils": {name: _HELPER for name in _UTILS_HELPERS},
+    "comlrl.utils.checkpoint": {
+        name: "checkpoints are written by train() (checkpoint_dir) and resumed by train(resume_from_checkpoint=...); "
+        "their files: comlrl.checkpoint"
+        for name in (
+            "TrainingCheckpointMixin",
+            "capture_rng_state",
+            "capture_trainer_state",
+            "restore_rng_state",
+            "restore_trainer_state",
+        )
+    },
+    "comlrl.utils.reward_utils": {
+        "normalize_reward_lengths": "how many values a reward function returns is checked by the trainers "
+        "(one, or one per agent)"
+    },
+    "comlrl.utils.tokenizer_utils": {
+        name: _TOKENIZERS for name in ("apply_tokenizer_specials", "ensure_pad_token", "ensure_tokenizer")
+    },
 }
 """Package or module -> {1.4.3 public name it had -> what to use instead}."""
 

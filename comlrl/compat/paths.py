@@ -34,8 +34,17 @@ _MADPO_ITER = _names("comlrl.trainers.dpo", "MADPOIterConfig", "MADPOIterTrainer
 _MARLHF = _names("comlrl.trainers.rlhf", "MARLHFConfig", "MARLHFTrainer", "JointRewardModel")
 _MARLHF_ITER = _names("comlrl.trainers.rlhf", "MARLHFIterConfig", "MARLHFIterTrainer")
 
+_MAGRPO = _names("comlrl.trainers.reinforce", "MAGRPOConfig", "MAGRPOTrainer")
+_IAC = _names("comlrl.trainers.actor_critic", "IACConfig", "IACTrainer")
+_MAAC = _names("comlrl.trainers.actor_critic", "MAACConfig", "MAACTrainer")
+_SCHEDULERS = _names("comlrl.compat.schedulers", "DeviceScheduler", "normalize_parallel_training")
+
 PATHS: dict[str, dict[str, str]] = {
-    "comlrl.trainers.reinforce.magrpo": _names("comlrl.trainers.reinforce", "MAGRPOConfig", "MAGRPOTrainer"),
+    # An older 1.4.3 documentation page imported the trainers from these.
+    "comlrl.trainers.magrpo": _MAGRPO,
+    "comlrl.trainers.iac": _IAC,
+    "comlrl.trainers.maac": _MAAC,
+    "comlrl.trainers.reinforce.magrpo": _MAGRPO,
     "comlrl.trainers.reinforce.mareinforce": _names(
         "comlrl.trainers.reinforce", "MAREINFORCEConfig", "MAREINFORCETrainer"
     ),
@@ -44,8 +53,19 @@ PATHS: dict[str, dict[str, str]] = {
     "comlrl.trainers.reinforce.centralized_magrpo": _names(
         "comlrl.trainers.reinforce", "CentralizedMAGRPOConfig", "CentralizedMAGRPOTrainer"
     ),
-    "comlrl.trainers.actor_critic.iac": _names("comlrl.trainers.actor_critic", "IACConfig", "IACTrainer"),
-    "comlrl.trainers.actor_critic.maac": _names("comlrl.trainers.actor_critic", "MAACConfig", "MAACTrainer"),
+    "comlrl.trainers.actor_critic.iac": {**_IAC, **_names("comlrl.trainers.actor_critic", "RolloutSample")},
+    "comlrl.trainers.actor_critic.maac": _MAAC,
+    "comlrl.trainers.actor_critic.ac_base": _names("comlrl.compat.trainer_base", "ActorCriticTrainerBase"),
+    "comlrl.models.actor_critic": _names("comlrl.compat.value_heads", "CausalLMWithValueHead", "ActorCriticOutput"),
+    "comlrl.schedulers": _SCHEDULERS,
+    "comlrl.schedulers.device_scheduler": _SCHEDULERS,
+    "comlrl.utils.formatters": _names("comlrl.compat.helpers", "build_formatters"),
+    "comlrl.utils.reward_utils": {
+        **_names("comlrl.compat.helpers", "call_reward_function"),
+        **_names("comlrl.utils.reward_range", "resolve_reward_range", "set_reward_range"),
+    },
+    "comlrl.utils.tokenizer_utils": _names("comlrl.compat.helpers", "resolve_tokenizers"),
+    "comlrl.utils.checkpoint": _names("comlrl.compat.helpers", "read_checkpoint_metadata"),
     "comlrl.trainers.preference": {
         **_CENTRALIZED_ADAPTERS,
         **_MADPO,
@@ -63,7 +83,7 @@ PATHS: dict[str, dict[str, str]] = {
 }
 """1.4.3 module path -> {public name it had -> the module that holds it now}."""
 
-PACKAGES = frozenset({"comlrl.trainers.preference"})
+PACKAGES = frozenset({"comlrl.trainers.preference", "comlrl.schedulers"})
 """The paths of :data:`PATHS` that were packages (their submodules are paths too)."""
 
 

@@ -1,10 +1,12 @@
 """Every trainer and its config: MAGRPO and its REINFORCE variants, centralized MAGRPO, IAC and
-MAAC, MADPO and MADPOIter, MARLHF and MARLHFIter."""
+MAAC, MADPO and MADPOIter, MARLHF and MARLHFIter (and comlrl 1.4.3's ``ActorCriticTrainerBase``,
+for ``isinstance`` only)."""
 
 from comlrl.compat.moved import moved_name
 from comlrl.trainers.actor_critic import (
     ActorCriticConfig,
     ActorCriticTrainer,
+    ActorCriticTrainerBase,
     IACConfig,
     IACTrainer,
     MAACConfig,
@@ -31,6 +33,7 @@ from comlrl.trainers.rlhf import JointRewardModel, MARLHFConfig, MARLHFIterConfi
 __all__ = [
     "ActorCriticConfig",
     "ActorCriticTrainer",
+    "ActorCriticTrainerBase",
     "CentralizedMAGRPOConfig",
     "CentralizedMAGRPOTrainer",
     "IACConfig",

@@ -17,6 +17,7 @@ import torch
 
 from comlrl import sharding
 from comlrl.checkpoint import describe_agent, load_weights
+from comlrl.compat.value_heads import plain_agents
 from comlrl.models.loading import (
     ModelConfig,
     check_agents,
@@ -120,7 +121,8 @@ class Agents(Sequence[torch.nn.Module]):
         count = num_agents if num_agents is not None else args.num_agents
         model_kwargs = model_config.model_kwargs
         if agents is not None:
-            given = agents
+            # comlrl 1.4.3's wrappers (an actor-critic trainer took their heads already).
+            given = plain_agents(agents, type(args).__name__.removesuffix("Config"))
             agents = model_sources(given, agent_model, model_kwargs)
             if count is not None and len(agents) != count:
                 raise ValueError(f"agents holds {len(agents)} models but num_agents={count}: make them agree")

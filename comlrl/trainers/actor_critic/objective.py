@@ -25,6 +25,8 @@ from comlrl.algorithms.critic import whiten
 from comlrl.algorithms.returns import tree_lambda_returns, tree_returns
 from comlrl.checkpoint import load_weights
 from comlrl.compat.actor_critic import CriticModelConfig, split_critic_model_config
+from comlrl.compat.value_heads import GivenHeads
+from comlrl.metrics.hooks import ActorCriticCallback, StepValues
 from comlrl.models.loading import split_model_config
 from comlrl.models.value import Critic, EncodedInputs
 from comlrl.rollout.tree import RolloutTree, Turn
@@ -50,6 +52,7 @@ class ActorCritic(PolicyGradient):
         config: the actor-critic config (``gamma``, ``gae_lambda``, ``ppo_epochs``, the critics').
         centralized: one critic for all agents (MAAC) instead of one per agent (IAC).
         critic_config: ``model_config``'s critic keys.
+        given_heads: the value heads of comlrl 1.4.3 wrappers among the agents and critics.
     """
 
     config: ActorCriticConfig
@@ -57,10 +60,17 @@ class ActorCritic(PolicyGradient):
     critics: list[Critic]
     """The critics, in the order of their learners (after the agents')."""
 
-    def __init__(self, config: ActorCriticConfig, centralized: bool, critic_config: CriticModelConfig):
+    def __init__(
+        self, config: ActorCriticConfig, centralized: bool, critic_config: CriticModelConfig, given_heads: GivenHeads
+    ):
         super().__init__(config)
         self.centralized = centralized
         self.critic_config = critic_config
+        self.given_heads = given_heads
+        self.records_steps = False
+        self.step_tree: RolloutTree | None = None
+        self.step_values: StepValues | None = None
+        """The last training step's tree and values, recorded for a ``metrics_callback`` only."""
 
     @property
     def discount(self) -> float:
@@ -87,6 +97,7 @@ class ActorCritic(PolicyGradient):
             centralized=self.centralized,
             config=config,
         )
+        self.given_heads.adopt(self.critics, type(trainer).__name__)
         layout = CentralizedCritic if self.centralized else IndependentCritics
         self.layout: CriticLayout = layout(trainer.num_agents, config.critic_type)
         trainer.add_learners(
@@ -105,6 +116,9 @@ class ActorCritic(PolicyGradient):
             )
         )
         self.check_first_turn_inputs(trainer)
+        if trainer.metrics_callback.callback is not None:  # it sees comlrl 1.4.3's actor-critic samples
+            trainer.metrics_callback = ActorCriticCallback(trainer.metrics_callback.callback, self)
+            self.records_steps = True
 
     def check_first_turn_inputs(self, trainer: Any) -> None:
         """Encode every training row's first-turn prompts with each separate critic's
@@ -139,6 +153,9 @@ class ActorCritic(PolicyGradient):
         if config.advantage_normalization:
             reduce = self.parallel.sum_values
             advantages = [list(whiten(torch.cat(a), reduce=reduce).split([x.numel() for x in a])) for a in advantages]
+        if self.records_steps:  # before the update changes the agents
+            self.step_tree = tree
+            self.step_values = StepValues(node_values, self.sampled_logprobs(tree), advantages)
         targets_per_turn = [self.layout.targets(g, credit) for g, credit in zip(lambda_returns, credits)]
         return CriticEstimate(
             returns=tree_returns(rewards, children, config.gamma),
@@ -148,6 +165,18 @@ class ActorCritic(PolicyGradient):
             old_values=old_values,
             targets=[[turn_targets[c] for turn_targets in targets_per_turn] for c in range(len(self.critics))],
         )
+
+    def sampled_logprobs(self, tree: RolloutTree) -> list[list[torch.Tensor]]:
+        """``[agent][turn]`` ``(M * G,)`` each completion's summed log-prob under its agent as it is
+        now (before the update: as it sampled); an extra forward pass, made for the callback only."""
+        per_token = self.update.frozen_logprobs(tree, reference=False)
+        return [
+            [
+                (logprobs * turn.agents[i].completion_mask.to(logprobs)).sum(dim=1)
+                for logprobs, turn in zip(agent, tree.turns)
+            ]
+            for i, agent in enumerate(per_token)
+        ]
 
     # ----------------------------------------------------------------------------------------
     # saving and loading
@@ -189,6 +218,8 @@ def write_critic(critic: Critic, folder: str) -> None:
 
 def actor_critic_parts(config: ActorCriticConfig, inputs: Any, centralized: bool) -> tuple[ActorCritic, Any]:
     """The objective of an actor-critic run, and the inputs as the engine reads them:
-    ``model_config`` without its critic keys, which the objective keeps."""
+    ``model_config`` without its critic keys, and plain models for comlrl 1.4.3's
+    ``CausalLMWithValueHead`` wrappers, whose critic keys and value heads the objective keeps."""
     model_config, critic_config = split_critic_model_config(inputs.model_config)
-    return ActorCritic(config, centralized, critic_config), inputs.replace(model_config=model_config)
+    inputs, given_heads = GivenHeads.take(inputs.replace(model_config=model_config))
+    return ActorCritic(config, centralized, critic_config, given_heads), inputs
