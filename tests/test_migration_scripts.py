@@ -160,6 +160,35 @@ heads = IACTrainer(
 heads.train()
 """
     ),
+    # 1.4.3's exported helpers and trainer attributes, used as its source shows them.
+    "names_and_attributes.py": (
+        PREAMBLE
+        + """
+from comlrl.models.actor_critic import CausalLMWithValueHead
+from comlrl.schedulers import DeviceScheduler
+from comlrl.trainers.actor_critic import IACConfig, IACTrainer, RolloutSample
+from comlrl.utils import build_formatters
+
+agent_devices, _ = DeviceScheduler.assign_devices(2, "cpu", None, use_separate_critic=False)
+old_values = []
+
+def callback(samples):
+    assert all(isinstance(sample, RolloutSample) for sample in samples)
+    old_values.extend(float(sample.old_value) for sample in samples)
+    return {"sample_count": float(len(samples))}
+
+trainer = IACTrainer(
+    agents=[CausalLMWithValueHead(model, value_head_hidden_dim=8) for model in agents()],
+    tokenizer=tokenizer, reward_func=reward, train_dataset=train_dataset,
+    formatters=build_formatters(None, 2), metrics_callback=callback,
+    args=IACConfig(use_separate_critic=False, agent_devices=[str(d) for d in agent_devices], **small),
+)
+trainer.train()
+assert old_values and all(value == value for value in old_values)  # numbers, not NaN
+assert trainer.tokenizers == [tokenizer, tokenizer] and trainer.num_agents == 2
+assert [len(optimizer.param_groups) > 0 for optimizer in trainer.agent_optimizers] == [True, True]
+"""
+    ),
 }
 
 EXPECTED_RUNS = {
@@ -168,6 +197,7 @@ EXPECTED_RUNS = {
     "tutorial.py": ["magrpo"],
     "older_docs.py": ["magrpo", "iac"],
     "ignored_settings.py": ["iac", "iac"],
+    "names_and_attributes.py": ["iac"],
 }
 """Each script's trainers, in order: one run folder each per run of the script."""
 RUN = re.compile(r"([a-z-]+?)-\d{8}-\d{6}(?:-\d+)?")

@@ -139,10 +139,13 @@ class GivenHeads:
             if head is not None and separate:
                 _warn_unused(f"agents[{i}]", f"{trainer}'s critics are separate models")
         for c, critic in enumerate(critics):
+            # Agents loaded by name (agent_model=), or a critic_model named by folder or hub id
+            # (a copy per critic), come without heads.
             if critic.agent is not None:
-                given, where = self.agents[critic.agent], f"agents[{critic.agent}]"
-            else:  # a critic_model named by folder or hub id gives every critic a copy, without a head
-                given, where = (self.critics[c] if c < len(self.critics) else None), self.critic_argument.format(c)
+                heads, index, where = self.agents, critic.agent, f"agents[{critic.agent}]"
+            else:
+                heads, index, where = self.critics, c, self.critic_argument.format(c)
+            given = heads[index] if index < len(heads) else None
             if given is not None:
                 critic.head = _fitted(given, critic, where, trainer)
 
