@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
+from transformers import AutoTokenizer
 
 from comlrl.checkpoint import read_state
 from comlrl.checkpoint.files import STATE_FILE
@@ -103,8 +104,6 @@ def _padding(tokenizers: list[Any]) -> list[Any]:
 
 
 def _loaded(name: Any) -> Any:
-    from transformers import AutoTokenizer
-
     return AutoTokenizer.from_pretrained(name)
 
 
