@@ -1,6 +1,7 @@
 """The layout's promises, checked on the source: no file of comlrl/ over 400 lines, no import
-circle among its modules, comlrl/compat/ and comlrl/tasks/ independent of comlrl/trainers/,
-and every trainer built by the one constructor."""
+circle among its modules (counting every import: module-level, under ``if TYPE_CHECKING:`` and
+inside functions), comlrl/compat/ and comlrl/tasks/ independent of comlrl/trainers/, and every
+trainer built by the one constructor."""
 
 import ast
 import inspect
@@ -19,10 +20,18 @@ MODULES = {
 
 
 def module_imports(name: str, path: Path) -> set[str]:
-    """The comlrl modules ``name`` imports when it is imported (module-level statements)."""
+    """The comlrl modules that module ``name``, read from ``path``, imports."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    return source_imports(name, path.read_text(), package)
+
+
+def source_imports(name: str, source: str, package: str) -> set[str]:
+    """The comlrl modules that ``source``, module ``name`` of ``package``, imports anywhere: at
+    module level, under ``if TYPE_CHECKING:`` (a circle that only type checkers follow still ties
+    the two modules' designs together) and inside functions (a lazy import is a dependency
+    too)."""
     found = set()
-    for node in ast.parse(path.read_text()).body:
+    for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -77,6 +86,27 @@ def test_the_circle_check_finds_one():
             test_no_import_circle()
     finally:
         GRAPH["comlrl.utils.text"] -= {"comlrl.trainers.base"}
+
+
+PLANTED = {
+    "type_checking": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from comlrl.trainers.base import X\n",
+    "function": "def later():\n    from comlrl.trainers import base\n",
+}
+
+
+@pytest.mark.parametrize("planted", PLANTED.values(), ids=PLANTED.keys())
+def test_the_circle_check_sees_imports_for_type_checking_and_in_functions(planted):
+    """An import that only type checkers run, or only a call, is read, and the circle it closes
+    is reported: comlrl.utils.text's source with such an import of comlrl.trainers.base added."""
+    source = MODULES["comlrl.utils.text"].read_text() + "\n" + planted
+    imported = source_imports("comlrl.utils.text", source, "comlrl.utils")
+    assert imported == GRAPH["comlrl.utils.text"] | {"comlrl.trainers.base"}
+    saved, GRAPH["comlrl.utils.text"] = GRAPH["comlrl.utils.text"], imported
+    try:
+        with pytest.raises(AssertionError, match=r"import circle: comlrl\.utils\.text -> comlrl\.trainers\.base"):
+            test_no_import_circle()
+    finally:
+        GRAPH["comlrl.utils.text"] = saved
 
 
 def test_no_trainer_declares_a_constructor():

@@ -18,11 +18,13 @@ histories of every agent up to and including this turn; those go only to the fun
 that name them.
 
 How a function is called is the config's ``reward_call`` (``REWARD_CALLS``): ``batch`` calls
-it once with the K joint actions of a turn; ``per_joint_action`` and ``auto``, for functions
-written to score one joint action per call, are :mod:`comlrl.compat.rewards`' (which says
-how, and why ``**kwargs`` does not get ``REWARD_CONTEXT``). A callable with a ``reward_call``
-attribute is called as it says, whatever the config's (the library's own wrappers, such as
-a reward model, say ``batch``).
+it once with the K joint actions of a turn (:class:`~comlrl.rewards.calls.BatchCall`, the
+engine's one calling convention); ``per_joint_action`` and ``auto``, for functions written to
+score one joint action per call, are translated into it by :mod:`comlrl.compat.rewards`
+(which says how, and why ``**kwargs`` does not get ``REWARD_CONTEXT``), through the scorers it
+installs with :func:`~comlrl.rewards.calls.register_reward_call`. A callable with a
+``reward_call`` attribute is called as it says, whatever the config's (the library's own
+wrappers, such as a reward model, say ``batch``).
 
 Several reward functions can be given with weights; the joint reward is their weighted
 sum, then the optional processor is applied to each value.
@@ -30,7 +32,6 @@ sum, then the optional processor is applied to each value.
 
 from __future__ import annotations
 
-import copy
 import inspect
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -40,10 +41,18 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from comlrl.compat import rewards as compat
-from comlrl.rewards.calls import JointActions, RewardFunctionError, plural, real_number
+from comlrl.rewards.calls import (
+    REWARD_CALL_SCORERS,
+    BatchCall,
+    JointActions,
+    Scorer,
+    checked_number,
+    plural,
+    real_number,
+    to_float32,
+    where,
+)
 from comlrl.utils.signatures import describe, keyword_arguments, signature_parameters, unique_names
-from comlrl.utils.text import short_repr
 
 REWARD_CALLS = ("auto", "batch", "per_joint_action")
 """How reward functions are called (the config's ``reward_call``)."""
@@ -125,16 +134,6 @@ class RewardBatch:
     names: list[str]
 
 
-def _is_vector(value: object) -> bool:
-    if isinstance(value, Tensor | np.ndarray):
-        return value.ndim >= 1
-    return isinstance(value, list | tuple)
-
-
-# How many distinct dataset rows an error lists before "...": a batch can hold hundreds.
-_ROWS_SHOWN = 10
-
-
 class JointReward:
     """Scores a batch of joint actions with the user's functions, weights and an optional processor.
 
@@ -178,21 +177,41 @@ class JointReward:
             context_parameters(func) + reward_keywords(func, pass_prompts)
             for func, pass_prompts in zip(funcs, self.pass_prompts)
         )
-        self.calls = [getattr(func, "reward_call", call) for func in funcs]
-        """How each function is called: ``call`` (or the function's own ``reward_call``
-        attribute: the library's wrappers, which are batch functions), until ``auto`` settles on
-        ``batch`` or ``per_joint_action`` for a function (for the rest of the run)."""
-        for func, own in zip(funcs, self.calls):
+        calls = [getattr(func, "reward_call", call) for func in funcs]
+        for func, own in zip(funcs, calls):
             if own not in REWARD_CALLS:
                 raise ValueError(
                     f"reward_func {describe(func)} has reward_call={own!r}; it must be one of "
                     f"{', '.join(map(repr, REWARD_CALLS))}"
                 )
         # How errors name each function; the position tells apart functions with the same name.
-        self._sources = [
+        sources = [
             f"reward_func {describe(func)}" + (f" (position {j})" if len(funcs) > 1 else "")
             for j, func in enumerate(funcs)
         ]
+        self.scorers: tuple[Scorer, ...] = tuple(
+            self._scorer(BatchCall(func, num_agents, source, pass_prompts, keywords), own)
+            for func, source, pass_prompts, keywords, own in zip(
+                funcs, sources, self.pass_prompts, self.keyword_names, calls
+            )
+        )
+        """How each function is scored: its :class:`~comlrl.rewards.calls.BatchCall`, or the
+        scorer that ``compat/`` installed for its ``reward_call``."""
+
+    @property
+    def calls(self) -> list[str]:
+        """How each function is called: ``call`` (or the function's own ``reward_call``
+        attribute: the library's wrappers, which are batch functions), until ``auto`` settles on
+        ``batch`` or ``per_joint_action`` for a function (for the rest of the run)."""
+        return [scorer.reward_call for scorer in self.scorers]
+
+    def _scorer(self, batch: BatchCall, call: str) -> Scorer:
+        if call == BatchCall.reward_call:
+            return batch
+        factory = REWARD_CALL_SCORERS.get(call)
+        if factory is None:  # comlrl.compat.rewards installs them when comlrl is imported
+            raise RuntimeError(f"reward_call={call!r} has no scorer: import comlrl.compat.rewards, which installs it")
+        return factory(batch, call, self.actor_critic_calls)
 
     @staticmethod
     def _check_weights(weights: Sequence[float] | None, count: int) -> tuple[float, ...]:
@@ -246,14 +265,14 @@ class JointReward:
         if batch_items is not None:
             keywords["batch_items"] = list(batch_items)
         actions = JointActions([list(c) for c in completions], list(row_ids), keywords)
-        per_function = torch.stack([self._score(j, actions) for j in range(len(self.funcs))])
+        per_function = torch.stack([scorer.score(actions) for scorer in self.scorers])
         weights = torch.tensor(self.weights, dtype=torch.float64).reshape(-1, 1, 1)
         raw = (weights * per_function.double()).sum(0).float()
         bad = torch.nonzero(~torch.isfinite(raw)).tolist()
         if bad:
             k, i = bad[0]
             raise ValueError(
-                f"the weighted sum of the reward functions is {raw[k, i].item()} for {self._where(row_ids, k, i)} "
+                f"the weighted sum of the reward functions is {raw[k, i].item()} for {where(row_ids, k, i)} "
                 f"(values {per_function[:, k, i].tolist()} of {self.names}, reward_weights {list(self.weights)})"
             )
         if self.processor is None:
@@ -261,123 +280,6 @@ class JointReward:
         else:
             processed = self._process(raw, row_ids)
         return RewardBatch(per_function=per_function, raw=raw, processed=processed, names=list(self.names))
-
-    def _score(self, j: int, actions: JointActions) -> Tensor:
-        """Function ``j``'s ``(K, N)`` rewards from one call with all K joint actions; one that
-        may be written to score one joint action per call (``calls[j]`` ``auto`` or
-        ``per_joint_action``) is scored as :mod:`comlrl.compat.rewards` calls it."""
-        if self.calls[j] != "batch":
-            return compat.score(self, j, actions)
-        hint = compat.per_joint_action_hint(len(actions.row_ids))
-        return self._check(self._call(j, actions, hint=hint), actions.row_ids, self._sources[j], hint)
-
-    def _call(self, j: int, actions: JointActions, where: str = "", hint: str = "") -> object:
-        """Function ``j`` called on ``actions``; an error it raises names it, the call and ``where``
-        (one joint action's call), and adds ``hint``."""
-        # Fresh lists for every function, so one that edits its arguments cannot change the next one's.
-        args = [list(c) for c in actions.completions]
-        if self.pass_prompts[j]:
-            args.insert(0, list(actions.keywords["prompts"]))
-        kwargs = {
-            name: copy.deepcopy(actions.keywords[name]) for name in self.keyword_names[j] if name in actions.keywords
-        }
-        try:
-            return self.funcs[j](*args, **kwargs)
-        except Exception as error:
-            sizes = ", ".join(str(len(a)) for a in args)
-            raise RewardFunctionError(
-                f"{self._sources[j]} raised {type(error).__name__}: {error} "
-                f"(called with {len(args)} lists of sizes [{sizes}]"
-                f"{', prompts first' if self.pass_prompts[j] else ''}{', for ' + where if where else ''}){hint}"
-            ) from error
-
-    @staticmethod
-    def _where(row_ids: Sequence[int], k: int | None = None, agent: int | None = None) -> str:
-        """How errors name joint action ``k`` and its dataset row (and ``agent``'s part of it); with
-        ``k`` None, all the joint actions of one call and their distinct dataset rows."""
-        if k is None and len(row_ids) == 1:
-            k = 0
-        if k is None:
-            rows = list(dict.fromkeys(row_ids))  # a row's G samples share it: name it once
-            shown = ", ".join(str(row) for row in rows[:_ROWS_SHOWN]) + (", ..." if len(rows) > _ROWS_SHOWN else "")
-            return f"joint actions 0-{len(row_ids) - 1} (dataset row{'' if len(rows) == 1 else 's'} {shown})"
-        where = f"joint action {k} (dataset row {row_ids[k]})"
-        return where if agent is None else f"{where}, agent {agent}"
-
-    def _check(self, values: object, row_ids: Sequence[int], source: str, hint: str = "") -> Tensor:
-        """What one function returned for K joint actions, as a ``(K, N)`` float32 tensor; the
-        error for a single value adds ``hint`` (the calls that follow say what one may mean)."""
-        expected, num_agents = len(row_ids), self.num_agents
-        returned = values  # kept as it came back, for the errors
-        if isinstance(values, Tensor | np.ndarray):
-            if isinstance(values, Tensor):
-                values = values.detach().cpu()
-            if values.ndim == 2 and values.shape[0] == expected and values.shape[1] != 1:
-                values = values.tolist()  # (K, N): one row of per-agent rewards per joint action
-            else:
-                values = values.reshape(-1).tolist()  # any other shape with K elements: one value each
-        try:
-            # A string or a dict is iterable but is no list of rewards: list() would split it into
-            # characters or keys and the error would then blame one of those.
-            if isinstance(values, str | bytes | Mapping):
-                raise TypeError
-            values = list(values)
-        except TypeError:
-            raise TypeError(
-                f"{source} returned {short_repr(returned)} ({type(returned).__name__}) for "
-                f"{self._where(row_ids)}; expected a sequence of {plural(expected, 'number')} (one per joint "
-                f"action), or of {expected} sequences of {plural(num_agents, 'number')} (one per agent)"
-                + (hint if real_number(returned) is not None else "")
-            ) from None
-        if len(values) != expected:
-            raise ValueError(
-                f"{source} returned {plural(len(values), 'value')} ({short_repr(returned)}) for "
-                f"{self._where(row_ids)}; expected {plural(expected, 'value')} (one per joint action)"
-                + (hint if len(values) == 1 else "")
-            )
-        rows = []
-        for k, value in enumerate(values):
-            if not _is_vector(value):
-                rows.append([self._checked_number(value, source, self._where(row_ids, k))] * num_agents)
-                continue
-            if isinstance(value, Tensor | np.ndarray) and value.ndim != 1:
-                raise TypeError(
-                    f"{source} returned a {type(value).__name__} of shape {tuple(value.shape)} for "
-                    f"{self._where(row_ids, k)}; expected a real number or {num_agents} numbers (one per agent)"
-                )
-            items = list(value)
-            if len(items) != num_agents:
-                raise ValueError(
-                    f"{source} returned {plural(len(items), 'value')} ({short_repr(value)}) for "
-                    f"{self._where(row_ids, k)}; a per-agent reward needs {plural(num_agents, 'value')} "
-                    "(one per agent)"
-                )
-            rows.append(
-                [self._checked_number(item, source, self._where(row_ids, k, i)) for i, item in enumerate(items)]
-            )
-        return self._to_float32(rows, (expected, num_agents), row_ids, source)
-
-    @staticmethod
-    def _checked_number(value: object, source: str, where: str) -> float:
-        number = real_number(value)
-        if number is None:
-            raise TypeError(f"{source} returned {value!r} ({type(value).__name__}) for {where}; expected a real number")
-        if not math.isfinite(number):
-            raise ValueError(f"{source} returned {number} for {where}; rewards must be finite")
-        return number
-
-    def _to_float32(
-        self, rows: list[list[float]], shape: tuple[int, int], row_ids: Sequence[int], source: str
-    ) -> Tensor:
-        """``rows`` as a float32 tensor; a finite value too large for float32 is an error, not inf."""
-        out = torch.tensor(rows, dtype=torch.float32).reshape(shape)
-        bad = torch.nonzero(~torch.isfinite(out)).tolist()
-        if bad:
-            k, i = bad[0]
-            raise ValueError(
-                f"{source} returned {rows[k][i]} for {self._where(row_ids, k, i)}; rewards must fit in float32"
-            )
-        return out
 
     def _process(self, raw: Tensor, row_ids: Sequence[int]) -> Tensor:
         source = f"reward_processor {describe(self.processor)}"
@@ -389,9 +291,8 @@ class JointReward:
                     result = self.processor(value)
                 except Exception as error:
                     raise RuntimeError(
-                        f"{source} raised {type(error).__name__}: {error} on reward {value} of "
-                        f"{self._where(row_ids, k, i)}"
+                        f"{source} raised {type(error).__name__}: {error} on reward {value} of {where(row_ids, k, i)}"
                     ) from error
-                out.append(self._checked_number(result, source, self._where(row_ids, k, i)))
+                out.append(checked_number(result, source, where(row_ids, k, i)))
             processed.append(out)
-        return self._to_float32(processed, tuple(raw.shape), row_ids, source)
+        return to_float32(processed, tuple(raw.shape), row_ids, source)

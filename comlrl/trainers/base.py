@@ -25,6 +25,7 @@ import torch
 
 from comlrl.checkpoint import write_folders
 from comlrl.checkpoint.config_record import config_record
+from comlrl.compat import rewards as reward_calls
 from comlrl.compat.arguments import POSITIONAL_ORDER, named_arguments
 from comlrl.compat.trainer_attributes import TrainerAttributes
 from comlrl.metrics.sinks import run_sinks
@@ -99,7 +100,10 @@ class MultiAgentTrainer(TrainerAttributes, abc.ABC):
     # set-up (the rest: comlrl.trainers.setup)
     # ----------------------------------------------------------------------------------------
     def joint_reward(self, func: Any, processor: Any = None, weights: Any = None, call: str = "batch") -> JointReward:
-        """``func`` called on this trainer's joint actions, as its objective calls rewards."""
+        """``func`` called on this trainer's joint actions, as its objective calls rewards. The
+        engine calls a function one way (``call="batch"``); the other values of ``call`` are comlrl
+        1.4.3's, translated into it by :mod:`comlrl.compat.rewards`, installed first."""
+        reward_calls.install()  # also done when comlrl is imported, for a JointReward built alone
         return JointReward(
             func,
             self.num_agents,
@@ -270,18 +274,6 @@ class MultiAgentTrainer(TrainerAttributes, abc.ABC):
             early_termination_threshold=self.args.early_termination_threshold,
             written_prompts=not self.objective.actor_critic_reward_calls,
         )
-
-    def generate(
-        self,
-        agent: int,
-        prompts: list[str],
-        num_generations: int,
-        sampling: dict[str, Any],
-        generator: torch.Generator | None = None,
-    ) -> AgentRollout:
-        """Agent ``agent``'s ``num_generations`` completions of every prompt, in one batched
-        call of the generation backend (``generation_backend``), drawn from ``generator``."""
-        return self.backend.generate(agent, prompts, num_generations, sampling, generator)
 
     # ----------------------------------------------------------------------------------------
     # evaluation
