@@ -15,7 +15,6 @@ update seconds, generated tokens per second, and the per-node / per-level time r
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import sys
@@ -23,7 +22,7 @@ from unittest import mock
 
 import torch
 
-from comlrl.rollout import AgentRollout
+from comlrl.rollout import AgentRollout, backends
 from comlrl.trainers.reinforce import MAGRPOTrainer
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -57,22 +56,25 @@ def merge(rollouts: list[AgentRollout], pad_id: int) -> AgentRollout:
     )
 
 
-class PerNodeTrainer(MAGRPOTrainer):
-    """The same trainer, but every node of a tree level gets its own ``generate`` call."""
+def generate_per_node(backend) -> None:
+    """Make ``backend`` (a trainer's generation backend) generate every node of a tree level in
+    a call of its own, as the original library expands its tree, and merge the calls' rollouts
+    into the one the trainer expects."""
+    whole_level = backend.generate
 
-    def generate(self, agent, prompts, num_generations, sampling, generator=None):
-        per_node = [
-            super(PerNodeTrainer, self).generate(agent, [p], num_generations, sampling, generator) for p in prompts
-        ]
-        return merge(per_node, self.agents.tokenizers[agent].pad_token_id)
+    def generate(agent, prompts, num_generations, sampling, generator=None):
+        per_node = [whole_level(agent, [prompt], num_generations, sampling, generator) for prompt in prompts]
+        return merge(per_node, backend.tokenizers[agent].pad_token_id)
+
+    backend.generate = generate
 
 
 def run(name: str, trainer: MAGRPOTrainer, steps: int) -> dict[str, float]:
-    """``bench_step.run`` of the library's step, counting the models' ``generate`` calls."""
-    with contextlib.ExitStack() as stack:
-        counters = [stack.enter_context(mock.patch.object(a, "generate", wraps=a.generate)) for a in trainer.agents]
+    """``bench_step.run`` of the library's step, counting the batched sampling calls (one
+    ``generate_group`` each: a decoding loop over a batch of prompts)."""
+    with mock.patch.object(backends, "generate_group", wraps=backends.generate_group) as counter:
         result = bench_step.run(name, bench_step.comlrl_step, trainer, steps)
-    result["generate_calls_per_step"] = sum(counter.call_count for counter in counters) / steps
+    result["generate_calls_per_step"] = counter.call_count / steps
     print(f"{name:>8}: {result['generate_calls_per_step']:.0f} generate calls/step", flush=True)
     return result
 
@@ -102,8 +104,10 @@ def main(argv=None) -> None:
     )
     multi_turn = dict(num_turns=2, joint_mode=args.joint_mode, external_transition=show_partner)
     results = {}
-    for name, trainer_class in (("per level", MAGRPOTrainer), ("per node", PerNodeTrainer)):
-        trainer = bench_step.build_trainer(model_name, args, trainer_class=trainer_class, **multi_turn)
+    for name, one_call_per_node in (("per level", False), ("per node", True)):
+        trainer = bench_step.build_trainer(model_name, args, **multi_turn)
+        if one_call_per_node:
+            generate_per_node(trainer.backend)
         trainer.training_step([len(trainer.train_prompts) - 1])  # warm-up
         results[name] = run(name, trainer, args.steps)
     for phase in ("generate_s", "step_s"):

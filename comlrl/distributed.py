@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from comlrl.metrics.stats import Stat, combine, finish
+from comlrl.utils.stats import Stat, combine, finish
 
 Item = TypeVar("Item")
 
@@ -150,7 +150,7 @@ class DataParallel:
 
     def reduce_metrics(self, stats: dict[str, Stat]) -> dict[str, float]:
         """The step's metrics over every rank's share, each combined the way it was formed
-        (see :mod:`comlrl.metrics.stats`): the values one process gets over the global batch."""
+        (see :mod:`comlrl.utils.stats`): the values one process gets over the global batch."""
         return finish(combine(self.gather(stats)) if self.enabled else stats)
 
     def barrier(self) -> None:

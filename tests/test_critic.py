@@ -4,12 +4,12 @@ whitening, the clipped value loss, explained variance, entropy; and a critic tha
 import pytest
 import torch
 
-from comlrl.algorithms import policy_gradient_loss
+from comlrl.algorithms import policy_gradient_loss, token_weights
 from comlrl.algorithms.critic import clipped_value_loss, whiten
 from comlrl.algorithms.logprobs import token_entropy
 from comlrl.algorithms.returns import tree_lambda_returns, tree_returns
-from comlrl.metrics.stats import explained_variance
 from comlrl.models.value import Critic, ValueHead, hidden_size
+from comlrl.utils.stats import explained_variance
 
 from .helpers import char_tokenizer, tiny_gpt2
 
@@ -142,13 +142,14 @@ def test_token_entropy_and_the_entropy_bonus():
     logps = torch.randn(2, 3)
     advantages = torch.tensor([1.0, -1.0])
     mask = torch.tensor([[True, True, False], [True, True, True]])
-    plain = policy_gradient_loss(logps, advantages, mask)
-    bonus = policy_gradient_loss(logps, advantages, mask, entropy=expected, entropy_coef=0.1)
+    dapo = token_weights(mask.sum(dim=1), "dapo", 3)
+    plain = policy_gradient_loss(logps, advantages, mask, dapo)
+    bonus = policy_gradient_loss(logps, advantages, mask, dapo, entropy=expected, entropy_coef=0.1)
     mean_entropy = (expected * mask).sum() / mask.sum()  # dapo: every token weighs 1/5
     torch.testing.assert_close(bonus.loss, plain.loss - 0.1 * mean_entropy)
     torch.testing.assert_close(bonus.entropy, mean_entropy)
     with pytest.raises(ValueError, match="entropy_coef > 0 needs the entropy"):
-        policy_gradient_loss(logps, advantages, mask, entropy_coef=0.1)
+        policy_gradient_loss(logps, advantages, mask, dapo, entropy_coef=0.1)
 
 
 def test_value_head_starts_at_zero_and_has_a_hidden_layer_when_asked():

@@ -75,7 +75,7 @@ def test_agents_sharing_one_base_keep_separate_adapters(tmp_path):
     moved = changed(adapters, shared)
     assert moved and all(".agent_0." in name for name in moved), moved
     assert not changed(frozen, shared)
-    trainer.generate(1, ["ab"], 1, {"do_sample": False, "max_new_tokens": 2})
+    trainer.backend.generate(1, ["ab"], 1, {"do_sample": False, "max_new_tokens": 2})
     assert shared.active_adapter == "agent_1"
     # One base in memory: the shared model holds the base once plus two small adapters.
     base_size = sum(p.numel() for p in tiny_llama(tok, 0).parameters())

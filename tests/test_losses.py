@@ -1,4 +1,4 @@
-"""policy_gradient_loss for each loss_type, clipping and the KL term against hand numbers."""
+"""policy_gradient_loss with each loss_type's token weights, clipping and the KL term against hand numbers."""
 
 import math
 
@@ -40,13 +40,18 @@ EXPECTED_GRAD = {
 }
 
 
+def weights_of(mask, loss_type, max_new_tokens=MAX_NEW_TOKENS):
+    """``loss_type``'s token weight of each sequence over this batch alone (completion tokens
+    counted from ``mask``), as the trainer passes them to ``policy_gradient_loss``."""
+    return token_weights(torch.as_tensor(mask, dtype=torch.float32).sum(dim=1), loss_type, max_new_tokens)
+
+
 def loss(loss_type, logps=LOGPS, mask=MASK):
     return policy_gradient_loss(
         torch.as_tensor(logps),
         torch.tensor(ADVANTAGES),
         torch.tensor(mask),
-        loss_type=loss_type,
-        max_new_tokens=MAX_NEW_TOKENS,
+        weights_of(mask, loss_type),
     ).loss
 
 
@@ -107,7 +112,7 @@ def clipped(logps, **kwargs):
         logps,
         torch.tensor([1.0, -1.0]),
         torch.ones(2, 2, dtype=torch.bool),
-        loss_type="dapo",
+        weights_of(torch.ones(2, 2), "dapo"),  # 1 / 4 tokens each
         old_logps=torch.zeros(2, 2),
         epsilon=0.2,
         **kwargs,
@@ -136,7 +141,7 @@ def test_first_pass_of_several_has_the_plain_policy_gradient():
     for old in (None, torch.tensor(LOGPS)):
         logps = torch.tensor(LOGPS, requires_grad=True)
         out = policy_gradient_loss(
-            logps, torch.tensor(ADVANTAGES), torch.tensor(MASK), "grpo", MAX_NEW_TOKENS, old_logps=old
+            logps, torch.tensor(ADVANTAGES), torch.tensor(MASK), weights_of(MASK, "grpo"), old_logps=old
         )
         out.loss.backward()
         assert out.clip_fraction.item() == 0.0
@@ -160,9 +165,8 @@ def test_kl_term_is_weighted_by_beta_and_masked():
     # the padded third token's huge KL never counts
     logps = torch.tensor([[0.5, 0.3, 0.9]]).log()
     ref = torch.tensor([[0.25, 0.3, 1e-9]]).log()
-    out = policy_gradient_loss(
-        logps, torch.zeros(1), torch.tensor([[True, True, False]]), "dapo", 3, ref_logps=ref, beta=0.1
-    )
+    mask = torch.tensor([[True, True, False]])
+    out = policy_gradient_loss(logps, torch.zeros(1), mask, weights_of(mask, "dapo", 3), ref_logps=ref, beta=0.1)
     kl_mean = (math.log(2) - 0.5) / 2
     torch.testing.assert_close(out.kl, torch.tensor(kl_mean))
     torch.testing.assert_close(out.loss, torch.tensor(0.1 * kl_mean))
@@ -278,7 +282,7 @@ def test_episode_loss_is_the_mean_of_played_shares_of_turn_losses(loss_type):
         policy_gradient_loss(logps, adv, mask, sequence_weights=w).loss
         for (logps, adv, mask), w in zip(per_turn, weights)
     )
-    alone = [policy_gradient_loss(logps, adv, mask, loss_type, MAX_NEW_TOKENS).loss for logps, adv, mask in per_turn]
+    alone = [policy_gradient_loss(logps, adv, mask, weights_of(mask, loss_type)).loss for logps, adv, mask in per_turn]
     torch.testing.assert_close(pieces, (1.0 * alone[0] + 0.5 * alone[1]) / 2)
 
 

@@ -14,10 +14,10 @@ import torch
 from comlrl.metrics import JsonlSink, MetricsLogger, TensorBoardSink, WandbSink
 from comlrl.metrics.alerts import ZeroSpreadWatch
 from comlrl.metrics.rollout import format_metrics, rollout_metrics, zero_spread
-from comlrl.metrics.stats import finish
 from comlrl.rollout import AgentRollout
 from comlrl.rollout.tree import RolloutTree, Turn
 from comlrl.trainers.loop import progress_postfix
+from comlrl.utils.stats import finish
 
 # Completions are raw model text: newlines, pipes and Markdown characters must survive every sink.
 SAMPLES = [

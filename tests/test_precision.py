@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from comlrl.algorithms import policy_gradient_loss
+from comlrl.algorithms import policy_gradient_loss, token_weights
 from comlrl.algorithms.sampler_correction import sampler_logprob_gap, truncated_importance_weights
 from comlrl.master_weights import MasterWeights
 from comlrl.models.forward import completion_logprobs
@@ -53,12 +53,13 @@ def test_sampler_weights_scale_each_tokens_policy_gradient_term():
     mask = torch.ones(1, 2, dtype=torch.bool)
     advantages = torch.tensor([2.0])
     weights = torch.tensor([[0.5, 1.5]])
-    out = policy_gradient_loss(logps, advantages, mask, loss_type="dapo", sampler_weights=weights)
+    dapo = token_weights(mask.sum(dim=1), "dapo", 2)  # 1 / 2 tokens
+    out = policy_gradient_loss(logps, advantages, mask, dapo, sampler_weights=weights)
     out.loss.backward()
     # dapo: mean over the 2 tokens of -w_t * A * logp_t -> d/dlogp_t = -w_t * A / 2
     torch.testing.assert_close(logps.grad, torch.tensor([[-0.5, -1.5]]))
     plain = torch.tensor([[-1.0, -2.0]], requires_grad=True)
-    policy_gradient_loss(plain, advantages, mask, loss_type="dapo", sampler_weights=torch.ones(1, 2)).loss.backward()
+    policy_gradient_loss(plain, advantages, mask, dapo, sampler_weights=torch.ones(1, 2)).loss.backward()
     torch.testing.assert_close(plain.grad, torch.tensor([[-1.0, -1.0]]))
 
 

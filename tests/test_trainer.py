@@ -262,9 +262,9 @@ def test_agents_and_another_agent_model_together_are_refused(tmp_path):
 
 def test_rollout_metrics_by_hand():
     from comlrl.metrics.rollout import rollout_metrics
-    from comlrl.metrics.stats import finish
     from comlrl.rollout import AgentRollout
     from comlrl.rollout.tree import RolloutTree, Turn
+    from comlrl.utils.stats import finish
 
     # one agent, 2 rows x G = 2; completion masks give lengths [1, 3, 2, 2]; sample 1 truncated
     mask = torch.tensor([[1, 0, 0], [1, 1, 1], [1, 1, 0], [1, 1, 0]], dtype=torch.bool)

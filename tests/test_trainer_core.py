@@ -10,10 +10,10 @@ import pytest
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
-from comlrl.metrics import stats
 from comlrl.metrics.rollout import format_metrics
 from comlrl.models.modes import disable_dropout, frozen
 from comlrl.rollout.sampling import SamplingSpec
+from comlrl.utils import stats
 from comlrl.utils.run_control import seeded_cuda_devices
 
 from .helpers import (

@@ -1,7 +1,7 @@
 """Actor-critic pieces: the clipped value loss and per-agent advantage whitening. Tensors
 in, tensors out. GAE's lambda-returns over the rollout tree live with the Monte-Carlo returns
 in :mod:`comlrl.algorithms.returns` (one backward loop for both); the critics' explained
-variance is a metric (:func:`comlrl.metrics.stats.explained_variance`)."""
+variance is a metric (:func:`comlrl.utils.stats.explained_variance`)."""
 
 from __future__ import annotations
 

@@ -195,14 +195,12 @@ def policy_gradient_loss(
     token_logps: Tensor,
     advantages: Tensor,
     mask: Tensor,
-    loss_type: str = "dapo",
-    max_new_tokens: int = 1,
+    sequence_weights: Tensor,
     old_logps: Tensor | None = None,
     epsilon: float = 0.2,
     epsilon_high: float | None = None,
     ref_logps: Tensor | None = None,
     beta: float = 0.0,
-    sequence_weights: Tensor | None = None,
     entropy: Tensor | None = None,
     entropy_coef: float = 0.0,
     sampler_weights: Tensor | None = None,
@@ -219,16 +217,15 @@ def policy_gradient_loss(
             being trained (with gradient).
         advantages: ``(S,)`` one advantage per completion, shared by all its tokens.
         mask: ``(S, T)`` bool, True on tokens the policy generated (see ``completion_mask``).
-        loss_type: key of ``LOSS_AGGREGATIONS``, unless ``sequence_weights`` are given.
-        max_new_tokens: the constant of ``dr_grpo``.
+        sequence_weights: ``(S,)`` token weight of each sequence: :func:`token_weights` (or
+            :func:`turn_token_weights`) over the whole batch this one is a piece of, which
+            applies the ``loss_type``; ``token_weights(mask.sum(dim=1), loss_type,
+            max_new_tokens)`` for this batch alone.
         old_logps: ``(S, T)`` log-probs recorded when the completions were sampled.
         epsilon: lower clip range (and upper one unless ``epsilon_high`` is given).
         epsilon_high: upper clip range (DAPO's "clip-higher"); defaults to ``epsilon``.
         ref_logps: ``(S, T)`` log-probs under the frozen reference model, for the KL term.
         beta: weight of the KL term.
-        sequence_weights: ``(S,)`` token weight of each sequence from :func:`token_weights`
-            over a larger batch this one is a piece of; by default ``loss_type`` is applied
-            to this batch alone.
         entropy: ``(S, T)`` entropy of the policy at each completion token (with gradient),
             for the entropy bonus.
         entropy_coef: weight of the entropy bonus.
@@ -237,8 +234,6 @@ def policy_gradient_loss(
             sampler that is not the learner (see ``sampler_correction``).
     """
     weights = mask.to(token_logps.dtype)
-    if sequence_weights is None:
-        sequence_weights = token_weights(weights.sum(dim=1), loss_type, max_new_tokens)
     old_logps = token_logps.detach() if old_logps is None else old_logps
     ratio = torch.exp(token_logps - old_logps)
     adv = advantages.unsqueeze(1)

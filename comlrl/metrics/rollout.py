@@ -7,10 +7,10 @@ from typing import Any
 
 import torch
 
-from comlrl.metrics import stats
-from comlrl.metrics.stats import Stat
 from comlrl.rollout.prompts import PromptTable
 from comlrl.rollout.tree import RolloutTree
+from comlrl.utils import stats
+from comlrl.utils.stats import Stat
 
 _AGENT_KEY = re.compile(r"^agent(\d+)/")
 ZERO_SPREAD_KEY = "reward/zero_std_group_frac"

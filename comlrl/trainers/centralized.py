@@ -24,15 +24,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from comlrl.metrics import stats as metric_stats
 from comlrl.metrics.evaluation import EvalHooks
 from comlrl.metrics.hooks import RolloutSample
-from comlrl.metrics.stats import Stat
 from comlrl.rewards import JointReward
 from comlrl.rollout.prompts import Formatter, PromptTable, prompt_column
 from comlrl.rollout.tree import Turn
+from comlrl.utils import stats as metric_stats
 from comlrl.utils.per_agent import per_agent
 from comlrl.utils.signatures import describe
+from comlrl.utils.stats import Stat
 from comlrl.utils.text import short_repr
 
 __all__ = [

@@ -30,8 +30,6 @@ from comlrl import sharding
 from comlrl.algorithms import policy_gradient_loss, turn_token_weights
 from comlrl.algorithms.sampler_correction import sampler_logprob_gap, truncated_importance_weights
 from comlrl.distributed import DataParallel
-from comlrl.metrics import stats
-from comlrl.metrics.stats import Stat
 from comlrl.models.forward import completion_logprobs
 from comlrl.models.placement import map_agents
 from comlrl.optim import Learners
@@ -40,6 +38,8 @@ from comlrl.rollout.sampling import SamplingSpec
 from comlrl.rollout.tree import RolloutTree
 from comlrl.trainers.agents import Agents
 from comlrl.trainers.config import TrainerConfig
+from comlrl.utils import stats
+from comlrl.utils.stats import Stat
 
 
 class Estimate(Protocol):

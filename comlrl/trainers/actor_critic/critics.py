@@ -20,13 +20,13 @@ from torch import Tensor
 from comlrl import sharding
 from comlrl.algorithms.critic import clipped_value_loss
 from comlrl.distributed import DataParallel
-from comlrl.metrics import stats
-from comlrl.metrics.stats import Stat
 from comlrl.models.modes import frozen
 from comlrl.models.value import Critic, EncodedInputs
 from comlrl.rollout.tree import RolloutTree, Turn
 from comlrl.trainers.agents import Agents
 from comlrl.trainers.update import learner_key, micro_batches, node_sequences
+from comlrl.utils import stats
+from comlrl.utils.stats import Stat
 
 
 @dataclass

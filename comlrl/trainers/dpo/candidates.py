@@ -10,9 +10,9 @@ import torch
 from tqdm.auto import tqdm
 
 from comlrl.algorithms import joint_action_indices
-from comlrl.metrics import stats as metric_stats
 from comlrl.trainers.dpo.config import MADPOConfig
 from comlrl.trainers.dpo.pairs import PreferencePair, node_pairs, pair_statistics, select_pairs, shared_rewards
+from comlrl.utils import stats as metric_stats
 
 
 def check_candidate_budget(config: MADPOConfig, num_agents: int) -> None:

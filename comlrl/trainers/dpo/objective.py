@@ -24,8 +24,6 @@ from torch import Tensor
 from comlrl import sharding
 from comlrl.algorithms.dpo import agent_dpo_losses, joint_preference, others_deltas, preference_deltas
 from comlrl.checkpoint import read_state, read_tensors
-from comlrl.metrics import stats as metric_stats
-from comlrl.metrics.stats import Stat
 from comlrl.models.forward import completion_logprobs
 from comlrl.models.placement import map_agents
 from comlrl.trainers.dpo.candidates import check_candidate_budget, sample_preference_pairs
@@ -33,6 +31,8 @@ from comlrl.trainers.dpo.config import MADPOConfig
 from comlrl.trainers.dpo.pairs import PreferencePair, SequenceBatch, pair_batch
 from comlrl.trainers.parts import MadeOnce, Objective
 from comlrl.trainers.update import learner_key, micro_batches
+from comlrl.utils import stats as metric_stats
+from comlrl.utils.stats import Stat
 
 DPO_TEMPERATURE = 1.0
 """The DPO loss's log-probs (policy and reference) come from the raw logits, as in comlrl

@@ -32,7 +32,6 @@ from tqdm.auto import tqdm
 
 from comlrl.algorithms import joint_action_indices
 from comlrl.checkpoint import read_state, read_tensors, write_json
-from comlrl.metrics.stats import combine, finish
 from comlrl.rewards import JointReward
 from comlrl.rollout.backends import GenerationBackend
 from comlrl.rollout.tree import Turn
@@ -53,6 +52,7 @@ from comlrl.trainers.dpo.pairs import (
 from comlrl.trainers.dpo.replay import replay_choice
 from comlrl.trainers.dpo.reward_histograms import log_reward_distribution, raw_reward_range
 from comlrl.utils.run_control import seeded_cuda_devices
+from comlrl.utils.stats import combine, finish
 
 ROUNDS_FILE = "preference_rounds.pt"
 """What a checkpoint holds of the rounds: the round in progress, every round's pairs, the comparator's state."""
