@@ -32,8 +32,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 def worker(args: argparse.Namespace) -> None:
     """One rank (or the single process): warm up, train, and (rank 0) print one JSON line."""
+    from comlrl.engine.sharding import local
     from comlrl.models import default_model_path
-    from comlrl.sharding import local
 
     trainer = bench_step.build_trainer(
         default_model_path(),

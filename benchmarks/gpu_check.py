@@ -29,7 +29,7 @@ Cases, for each ``--dtype`` (default: float32, then bfloat16):
       and each loop's tokens/s once warm. In fp32 the two must agree (mean gap at most
       ``FP32_GAP_MAX``), else positions, padding or the cache are wrong.
   fsdp_full_shard: one process group of one rank (NCCL on CUDA, gloo on the CPU), a model
-      sharded by ``comlrl.sharding.shard_model`` (``full_shard``, bf16 compute for bfloat16),
+      sharded by ``comlrl.engine.sharding.shard_model`` (``full_shard``, bf16 compute for bfloat16),
       gathered whole for a no-grad forward as for sampling, released, then two steps of forward,
       backward and AdamW on a batch of random tokens.
 
@@ -72,7 +72,7 @@ import transformers
 import workload as wl
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-from comlrl import sharding
+from comlrl.engine import sharding
 from comlrl.models.forward import accepts, completion_logprobs
 from comlrl.rollout import compiled_decoding
 from comlrl.rollout.generation import generate_group

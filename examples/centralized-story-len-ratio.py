@@ -34,7 +34,7 @@ from typing import Any
 from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from comlrl.trainers.centralized import CentralizedComparatorParseError
+from comlrl.trainers import CentralizedComparatorParseError
 from comlrl.trainers.reinforce import CentralizedMAGRPOConfig, CentralizedMAGRPOTrainer
 from comlrl.utils.reward_processor import RewardProcessors
 

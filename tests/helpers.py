@@ -25,9 +25,9 @@ from tokenizers import Tokenizer, decoders, models
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from comlrl.checkpoint import complete_checkpoints
-from comlrl.sharding import local
+from comlrl.engine.centralized import CentralizedComparatorParseError
+from comlrl.engine.sharding import local
 from comlrl.trainers.actor_critic import IACConfig, IACTrainer, MAACConfig, MAACTrainer
-from comlrl.trainers.centralized import CentralizedComparatorParseError
 from comlrl.trainers.dpo import MADPOConfig, MADPOIterConfig, MADPOIterTrainer, MADPOTrainer, reward_histograms
 from comlrl.trainers.dpo.objective import PAIRS_FILE
 from comlrl.trainers.dpo.pairs import PreferencePair

@@ -1,7 +1,8 @@
 """The layout's promises, checked on the source: no file of comlrl/ over 400 lines, no import
 circle among its modules (counting every import: module-level, under ``if TYPE_CHECKING:`` and
-inside functions), comlrl/compat/ and comlrl/tasks/ independent of comlrl/trainers/, and every
-trainer built by the one constructor."""
+inside functions), comlrl/compat/ and comlrl/tasks/ independent of comlrl/trainers/, the
+engine (comlrl/engine/) below the families and above the lower layers (but for sharding), and
+every trainer built by the one constructor."""
 
 import ast
 import inspect
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import comlrl
-from comlrl.trainers.base import MultiAgentTrainer
+from comlrl.engine.base import MultiAgentTrainer
 
 PACKAGE = Path(comlrl.__file__).parent
 MODULES = {
@@ -78,33 +79,69 @@ def test_lower_layers_import_no_trainer(package):
     assert not {name: found for name, found in offenders.items() if found}
 
 
+ENGINE_ALLOWED = {
+    "comlrl.compat": set(),
+    "comlrl.tasks": set(),
+    "comlrl.algorithms": set(),
+    "comlrl.rewards": set(),
+    "comlrl.metrics": set(),
+    "comlrl.utils": set(),
+    # FSDP2 reaches into the models' forwards, LoRA copies, vLLM weight syncs and checkpoint files.
+    "comlrl.models": {"comlrl.engine.sharding"},
+    "comlrl.rollout": {"comlrl.engine.sharding"},
+    "comlrl.checkpoint": {"comlrl.engine.sharding"},
+}
+
+
+@pytest.mark.parametrize("package", sorted(ENGINE_ALLOWED))
+def test_lower_layers_import_no_engine(package):
+    """The engine stands above the lower layers: they import none of its modules (sharding, for
+    those that handle sharded models, aside)."""
+    offenders = {
+        name: sorted(i for i in imported if i.startswith("comlrl.engine") and i not in ENGINE_ALLOWED[package])
+        for name, imported in GRAPH.items()
+        if name == package or name.startswith(package + ".")
+    }
+    assert not {name: found for name, found in offenders.items() if found}
+
+
+def test_the_engine_imports_no_family():
+    """comlrl/engine/ is the machinery the families share: none of its modules imports comlrl/trainers/."""
+    offenders = {
+        name: sorted(i for i in imported if i == "comlrl.trainers" or i.startswith("comlrl.trainers."))
+        for name, imported in GRAPH.items()
+        if name.startswith("comlrl.engine")
+    }
+    assert len(offenders) >= 17 and not {name: found for name, found in offenders.items() if found}
+
+
 def test_the_circle_check_finds_one():
     """The check above is not blind: a circle made by hand is reported."""
-    GRAPH["comlrl.utils.text"] = GRAPH["comlrl.utils.text"] | {"comlrl.trainers.base"}
+    GRAPH["comlrl.utils.text"] = GRAPH["comlrl.utils.text"] | {"comlrl.engine.base"}
     try:
         with pytest.raises(AssertionError, match="import circle"):
             test_no_import_circle()
     finally:
-        GRAPH["comlrl.utils.text"] -= {"comlrl.trainers.base"}
+        GRAPH["comlrl.utils.text"] -= {"comlrl.engine.base"}
 
 
 PLANTED = {
-    "type_checking": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from comlrl.trainers.base import X\n",
-    "function": "def later():\n    from comlrl.trainers import base\n",
+    "type_checking": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from comlrl.engine.base import X\n",
+    "function": "def later():\n    from comlrl.engine import base\n",
 }
 
 
 @pytest.mark.parametrize("planted", PLANTED.values(), ids=PLANTED.keys())
 def test_the_circle_check_sees_imports_for_type_checking_and_in_functions(planted):
     """An import that only type checkers run, or only a call, is read, and the circle it closes
-    is reported: comlrl.utils.text's source with such an import of comlrl.trainers.base added."""
+    is reported: comlrl.utils.text's source with such an import of comlrl.engine.base added."""
     source = MODULES["comlrl.utils.text"].read_text() + "\n" + planted
     imported = source_imports("comlrl.utils.text", source, "comlrl.utils")
-    assert imported == GRAPH["comlrl.utils.text"] | {"comlrl.trainers.base"}
+    assert imported == GRAPH["comlrl.utils.text"] | {"comlrl.engine.base"}
     saved, GRAPH["comlrl.utils.text"] = GRAPH["comlrl.utils.text"], imported
     try:
         # Any circle now runs through the planted edge, wherever the check entered it.
-        with pytest.raises(AssertionError, match=r"import circle: .*comlrl\.utils\.text -> comlrl\.trainers\.base"):
+        with pytest.raises(AssertionError, match=r"import circle: .*comlrl\.utils\.text -> comlrl\.engine\.base"):
             test_no_import_circle()
     finally:
         GRAPH["comlrl.utils.text"] = saved

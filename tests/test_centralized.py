@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from comlrl.trainers.centralized import CentralizedComparatorParseError, TaggedCentralizedComparatorAdapter
+from comlrl.engine.centralized import CentralizedComparatorParseError, TaggedCentralizedComparatorAdapter
 from comlrl.trainers.reinforce import CentralizedMAGRPOConfig, CentralizedMAGRPOTrainer, MAGRPOConfig
 
 from .helpers import (

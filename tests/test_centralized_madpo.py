@@ -50,7 +50,7 @@ def joint_logp(model, prompt_ids, completion_ids):
 
 def test_the_adapters_are_importable_from_1_4_3s_preference_paths():
     import comlrl.trainers.preference.centralized
-    from comlrl.trainers import centralized as where_they_live
+    from comlrl.engine import centralized as where_they_live
     from comlrl.trainers import preference
 
     names = ("TaggedCentralizedComparatorAdapter", "CentralizedComparatorAdapter", "CentralizedComparatorParseError")

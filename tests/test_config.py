@@ -120,7 +120,7 @@ def test_one_generation_is_allowed_for_plain_reinforce():
 def all_config_classes():
     """Every trainer config class of the package (TrainerConfig and its subclasses, at any depth)."""
     import comlrl  # noqa: F401  (imports every trainer module)
-    from comlrl.trainers.config import TrainerConfig
+    from comlrl.engine.config import TrainerConfig
 
     found, pending = [], [TrainerConfig]
     while pending:

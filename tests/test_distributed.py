@@ -18,7 +18,7 @@ from transformers import AutoModelForCausalLM
 
 from comlrl.algorithms import bradley_terry_loss, pair_accuracy
 from comlrl.checkpoint.files import OPTIMIZER_SHARDS
-from comlrl.distributed import DataParallel
+from comlrl.engine.distributed import DataParallel
 from comlrl.models.placement import resolve_agent_devices
 from comlrl.models.reward_model import JointRewardModel
 from comlrl.trainers.reinforce import MAGRPOConfig

@@ -47,8 +47,8 @@ from pathlib import Path
 import pytest
 
 import comlrl
+from comlrl.engine.config import TrainerConfig
 from comlrl.models.embedded import MODEL_NAME
-from comlrl.trainers.config import TrainerConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = sorted((ROOT / "docs").rglob("*.md")) + [ROOT / "README.md"]

@@ -14,9 +14,9 @@ import comlrl.trainers.actor_critic
 import comlrl.trainers.dpo
 import comlrl.trainers.reinforce.centralized
 import comlrl.trainers.reinforce.variants  # noqa: F401  (every config class defined)
+from comlrl.engine.config import TrainerConfig
 from comlrl.rollout.sampling import SHADOWED
 from comlrl.rollout.vllm_backend import SUPPORTED_SAMPLING
-from comlrl.trainers.config import TrainerConfig
 from comlrl.trainers.dpo.joint_comparator import split_answer
 from comlrl.trainers.reinforce import MAGRPOConfig
 

@@ -11,12 +11,12 @@ import sys
 import pytest
 import torch
 
+from comlrl.engine.loop import progress_postfix
 from comlrl.metrics import JsonlSink, MetricsLogger, TensorBoardSink, WandbSink
 from comlrl.metrics.alerts import ZeroSpreadWatch
 from comlrl.metrics.rollout import format_metrics, rollout_metrics, zero_spread
 from comlrl.rollout import AgentRollout
 from comlrl.rollout.tree import RolloutTree, Turn
-from comlrl.trainers.loop import progress_postfix
 from comlrl.utils.stats import finish
 
 # Completions are raw model text: newlines, pipes and Markdown characters must survive every sink.

@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from comlrl.optim import (
+from comlrl.engine.optim import (
     Learners,
     all_finite,
     allocate_adamw_state,

@@ -8,7 +8,7 @@ import torch
 
 from comlrl.algorithms import policy_gradient_loss, token_weights
 from comlrl.algorithms.sampler_correction import sampler_logprob_gap, truncated_importance_weights
-from comlrl.master_weights import MasterWeights
+from comlrl.engine.master_weights import MasterWeights
 from comlrl.models.forward import completion_logprobs
 from comlrl.models.precision import cast_parameters
 from comlrl.rollout.decoding import DecodingSettings, decode

@@ -8,10 +8,10 @@ import pytest
 import torch
 from peft import get_peft_model
 
+from comlrl.engine import update as update_module
+from comlrl.engine.agents import reference_placement
 from comlrl.models.placement import frozen_copy_on
 from comlrl.trainers import IACConfig, IACTrainer, MAGRPOConfig
-from comlrl.trainers import update as update_module
-from comlrl.trainers.agents import reference_placement
 from comlrl.trainers.dpo import MADPOConfig
 from tests.helpers import (
     DATA,

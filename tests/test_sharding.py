@@ -1,4 +1,4 @@
-"""FSDP2 sharding (:mod:`comlrl.sharding`) beyond tests/test_distributed.py's 2-rank runs:
+"""FSDP2 sharding (:mod:`comlrl.engine.sharding`) beyond tests/test_distributed.py's 2-rank runs:
 checkpoints resumed at another number of ranks in both directions, bf16 through FSDP's mixed
 precision, the config's checks, the fresh models whole copies are filled into, and a gather
 that a ``state_dict()`` call cannot undo unseen."""
@@ -7,7 +7,7 @@ import pytest
 import torch
 from peft import LoraConfig, get_peft_model
 
-from comlrl import sharding
+from comlrl.engine import sharding
 from comlrl.models.lora import fresh_model
 from comlrl.trainers.reinforce import MAGRPOConfig
 

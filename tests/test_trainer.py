@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-import comlrl.trainers.update as update_module
+import comlrl.engine.update as update_module
 from comlrl.trainers.reinforce import MAGRPOTrainer
 
 from .helpers import (

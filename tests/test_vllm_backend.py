@@ -13,7 +13,7 @@ import dataclasses
 import math
 import os
 import sys
-import time
+import threading
 import types
 
 import pytest
@@ -23,7 +23,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 import comlrl.rollout.vllm_backend as vllm_backend
-from comlrl import sharding
+from comlrl.engine import sharding
 from comlrl.models.forward import completion_logprobs
 from comlrl.rollout.generation import generate_group
 from comlrl.rollout.sampler_logprobs import support_log_mass
@@ -626,6 +626,9 @@ def test_engines_on_one_gpu_run_one_at_a_time_and_on_two_at_once(fake_vllm, monk
     monkeypatch.setattr(vllm_backend, "agent_cuda_device", lambda agent, index: torch.device("cuda", index // 2))
     backend = backend_for(num_agents=4)  # agents 0, 1 on cuda:0; 2, 3 on cuda:1
     running, seen = {0: 0, 1: 0}, []
+    # Each call waits for a call on the other GPU (not for a timed sleep, which a loaded
+    # machine may outlast before the other thread starts): serialised GPUs break the barrier.
+    both_gpus = threading.Barrier(2, timeout=60)
 
     def slowed(engine):
         generate = engine.generate
@@ -635,7 +638,7 @@ def test_engines_on_one_gpu_run_one_at_a_time_and_on_two_at_once(fake_vllm, monk
             gpu = int(device) // 2
             running[gpu] += 1
             seen.append(dict(running))
-            time.sleep(0.05)
+            both_gpus.wait()
             running[gpu] -= 1
             return generate(*args, **kwargs)
 

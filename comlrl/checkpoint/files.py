@@ -37,9 +37,9 @@ import torch
 from safetensors.torch import load_file
 
 from comlrl.checkpoint.manifest import unreadable, write_manifest
+from comlrl.engine.sharding import is_sharded, load_whole_state_dict, local, model_class, sharded_parameters
 from comlrl.models.lora import is_peft_model, load_adapter_weights
 from comlrl.models.value import VALUE_HEAD_FILE
-from comlrl.sharding import is_sharded, load_whole_state_dict, local, model_class, sharded_parameters
 
 PREFIX = "checkpoint-"
 STATE_FILE = "trainer_state.json"

@@ -27,9 +27,10 @@ MOVED_MODULES = {
     "comlrl.trainers.preference.checkpointing": "checkpoints are written by train() (checkpoint_dir, "
     "checkpoint_interval) and read by train(resume_from_checkpoint=...); their files: comlrl.checkpoint",
     "comlrl.trainers.preference.collaboration": "centralized collaboration is collaboration_mode='centralized' "
-    "with a CentralizedComparatorAdapter (comlrl.trainers.centralized)",
+    "with a CentralizedComparatorAdapter (comlrl.engine.centralized)",
     "comlrl.trainers.preference.output_paths": "preference files are written under the config's output_dir",
-    "comlrl.utils.distributed": "several processes run under torchrun; comlrl.distributed holds the data parallelism",
+    "comlrl.utils.distributed": "several processes run under torchrun; comlrl.engine.distributed holds the data "
+    "parallelism",
     "comlrl.utils.model_loading": "agents are loaded from agent_model= or agents=[names or models], with model_config",
     "comlrl.utils.reference_kl": "the KL to a reference is the config's reference_kl_enabled / reference_kl_coef "
     "(reward shaping, as 1.4.3) or beta (a loss term)",

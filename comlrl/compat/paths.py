@@ -4,6 +4,10 @@ now, so ``from comlrl.trainers.reinforce.magrpo import MAGRPOTrainer`` gets the 
 ``comlrl.trainers.reinforce`` has. 1.4.3's modules that have no counterpart at all
 (:data:`~comlrl.compat.moved.MOVED_MODULES`) are an error naming what to use instead.
 
+The same for this library's own earlier paths that its documentation named, from before the
+shared trainer machinery moved to :mod:`comlrl.engine` (:data:`ENGINE_PATHS`):
+``from comlrl.trainers.config import TrainerConfig`` still works.
+
 One finder, last on ``sys.meta_path``, answers both, so it sees only names that no real
 module answers.
 """
@@ -24,7 +28,7 @@ def _names(home: str, *names: str) -> dict[str, str]:
 
 
 _CENTRALIZED_ADAPTERS = _names(
-    "comlrl.trainers.centralized",
+    "comlrl.engine.centralized",
     "CentralizedComparatorAdapter",
     "CentralizedComparatorParseError",
     "TaggedCentralizedComparatorAdapter",
@@ -73,7 +77,7 @@ PATHS: dict[str, dict[str, str]] = {
         **_MARLHF,
         **_MARLHF_ITER,
         **_names("comlrl.trainers.dpo", "PreferencePair"),
-        **_names("comlrl.trainers.loop", "TrainResult"),
+        **_names("comlrl.engine.loop", "TrainResult"),
     },
     "comlrl.trainers.preference.madpo": _MADPO,
     "comlrl.trainers.preference.marlhf": _MARLHF,
@@ -82,6 +86,31 @@ PATHS: dict[str, dict[str, str]] = {
     "comlrl.trainers.preference.centralized": _CENTRALIZED_ADAPTERS,
 }
 """1.4.3 module path -> {public name it had -> the module that holds it now}."""
+
+ENGINE_PATHS: dict[str, dict[str, str]] = {
+    "comlrl.trainers.base": _names("comlrl.engine.base", "MultiAgentTrainer"),
+    "comlrl.trainers.centralized": _names(
+        "comlrl.engine.centralized",
+        "CentralizedCollaboration",
+        "CentralizedComparatorAdapter",
+        "CentralizedComparatorParseError",
+        "CentralizedSetup",
+        "TaggedCentralizedComparatorAdapter",
+    ),
+    "comlrl.trainers.config": _names("comlrl.engine.config", "TrainerConfig"),
+    "comlrl.trainers.inputs": _names("comlrl.engine.inputs", "TrainerInputs"),
+    "comlrl.trainers.loop": _names("comlrl.engine.loop", "TrainResult"),
+    "comlrl.trainers.parts": _names(
+        "comlrl.engine.parts", "MadeOnce", "Objective", "Part", "Parts", "RewardSource", "Schedule", "TaskReward"
+    ),
+    "comlrl.trainers.policy_gradient": _names("comlrl.engine.policy_gradient", "PolicyGradient"),
+    "comlrl.trainers.policy_gradient_config": _names("comlrl.engine.policy_gradient_config", "PolicyGradientConfig"),
+    # 1.4.3's comlrl.utils.distributed is an error that named this module.
+    "comlrl.distributed": _names("comlrl.engine.distributed", "DataParallel"),
+}
+"""This library's module path before :mod:`comlrl.engine` -> {documented name -> its module now}."""
+
+PATHS.update(ENGINE_PATHS)
 
 PACKAGES = frozenset({"comlrl.trainers.preference", "comlrl.schedulers"})
 """The paths of :data:`PATHS` that were packages (their submodules are paths too)."""
@@ -107,7 +136,8 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         for attribute, home in homes.items():
             setattr(module, attribute, getattr(importlib.import_module(home), attribute))
         module.__all__ = sorted(homes)
-        module.__doc__ = f"comlrl 1.4.3's module path; its names live in {', '.join(sorted(set(homes.values())))}."
+        whose = "an earlier comlrl" if name in ENGINE_PATHS else "comlrl 1.4.3's"
+        module.__doc__ = f"{whose} module path; its names live in {', '.join(sorted(set(homes.values())))}."
 
         def __getattr__(attribute: str):  # 1.4.3's names we lack: an error naming what to use instead
             moved_name(name, attribute)

@@ -63,7 +63,7 @@ class TrainerAttributes:
     """What every 1.4.3 trainer (MAGRPO and its family, IAC, MAAC, MADPO, MARLHF) kept."""
 
     inputs: Any
-    """The trainer's arguments as given (:class:`~comlrl.trainers.inputs.TrainerInputs`)."""
+    """The trainer's arguments as given (:class:`~comlrl.engine.inputs.TrainerInputs`)."""
 
     default_config_cls = _ConfigClass()
     """1.4.3: the config class built when ``args`` is not given (here ``config_class``)."""

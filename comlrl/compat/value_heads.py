@@ -117,7 +117,7 @@ class GivenHeads:
 
     @classmethod
     def take(cls, inputs: Any) -> tuple[Any, GivenHeads]:
-        """``inputs`` (a trainer's :class:`~comlrl.trainers.inputs.TrainerInputs`) with every
+        """``inputs`` (a trainer's :class:`~comlrl.engine.inputs.TrainerInputs`) with every
         wrapper among the agents and critics replaced by its model, and the heads they held."""
         agents = inputs.agents if isinstance(inputs.agents, list | tuple) else []
         critics = inputs.critics if isinstance(inputs.critics, list | tuple) else [inputs.critic_model]

@@ -13,8 +13,8 @@ from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from comlrl.algorithms import selective_log_softmax
 from comlrl.algorithms.logprobs import head_log_softmax, token_entropy
+from comlrl.engine.sharding import is_sharded
 from comlrl.models.modes import frozen
-from comlrl.sharding import is_sharded
 
 # The shortcut of ``_shared_prompt_outputs`` gives every parameter a second gradient, which
 # autograd adds to the first: a fixed cost, set against the compute of the prompt tokens it
@@ -270,7 +270,7 @@ def _shared_prompt_outputs(
     threshold = min_saved_prompt_tokens(prompt_ids.device)
     worth_it = saved_tokens > 0 and (force or saved_tokens >= threshold)
     model = forward.module
-    # A sharded model: every rank must run as many forwards as the others (comlrl.sharding).
+    # A sharded model: every rank must run as many forwards as the others (comlrl.engine.sharding).
     if not worth_it or completion_ids.shape[1] == 0 or _checkpointed(model) or is_sharded(model):
         return None
     cache_name = next((name for name in ("cache", "past_key_values") if accepts(model, name)), None)

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from comlrl import sharding
+from comlrl.engine import sharding
 from comlrl.utils.per_agent import per_agent
 
 ADAPTER_FILE = "adapter_model.safetensors"
@@ -83,7 +83,7 @@ def is_peft_model(agent: torch.nn.Module) -> bool:
 
 def load_adapter_weights(agent: torch.nn.Module, weights: dict[str, torch.Tensor], adapter: str | None) -> list[str]:
     """Load saved adapter weights into ``agent``; returns the keys that did not fit. A sharded
-    agent must be released (``comlrl.sharding.sharded_parameters``): each rank keeps its slices."""
+    agent must be released (``comlrl.engine.sharding.sharded_parameters``): each rank keeps its slices."""
     if not sharding.is_sharded(agent):
         result = _peft().set_peft_model_state_dict(agent, weights, adapter_name=adapter or "default")
         return list(result.unexpected_keys)
@@ -133,7 +133,7 @@ def merged_copy(agent: torch.nn.Module, adapter: str | None, in_place: bool = Fa
 
 def fresh_model(agent: torch.nn.Module) -> torch.nn.Module:
     """A newly built model of ``agent``'s class, config and generation config, not sharded (a
-    PEFT model: its base's, with the same adapters), for :func:`comlrl.sharding.whole_copy` to
+    PEFT model: its base's, with the same adapters), for :func:`comlrl.engine.sharding.whole_copy` to
     fill. Its random init draws from a forked stream: the run's streams do not move."""
     base = agent.get_base_model() if is_peft_model(agent) else agent
     with torch.random.fork_rng(devices=[]):

@@ -11,7 +11,7 @@ from typing import TypeVar
 
 import torch
 
-from comlrl.sharding import is_sharded
+from comlrl.engine.sharding import is_sharded
 
 T = TypeVar("T")
 

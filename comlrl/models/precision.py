@@ -1,6 +1,6 @@
 """``precision="bf16"``: the agents (and separate critics) hold bf16 parameters, which both
 sample and learn, while the optimizer steps fp32 master copies of them
-(:class:`~comlrl.master_weights.MasterWeights`).
+(:class:`~comlrl.engine.master_weights.MasterWeights`).
 
 Why not fp32 weights under autocast: autocast casts every fp32 weight to bf16 at every
 operator, each forward and each decoding step, which on a CPU with bf16 matrix units costs

@@ -59,7 +59,7 @@ def build_backend(
     rollout_dtype: torch.dtype | None = None,
 ) -> GenerationBackend:
     """The backend ``name`` (a key of ``BACKENDS``) for ``agents`` (the trainer's
-    :class:`~comlrl.trainers.agents.Agents`: models, tokenizers, adapters); for ``hf``,
+    :class:`~comlrl.engine.agents.Agents`: models, tokenizers, adapters); for ``hf``,
     ``sampler_logprobs``: keep the log-probs the sampler gave its tokens, ``compiled``: the
     compiled decoding step; for ``vllm``, ``rollout_dtype``: the engines' dtype (None: each
     agent's), and the sampler's log-probs are always kept (an engine is never exactly the

@@ -47,7 +47,7 @@ from typing import Any
 
 import torch
 
-from comlrl import sharding
+from comlrl.engine import sharding
 from comlrl.models.lora import adapter_weights, save_adapter
 from comlrl.rollout.decoding import generation_default
 from comlrl.rollout.generation import AgentRollout, build_rollout, completion_eos_ids, encode_prompts

@@ -3,6 +3,14 @@ MAAC, MADPO and MADPOIter, MARLHF and MARLHFIter (and comlrl 1.4.3's ``ActorCrit
 for ``isinstance`` only)."""
 
 from comlrl.compat.moved import moved_name
+from comlrl.engine.base import MultiAgentTrainer
+from comlrl.engine.centralized import (
+    CentralizedComparatorAdapter,
+    CentralizedComparatorParseError,
+    TaggedCentralizedComparatorAdapter,
+)
+from comlrl.engine.config import TrainerConfig
+from comlrl.engine.loop import TrainResult
 from comlrl.trainers.actor_critic import (
     ActorCriticConfig,
     ActorCriticTrainer,
@@ -12,10 +20,7 @@ from comlrl.trainers.actor_critic import (
     MAACConfig,
     MAACTrainer,
 )
-from comlrl.trainers.base import MultiAgentTrainer
-from comlrl.trainers.config import TrainerConfig
 from comlrl.trainers.dpo import MADPOConfig, MADPOIterConfig, MADPOIterTrainer, MADPOTrainer
-from comlrl.trainers.loop import TrainResult
 from comlrl.trainers.reinforce import (
     CentralizedMAGRPOConfig,
     CentralizedMAGRPOTrainer,
@@ -34,6 +39,8 @@ __all__ = [
     "ActorCriticConfig",
     "ActorCriticTrainer",
     "ActorCriticTrainerBase",
+    "CentralizedComparatorAdapter",
+    "CentralizedComparatorParseError",
     "CentralizedMAGRPOConfig",
     "CentralizedMAGRPOTrainer",
     "IACConfig",
@@ -58,6 +65,7 @@ __all__ = [
     "MAReMaxConfig",
     "MAReMaxTrainer",
     "MultiAgentTrainer",
+    "TaggedCentralizedComparatorAdapter",
     "TrainResult",
     "TrainerConfig",
 ]

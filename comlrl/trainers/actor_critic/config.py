@@ -8,7 +8,7 @@ from typing import ClassVar
 
 from comlrl.compat.fields import renamed, warn_ignored
 from comlrl.compat.spellings import CRITIC_TYPE_SPELLINGS, respell
-from comlrl.trainers.config_checks import (
+from comlrl.engine.config_checks import (
     check_bool,
     check_choice,
     check_coefficient,
@@ -17,7 +17,7 @@ from comlrl.trainers.config_checks import (
     check_int,
     check_learning_rate,
 )
-from comlrl.trainers.policy_gradient_config import PolicyGradientConfig
+from comlrl.engine.policy_gradient_config import PolicyGradientConfig
 from comlrl.utils.checks import field_default, is_real
 
 CRITIC_TYPES = ("v", "q")

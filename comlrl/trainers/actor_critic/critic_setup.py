@@ -26,17 +26,17 @@ from comlrl.compat.actor_critic import (
     warn_if_original_head,
 )
 from comlrl.compat.fields import warn_ignored
-from comlrl.distributed import DataParallel
+from comlrl.engine.agents import Agents, prepare_for_training
+from comlrl.engine.distributed import DataParallel
+from comlrl.engine.optim import per_agent_learning_rates
 from comlrl.models.loading import check_agents, load_agents, resolve_tokenizers
 from comlrl.models.placement import same_device
 from comlrl.models.value import Critic, ValueHead, hidden_size, saved_head_file
 from comlrl.models.vocabulary import TokenizedModel, fit_embeddings
-from comlrl.optim import per_agent_learning_rates
 from comlrl.trainers.actor_critic.config import ActorCriticConfig
-from comlrl.trainers.agents import Agents, prepare_for_training
 
 if TYPE_CHECKING:  # annotations only: the module that builds trainers may import this one
-    from comlrl.trainers.base import MultiAgentTrainer
+    from comlrl.engine.base import MultiAgentTrainer
 
 CriticSource = str | os.PathLike[str] | torch.nn.Module
 """A critic model as given: a folder or hub id, or a causal LM instance."""

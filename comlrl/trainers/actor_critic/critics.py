@@ -17,14 +17,14 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from comlrl import sharding
 from comlrl.algorithms.critic import clipped_value_loss
-from comlrl.distributed import DataParallel
+from comlrl.engine import sharding
+from comlrl.engine.agents import Agents
+from comlrl.engine.distributed import DataParallel
+from comlrl.engine.update import learner_key, micro_batches, node_sequences
 from comlrl.models.modes import frozen
 from comlrl.models.value import Critic, EncodedInputs
 from comlrl.rollout.tree import RolloutTree, Turn
-from comlrl.trainers.agents import Agents
-from comlrl.trainers.update import learner_key, micro_batches, node_sequences
 from comlrl.utils import stats
 from comlrl.utils.stats import Stat
 
@@ -143,7 +143,7 @@ def frozen_values(critic: Critic, agents: Agents, inputs: EncodedInputs, micro_b
 
 class CriticLoss:
     """Each critic's clipped value loss in every pass of the update (an auxiliary loss of
-    :class:`~comlrl.trainers.update.PolicyUpdate`)."""
+    :class:`~comlrl.engine.update.PolicyUpdate`)."""
 
     def __init__(
         self,

@@ -26,6 +26,8 @@ from comlrl.algorithms.returns import tree_lambda_returns, tree_returns
 from comlrl.checkpoint import load_weights
 from comlrl.compat.actor_critic import CriticModelConfig, split_critic_model_config
 from comlrl.compat.value_heads import GivenHeads
+from comlrl.engine.parts import Writer
+from comlrl.engine.policy_gradient import PolicyGradient
 from comlrl.metrics.hooks import ActorCriticCallback, StepValues
 from comlrl.models.loading import split_model_config
 from comlrl.models.value import Critic, EncodedInputs
@@ -41,8 +43,6 @@ from comlrl.trainers.actor_critic.critics import (
     frozen_values,
     joint_critic_text,
 )
-from comlrl.trainers.parts import Writer
-from comlrl.trainers.policy_gradient import PolicyGradient
 
 
 class ActorCritic(PolicyGradient):

@@ -7,17 +7,17 @@ from typing import Any
 
 from comlrl.compat.arguments import ACTOR_CRITIC_ORDER
 from comlrl.compat.trainer_attributes import IACAttributes, MAACAttributes
+from comlrl.engine.base import MultiAgentTrainer
+from comlrl.engine.inputs import CRITIC_INPUTS, TrainerInputs
+from comlrl.engine.parts import Parts, Schedule, TaskReward
 from comlrl.models.value import Critic
 from comlrl.trainers.actor_critic.config import ActorCriticConfig, IACConfig, MAACConfig
 from comlrl.trainers.actor_critic.critics import CriticEstimate, joint_critic_text
 from comlrl.trainers.actor_critic.objective import ActorCritic, actor_critic_parts
-from comlrl.trainers.base import MultiAgentTrainer
-from comlrl.trainers.inputs import CRITIC_INPUTS, TrainerInputs
-from comlrl.trainers.parts import Parts, Schedule, TaskReward
 
 
 class ActorCriticTrainer(MultiAgentTrainer):
-    """What IAC and MAAC share. Arguments: :class:`~comlrl.trainers.inputs.TrainerInputs`,
+    """What IAC and MAAC share. Arguments: :class:`~comlrl.engine.inputs.TrainerInputs`,
     with ``critic_model``, ``critics`` and ``critic_tokenizer``, positionally in the order of
     :data:`~comlrl.compat.arguments.ACTOR_CRITIC_ORDER`; ``args`` is the trainer's config.
 

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 import torch
 from transformers import AutoTokenizer
 
-from comlrl import sharding
+from comlrl.engine import sharding
 from comlrl.models.folders import check_model_source
 from comlrl.models.loading import load_agents
 from comlrl.models.lora import fresh_model, is_peft_model, merged_copy

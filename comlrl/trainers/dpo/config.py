@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from comlrl.compat.fields import inert, warn_inert_fields
-from comlrl.trainers.config import TrainerConfig
-from comlrl.trainers.config_checks import MAX_COEFFICIENT, check_choice, check_int, check_scalar
+from comlrl.engine.config import TrainerConfig
+from comlrl.engine.config_checks import MAX_COEFFICIENT, check_choice, check_int, check_scalar
 from comlrl.trainers.dpo.pairs import PAIR_SELECTIONS
 from comlrl.utils.checks import field_default
 
@@ -40,7 +40,7 @@ POLICY_GRADIENT_FIELDS = {
     "turn_weighting": "MADPO is single-turn",
     "sampler_ratio_cap": "the DPO loss has no sampling ratio to correct",
 }
-"""The policy-gradient trainers' fields (:class:`~comlrl.trainers.policy_gradient_config.PolicyGradientConfig`),
+"""The policy-gradient trainers' fields (:class:`~comlrl.engine.policy_gradient_config.PolicyGradientConfig`),
 which MADPO's config does not have, and why."""
 
 

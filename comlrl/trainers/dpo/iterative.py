@@ -29,7 +29,9 @@ from comlrl.compat.spellings import (
     respell,
 )
 from comlrl.compat.trainer_attributes import IterativeAttributes
-from comlrl.trainers.config_checks import check_bool, check_choice, check_int
+from comlrl.engine.config_checks import check_bool, check_choice, check_int
+from comlrl.engine.inputs import TrainerInputs
+from comlrl.engine.parts import MadeOnce, Parts, TaskReward
 from comlrl.trainers.dpo.api_comparator import secret_problem
 from comlrl.trainers.dpo.api_formats import API_FORMATS
 from comlrl.trainers.dpo.comparators import COMPARATORS
@@ -40,8 +42,6 @@ from comlrl.trainers.dpo.pairs import COMPARISON_SELECTIONS
 from comlrl.trainers.dpo.replay import REPLAY_MODES
 from comlrl.trainers.dpo.rounds import PreferenceRounds
 from comlrl.trainers.dpo.schedule import Rounds
-from comlrl.trainers.inputs import TrainerInputs
-from comlrl.trainers.parts import MadeOnce, Parts, TaskReward
 from comlrl.utils.checks import field_default, is_real
 
 __all__ = ["MADPOIterConfig", "MADPOIterTrainer"]

@@ -21,12 +21,12 @@ from typing import Any
 import torch
 
 from comlrl.algorithms import joint_action_indices
-from comlrl.distributed import DataParallel
+from comlrl.engine.centralized import CentralizedComparatorAdapter, CentralizedComparatorParseError
+from comlrl.engine.distributed import DataParallel
 from comlrl.rewards import JointReward
 from comlrl.rollout.generation import AgentRollout, rollout_from_texts
 from comlrl.rollout.prompt_fit import check_encodable
 from comlrl.rollout.tree import Turn
-from comlrl.trainers.centralized import CentralizedComparatorAdapter, CentralizedComparatorParseError
 
 
 class PrebuiltAnswers:

@@ -13,7 +13,7 @@ for the other trainers:
 
 With ``collaboration_mode="centralized"`` there is one agent, whose prompt asks for every
 role and whose responses are split into roles for the reward (set up as every centralized
-trainer, by :class:`~comlrl.trainers.centralized.CentralizedSetup`): the same steps, K = 1.
+trainer, by :class:`~comlrl.engine.centralized.CentralizedSetup`): the same steps, K = 1.
 """
 
 from __future__ import annotations
@@ -21,13 +21,13 @@ from __future__ import annotations
 from typing import Any
 
 from comlrl.compat.trainer_attributes import PreferenceAttributes
-from comlrl.trainers.base import MultiAgentTrainer
-from comlrl.trainers.centralized import CentralizedCollaboration
+from comlrl.engine.base import MultiAgentTrainer
+from comlrl.engine.centralized import CentralizedCollaboration
+from comlrl.engine.inputs import TrainerInputs
+from comlrl.engine.parts import MadeOnce, Parts, Schedule, TaskReward
 from comlrl.trainers.dpo.config import MADPOConfig
 from comlrl.trainers.dpo.objective import DirectPreference
 from comlrl.trainers.dpo.pairs import PreferencePair
-from comlrl.trainers.inputs import TrainerInputs
-from comlrl.trainers.parts import MadeOnce, Parts, Schedule, TaskReward
 
 __all__ = ["MADPOConfig", "MADPOTrainer", "PreferencePair"]
 
@@ -41,7 +41,7 @@ class MADPOTrainer(PreferenceAttributes, MultiAgentTrainer):
     """Multi-Agent Direct Preference Optimization: each agent learns from pairs of joint
     actions ranked by the task reward, through the joint policy's DPO loss.
 
-    Arguments: :class:`~comlrl.trainers.inputs.TrainerInputs` (with
+    Arguments: :class:`~comlrl.engine.inputs.TrainerInputs` (with
     ``centralized_comparator_adapter``); ``args`` is a :class:`MADPOConfig`.
     ``metrics_callback`` runs in ``evaluate()`` (a training step samples nothing).
 

@@ -21,16 +21,16 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from comlrl import sharding
 from comlrl.algorithms.dpo import agent_dpo_losses, joint_preference, others_deltas, preference_deltas
 from comlrl.checkpoint import read_state, read_tensors
+from comlrl.engine import sharding
+from comlrl.engine.parts import MadeOnce, Objective
+from comlrl.engine.update import learner_key, micro_batches
 from comlrl.models.forward import completion_logprobs
 from comlrl.models.placement import map_agents
 from comlrl.trainers.dpo.candidates import check_candidate_budget, sample_preference_pairs
 from comlrl.trainers.dpo.config import MADPOConfig
 from comlrl.trainers.dpo.pairs import PreferencePair, SequenceBatch, pair_batch
-from comlrl.trainers.parts import MadeOnce, Objective
-from comlrl.trainers.update import learner_key, micro_batches
 from comlrl.utils import stats as metric_stats
 from comlrl.utils.stats import Stat
 

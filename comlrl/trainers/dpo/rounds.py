@@ -32,14 +32,14 @@ from tqdm.auto import tqdm
 
 from comlrl.algorithms import joint_action_indices
 from comlrl.checkpoint import read_state, read_tensors, write_json
-from comlrl.rewards import JointReward
-from comlrl.rollout.backends import GenerationBackend
-from comlrl.rollout.tree import Turn
-from comlrl.trainers.centralized import (
+from comlrl.engine.centralized import (
     PARSE_FAILURE_METRIC,
     CentralizedComparatorAdapter,
     TaggedCentralizedComparatorAdapter,
 )
+from comlrl.rewards import JointReward
+from comlrl.rollout.backends import GenerationBackend
+from comlrl.rollout.tree import Turn
 from comlrl.trainers.dpo.comparators import build_comparator
 from comlrl.trainers.dpo.joint_comparator import JointComparator, using_backend
 from comlrl.trainers.dpo.pairs import (

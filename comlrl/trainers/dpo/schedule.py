@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from comlrl.optim import build_schedulers
+from comlrl.engine.optim import build_schedulers
+from comlrl.engine.parts import Schedule
 from comlrl.trainers.dpo.rounds import PreferenceRounds
-from comlrl.trainers.parts import Schedule
 
 
 class RoundConsumer(Protocol):

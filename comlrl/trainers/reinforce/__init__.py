@@ -1,7 +1,7 @@
 """REINFORCE-family multi-agent trainers: MAGRPO and its variants, one implementation, and
 centralized MAGRPO (one model writes every role)."""
 
-from comlrl.trainers.loop import TrainResult
+from comlrl.engine.loop import TrainResult
 from comlrl.trainers.reinforce.centralized import CentralizedMAGRPOConfig, CentralizedMAGRPOTrainer
 from comlrl.trainers.reinforce.config import MAGRPOConfig
 from comlrl.trainers.reinforce.trainer import MAGRPOTrainer

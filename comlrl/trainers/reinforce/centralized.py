@@ -1,12 +1,12 @@
 """Centralized MAGRPO: MAGRPO for ONE model that writes every role's output in one tagged
 response; the collaboration (prompts joined, responses split into roles) is
-:mod:`comlrl.trainers.centralized`'s."""
+:mod:`comlrl.engine.centralized`'s."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from comlrl.trainers.centralized import CentralizedCollaboration
+from comlrl.engine.centralized import CentralizedCollaboration
 from comlrl.trainers.reinforce.config import MAGRPOConfig
 from comlrl.trainers.reinforce.trainer import MAGRPOTrainer
 
@@ -43,7 +43,7 @@ class CentralizedMAGRPOConfig(MAGRPOConfig):
 class CentralizedMAGRPOTrainer(MAGRPOTrainer):
     """MAGRPO for ONE model that writes the output of every role in one response.
 
-    Its inputs (:class:`~comlrl.trainers.inputs.TrainerInputs`) mean here:
+    Its inputs (:class:`~comlrl.engine.inputs.TrainerInputs`) mean here:
 
     Args:
         agent_model / agents: the one model: ``agent_model``, or ``agents=[model]``.

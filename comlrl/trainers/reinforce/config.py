@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from comlrl.algorithms import BASELINES
-from comlrl.trainers.config_checks import check_bool, check_choice, check_fraction, check_int
-from comlrl.trainers.policy_gradient_config import PolicyGradientConfig
+from comlrl.engine.config_checks import check_bool, check_choice, check_fraction, check_int
+from comlrl.engine.policy_gradient_config import PolicyGradientConfig
 from comlrl.utils.caller import warn_once
 from comlrl.utils.checks import is_real
 

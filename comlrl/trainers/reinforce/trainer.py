@@ -1,7 +1,7 @@
 """MAGRPO: several LLM agents trained together with group-relative policy gradients on a
 shared (joint) reward.
 
-One training step, as the code reads (:meth:`comlrl.trainers.policy_gradient.PolicyGradient.step`;
+One training step, as the code reads (:meth:`comlrl.engine.policy_gradient.PolicyGradient.step`;
 the advantages are :class:`GroupAdvantages`'):
 
     rows ─formatters─▶ prompts per agent ─generate─▶ G completions per prompt and agent
@@ -18,11 +18,11 @@ from __future__ import annotations
 from typing import Any
 
 from comlrl.algorithms.returns import TreeAdvantages, tree_advantages
+from comlrl.engine.base import MultiAgentTrainer
+from comlrl.engine.inputs import TrainerInputs
+from comlrl.engine.parts import Parts, Schedule, TaskReward
+from comlrl.engine.policy_gradient import PolicyGradient
 from comlrl.rollout.tree import RolloutTree
-from comlrl.trainers.base import MultiAgentTrainer
-from comlrl.trainers.inputs import TrainerInputs
-from comlrl.trainers.parts import Parts, Schedule, TaskReward
-from comlrl.trainers.policy_gradient import PolicyGradient
 from comlrl.trainers.reinforce.config import MAGRPOConfig
 
 __all__ = ["GroupAdvantages", "MAGRPOTrainer"]
@@ -59,7 +59,7 @@ class GroupAdvantages(PolicyGradient):
 class MAGRPOTrainer(MultiAgentTrainer):
     """Multi-Agent Group Relative Policy Optimization: each agent's sample is scored against
     the other samples of its group (same prompt, same agent). Arguments: see
-    :class:`~comlrl.trainers.inputs.TrainerInputs`; ``args`` is a :class:`MAGRPOConfig`."""
+    :class:`~comlrl.engine.inputs.TrainerInputs`; ``args`` is a :class:`MAGRPOConfig`."""
 
     config_class = MAGRPOConfig
     """The config built when ``args`` is not given; variants only change this."""

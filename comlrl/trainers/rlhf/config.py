@@ -11,11 +11,11 @@ from typing import ClassVar
 import torch
 
 from comlrl.compat.spellings import RL_ALGORITHM_ALIASES, respell
+from comlrl.engine.config import TrainerConfig
+from comlrl.engine.config_checks import check_bool, check_choice, check_int, check_learning_rate
+from comlrl.engine.policy_gradient_config import PolicyGradientConfig
 from comlrl.trainers.actor_critic.config import IACConfig, MAACConfig
-from comlrl.trainers.config import TrainerConfig
-from comlrl.trainers.config_checks import check_bool, check_choice, check_int, check_learning_rate
 from comlrl.trainers.dpo.config import MADPOConfig
-from comlrl.trainers.policy_gradient_config import PolicyGradientConfig
 from comlrl.trainers.reinforce.centralized import CentralizedMAGRPOConfig
 from comlrl.trainers.reinforce.config import MAGRPOConfig
 from comlrl.trainers.reinforce.variants import MAREINFORCEConfig, MAReMaxConfig, MARLOOConfig

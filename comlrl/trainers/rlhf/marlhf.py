@@ -12,14 +12,14 @@ import os
 from typing import Any
 
 from comlrl.compat.trainer_attributes import MARLHFAttributes, PreferenceAttributes
+from comlrl.engine.base import MultiAgentTrainer
+from comlrl.engine.inputs import CRITIC_INPUTS, TrainerInputs
+from comlrl.engine.parts import Objective, Parts, Schedule
 from comlrl.models.folders import check_model_source
 from comlrl.models.loading import split_model_config
 from comlrl.models.reward_model import JointRewardModel
 from comlrl.trainers.actor_critic.objective import actor_critic_parts
-from comlrl.trainers.base import MultiAgentTrainer
 from comlrl.trainers.dpo.pairs import PreferencePair
-from comlrl.trainers.inputs import CRITIC_INPUTS, TrainerInputs
-from comlrl.trainers.parts import Objective, Parts, Schedule
 from comlrl.trainers.reinforce.trainer import GroupAdvantages
 from comlrl.trainers.rlhf.config import MAGRPO_BASELINES, MARLHFConfig
 from comlrl.trainers.rlhf.reward_model import FittedRewardModel
@@ -31,7 +31,7 @@ class MARLHFTrainer(PreferenceAttributes, MARLHFAttributes, MultiAgentTrainer):
     """Multi-Agent RLHF: a joint reward model fitted to preference pairs of the agents' own
     joint actions, then online RL on its scores (module docstring: the four phases).
 
-    Arguments: :class:`~comlrl.trainers.inputs.TrainerInputs`, with
+    Arguments: :class:`~comlrl.engine.inputs.TrainerInputs`, with
     ``centralized_comparator_adapter`` and, for ``rl_algorithm`` iac / maac, ``critic_model``,
     ``critics``, ``critic_tokenizer``; ``args`` is a :class:`MARLHFConfig`. The trainer is
     the RL phase's (its objective: that algorithm's, with the config

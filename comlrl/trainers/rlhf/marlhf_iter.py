@@ -20,11 +20,11 @@ from typing import Any, ClassVar
 
 from comlrl.compat.spellings import SCORING_REWARD_SPELLINGS, respell
 from comlrl.compat.trainer_attributes import IterativeAttributes
-from comlrl.trainers.config_checks import check_choice
+from comlrl.engine.config_checks import check_choice
+from comlrl.engine.parts import MadeOnce, Schedule
 from comlrl.trainers.dpo.iterative import MADPOIterConfig
 from comlrl.trainers.dpo.rounds import PreferenceRounds, Stream, round_generator
 from comlrl.trainers.dpo.schedule import Rounds
-from comlrl.trainers.parts import MadeOnce, Schedule
 from comlrl.trainers.rlhf.config import MARLHFConfig
 from comlrl.trainers.rlhf.marlhf import MARLHFTrainer
 from comlrl.trainers.rlhf.reward_model import FittedRewardModel

@@ -23,12 +23,12 @@ from tqdm.auto import tqdm
 
 from comlrl.algorithms.reward_model import bradley_terry_loss, pair_accuracy
 from comlrl.checkpoint import write_folders
-from comlrl.distributed import DataParallel
+from comlrl.engine.distributed import DataParallel
+from comlrl.engine.parts import MadeOnce, RewardSource, Writer
 from comlrl.models.modes import disable_dropout
 from comlrl.models.reward_model import JointRewardModel, RewardModelFunction, joint_reward_text
 from comlrl.trainers.dpo.candidates import check_candidate_budget, sample_preference_pairs
 from comlrl.trainers.dpo.pairs import PreferencePair
-from comlrl.trainers.parts import MadeOnce, RewardSource, Writer
 
 REWARD_MODEL_FOLDER = "reward_model"
 """Where the fitted reward model goes: in ``output_dir``, in every checkpoint, in ``save_model``'s folder."""

@@ -15,9 +15,9 @@ from typing import Any
 
 import torch
 
-from comlrl import sharding
 from comlrl.checkpoint import describe_agent, load_weights
 from comlrl.compat.value_heads import plain_agents
+from comlrl.engine import sharding
 from comlrl.models.loading import (
     ModelConfig,
     check_agents,
@@ -54,7 +54,7 @@ class Agents(Sequence[torch.nn.Module]):
         placed: whether ``agent_devices`` (or torchrun on GPUs) chose the devices.
 
     With ``sharding_mode`` other than ``"replicate"`` the models are sharded over the ranks
-    (:mod:`comlrl.sharding`): whole for sampling and every forward without gradient
+    (:mod:`comlrl.engine.sharding`): whole for sampling and every forward without gradient
     (:meth:`frozen`, :meth:`for_sampling`), sharded for their gradient passes (:meth:`trainable`).
     """
 
@@ -88,7 +88,7 @@ class Agents(Sequence[torch.nn.Module]):
                     what = f"agent {self.models.index(model)}"
                     sharding.shard_model(model, sharding_mode, torch.bfloat16 if bf16 else None, what)
         self.parameters = [trainable_parameters(m, a) for m, a in zip(self.models, self.adapters)]
-        for model in unique(self.models):  # whole until a gradient pass (comlrl.sharding)
+        for model in unique(self.models):  # whole until a gradient pass (comlrl.engine.sharding)
             sharding.gather(model)
         self._whole: dict[int, dict[str, torch.Tensor]] = {}
 

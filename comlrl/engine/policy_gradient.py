@@ -14,11 +14,11 @@ from typing import Any, NamedTuple
 import torch
 
 from comlrl.algorithms.shaping import kl_shaped_rewards, sequence_kl
+from comlrl.engine.parts import Objective
+from comlrl.engine.update import Estimate, FrozenLogprobs, PolicyUpdate, minibatch_count
 from comlrl.metrics.hooks import rollout_samples
 from comlrl.metrics.rollout import completion_samples, rollout_metrics
 from comlrl.rollout.tree import RolloutTree
-from comlrl.trainers.parts import Objective
-from comlrl.trainers.update import Estimate, FrozenLogprobs, PolicyUpdate, minibatch_count
 from comlrl.utils import stats as metric_stats
 
 

@@ -105,7 +105,7 @@ class DataParallel:
 
     def sum_gradients(self, parameters: Iterable[torch.nn.Parameter]) -> None:
         """Sum every parameter's gradient over the ranks, one flat buffer per device and dtype.
-        Sharded parameters (:mod:`comlrl.sharding`) are skipped: FSDP summed their gradients
+        Sharded parameters (:mod:`comlrl.engine.sharding`) are skipped: FSDP summed their gradients
         into each rank's slice during the backward pass."""
         if not self.enabled:
             return

@@ -1,4 +1,4 @@
-"""The three parts an algorithm is made of, which :class:`~comlrl.trainers.base.MultiAgentTrainer`
+"""The three parts an algorithm is made of, which :class:`~comlrl.engine.base.MultiAgentTrainer`
 wires; a trainer class only says which (its ``parts``):
 
 - an **objective**: what one training step learns from and how (group advantages and the

@@ -1,6 +1,6 @@
 """What a trainer is given besides its config, declared once for every trainer: the agents,
 the data, the reward and the hooks. Each trainer class names the optional inputs it also
-takes (:attr:`~comlrl.trainers.base.MultiAgentTrainer.optional_inputs`: critics, a
+takes (:attr:`~comlrl.engine.base.MultiAgentTrainer.optional_inputs`: critics, a
 centralized adapter, a training reward); an input of another trainer is refused by name.
 Positional calls are read in :mod:`comlrl.compat.arguments`, before anything here."""
 
@@ -96,7 +96,7 @@ class TrainerInputs:
     centralized_comparator_adapter: Any = None
     """Centralized collaboration (one model writes every role): joins the roles' prompts into
     the model's prompt and splits its responses into roles (default
-    :class:`~comlrl.trainers.centralized.TaggedCentralizedComparatorAdapter`). MADPO,
+    :class:`~comlrl.engine.centralized.TaggedCentralizedComparatorAdapter`). MADPO,
     MARLHF and their iterative trainers: also the adapter of a comparator that writes every
     agent's part (``comparator_generation_mode="centralized"``)."""
     critic_model: Any = None

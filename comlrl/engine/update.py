@@ -26,18 +26,18 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from comlrl import sharding
 from comlrl.algorithms import policy_gradient_loss, turn_token_weights
 from comlrl.algorithms.sampler_correction import sampler_logprob_gap, truncated_importance_weights
-from comlrl.distributed import DataParallel
+from comlrl.engine import sharding
+from comlrl.engine.agents import Agents
+from comlrl.engine.config import TrainerConfig
+from comlrl.engine.distributed import DataParallel
+from comlrl.engine.optim import Learners
 from comlrl.models.forward import completion_logprobs
 from comlrl.models.placement import map_agents
-from comlrl.optim import Learners
 from comlrl.rollout import AgentRollout
 from comlrl.rollout.sampling import SamplingSpec
 from comlrl.rollout.tree import RolloutTree
-from comlrl.trainers.agents import Agents
-from comlrl.trainers.config import TrainerConfig
 from comlrl.utils import stats
 from comlrl.utils.stats import Stat
 

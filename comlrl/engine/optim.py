@@ -10,9 +10,9 @@ from collections.abc import Callable, Iterable, Sequence
 import torch
 from transformers import get_scheduler
 
-from comlrl import sharding
-from comlrl.distributed import DataParallel
-from comlrl.master_weights import MasterWeights
+from comlrl.engine import sharding
+from comlrl.engine.distributed import DataParallel
+from comlrl.engine.master_weights import MasterWeights
 from comlrl.utils.per_agent import per_agent
 
 # Our names -> transformers' schedule names; each warms up linearly over the warmup steps.
@@ -55,8 +55,8 @@ def build_schedulers(
 class Learners:
     """Everything a trainer optimizes, as named parameter sets ("agent 0", "critic 0", ...),
     each with its own AdamW and learning-rate schedule; with ``fp32_masters``, the optimizer
-    steps fp32 masters of the lower-precision parameters (see :mod:`comlrl.master_weights`).
-    A learner whose parameters are sharded (:mod:`comlrl.sharding`) checks and checkpoints
+    steps fp32 masters of the lower-precision parameters (see :mod:`comlrl.engine.master_weights`).
+    A learner whose parameters are sharded (:mod:`comlrl.engine.sharding`) checks and checkpoints
     them together with the other ranks of ``parallel``."""
 
     def __init__(self, fp32_masters: bool = False, parallel: DataParallel | None = None) -> None:

@@ -1,10 +1,10 @@
 """The engine every multi-agent trainer is: one constructor, wired from the trainer's parts
-(:mod:`comlrl.trainers.parts`: an objective, a reward source, a schedule), the agents
-(:mod:`comlrl.trainers.agents`), the rollout tree and rewards (:mod:`comlrl.rollout`), the
-loop (:mod:`comlrl.trainers.loop`), checkpoints (:mod:`comlrl.checkpoint`), evaluation and
+(:mod:`comlrl.engine.parts`: an objective, a reward source, a schedule), the agents
+(:mod:`comlrl.engine.agents`), the rollout tree and rewards (:mod:`comlrl.rollout`), the
+loop (:mod:`comlrl.engine.loop`), checkpoints (:mod:`comlrl.checkpoint`), evaluation and
 saving. A trainer class is this one plus its config class and its parts.
 
-One training step of the MAGRPO family (:meth:`comlrl.trainers.policy_gradient.PolicyGradient.step`):
+One training step of the MAGRPO family (:meth:`comlrl.engine.policy_gradient.PolicyGradient.step`):
 
     rows ─formatters─▶ prompts ─generate (one call per agent and turn)─▶ completions
     ─joint actions─▶ rewards [─transition─▶ next turn's prompts ...] = rollout tree
@@ -28,6 +28,12 @@ from comlrl.checkpoint.config_record import config_record
 from comlrl.compat import rewards as reward_calls
 from comlrl.compat.arguments import POSITIONAL_ORDER, named_arguments
 from comlrl.compat.trainer_attributes import TrainerAttributes
+from comlrl.engine.config import TrainerConfig
+from comlrl.engine.evaluation import evaluate
+from comlrl.engine.inputs import TrainerInputs, call_signature
+from comlrl.engine.loop import CheckpointPlan, TrainingLoop, TrainResult
+from comlrl.engine.parts import Parts, Writer, raise_second_train
+from comlrl.engine.setup import set_up
 from comlrl.metrics.sinks import run_sinks
 from comlrl.rewards import JointReward
 from comlrl.rollout import AgentRollout
@@ -35,18 +41,12 @@ from comlrl.rollout.backends import generate_agents
 from comlrl.rollout.prompts import PromptTable
 from comlrl.rollout.sampling import SamplingSpec
 from comlrl.rollout.tree import RolloutTree, build_tree
-from comlrl.trainers.config import TrainerConfig
-from comlrl.trainers.evaluation import evaluate
-from comlrl.trainers.inputs import TrainerInputs, call_signature
-from comlrl.trainers.loop import CheckpointPlan, TrainingLoop, TrainResult
-from comlrl.trainers.parts import Parts, Writer, raise_second_train
-from comlrl.trainers.setup import set_up
 from comlrl.utils.cpu_memory import kept_freed_memory
 
 
 class MultiAgentTrainer(TrainerAttributes, abc.ABC):
     """Trains N LLM agents together on a shared reward. Its arguments are
-    :class:`~comlrl.trainers.inputs.TrainerInputs` (every one documented there) and ``args``,
+    :class:`~comlrl.engine.inputs.TrainerInputs` (every one documented there) and ``args``,
     the config (a ``config_class``; default ``config_class()``); positionally, in the order of
     ``positional_order``. A trainer class says its config class and its ``parts``.
     """
@@ -56,7 +56,7 @@ class MultiAgentTrainer(TrainerAttributes, abc.ABC):
     positional_order: ClassVar[tuple[str, ...]] = POSITIONAL_ORDER
     """The order positional arguments are read in (:mod:`comlrl.compat.arguments`)."""
     optional_inputs: ClassVar[frozenset[str]] = frozenset()
-    """The inputs beyond :data:`~comlrl.trainers.inputs.COMMON_INPUTS` this trainer takes."""
+    """The inputs beyond :data:`~comlrl.engine.inputs.COMMON_INPUTS` this trainer takes."""
     algorithm_name = "train"
     """Shown on the progress bar; names the run folders of configs without an ``output_dir``."""
     centralized_label: ClassVar[str | None] = None
@@ -97,7 +97,7 @@ class MultiAgentTrainer(TrainerAttributes, abc.ABC):
         return args
 
     # ----------------------------------------------------------------------------------------
-    # set-up (the rest: comlrl.trainers.setup)
+    # set-up (the rest: comlrl.engine.setup)
     # ----------------------------------------------------------------------------------------
     def joint_reward(self, func: Any, processor: Any = None, weights: Any = None, call: str = "batch") -> JointReward:
         """``func`` called on this trainer's joint actions, as its objective calls rewards. The
@@ -280,7 +280,7 @@ class MultiAgentTrainer(TrainerAttributes, abc.ABC):
     # ----------------------------------------------------------------------------------------
     def evaluate(self, num_eval_samples: int | None = None) -> dict[str, float]:
         """Score the first ``eval_num_samples`` rows of ``eval_dataset``
-        (:func:`comlrl.trainers.evaluation.evaluate` says how)."""
+        (:func:`comlrl.engine.evaluation.evaluate` says how)."""
         return evaluate(self, num_eval_samples)
 
     # ----------------------------------------------------------------------------------------

@@ -1,13 +1,13 @@
 """What the policy-gradient trainers' configs add to the shared fields
-(:class:`~comlrl.trainers.config.TrainerConfig`)."""
+(:class:`~comlrl.engine.config.TrainerConfig`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from comlrl.algorithms import LOSS_AGGREGATIONS, TURN_WEIGHTINGS
-from comlrl.trainers.config import TrainerConfig
-from comlrl.trainers.config_checks import (
+from comlrl.engine.config import TrainerConfig
+from comlrl.engine.config_checks import (
     MAX_COEFFICIENT,
     check_bool,
     check_choice,

@@ -12,12 +12,7 @@ from typing import Any, ClassVar
 from comlrl.algorithms import JOINT_MODES
 from comlrl.compat.fields import apply_renamed_fields, renamed
 from comlrl.compat.spellings import JOINT_MODE_SPELLINGS, PARALLEL_TRAINING_SPELLINGS, respell
-from comlrl.optim import LR_SCHEDULES
-from comlrl.rewards.joint_reward import REWARD_CALLS
-from comlrl.rollout.backends import BACKENDS
-from comlrl.rollout.sampling import SamplingSpec, check_generation_kwargs
-from comlrl.sharding import SHARDING_MODES
-from comlrl.trainers.config_checks import (
+from comlrl.engine.config_checks import (
     MAX_COEFFICIENT,
     MAX_NEW_TOKENS,
     PRECISIONS,
@@ -30,6 +25,11 @@ from comlrl.trainers.config_checks import (
     refuse_number_strings,
     unknown_fields_error,
 )
+from comlrl.engine.optim import LR_SCHEDULES
+from comlrl.engine.sharding import SHARDING_MODES
+from comlrl.rewards.joint_reward import REWARD_CALLS
+from comlrl.rollout.backends import BACKENDS
+from comlrl.rollout.sampling import SamplingSpec, check_generation_kwargs
 from comlrl.utils.checks import is_real
 
 

@@ -1,5 +1,5 @@
 """How a trainer is built: the one constructor every trainer shares
-(:class:`~comlrl.trainers.base.MultiAgentTrainer` calls :func:`set_up` with its config and
+(:class:`~comlrl.engine.base.MultiAgentTrainer` calls :func:`set_up` with its config and
 inputs). The order matters where one thing reads another: the parts first (they may change
 the inputs: a critic's keys out of ``model_config``), the centralized set-up (one agent for
 every role), the agents (with references if the objective needs them), the rewards (called as
@@ -14,22 +14,22 @@ from typing import Any
 import torch
 
 from comlrl.algorithms import joint_action_indices
-from comlrl.distributed import DataParallel
+from comlrl.engine.agents import Agents
+from comlrl.engine.centralized import CentralizedSetup, refuse_unused_adapter
+from comlrl.engine.config import TrainerConfig
+from comlrl.engine.distributed import DataParallel
+from comlrl.engine.inputs import TrainerInputs, check_required_inputs
+from comlrl.engine.optim import Learners, per_agent_learning_rates
 from comlrl.metrics.evaluation import EvalHooks
 from comlrl.metrics.hooks import MetricsCallback
 from comlrl.models.hardware import warn_if_bf16_is_emulated
 from comlrl.models.loading import split_model_config
-from comlrl.optim import Learners, per_agent_learning_rates
 from comlrl.rollout.backends import build_backend
 from comlrl.rollout.prompt_fit import check_prompts_fit
 from comlrl.rollout.prompts import PromptTable
 from comlrl.rollout.sampling import SamplingSpec, check_generation_names
 from comlrl.rollout.transition import Transition
 from comlrl.rollout.tree import check_tree_budget
-from comlrl.trainers.agents import Agents
-from comlrl.trainers.centralized import CentralizedSetup, refuse_unused_adapter
-from comlrl.trainers.config import TrainerConfig
-from comlrl.trainers.inputs import TrainerInputs, check_required_inputs
 
 
 def set_up(trainer: Any, args: TrainerConfig, inputs: TrainerInputs) -> None:
