@@ -153,8 +153,7 @@ class GivenHeads:
 def _fitted(given: ValueHead, critic: Critic, where: str, trainer: str) -> ValueHead:
     """``given``, checked against the head ``trainer`` built for ``critic`` from its config, on
     that head's device in float32."""
-    built = critic.head
-    setting = "value_head_hidden_dim" if critic.agent is not None else "critic_value_head_hidden_dim"
+    built, setting = critic.head, critic.width_setting
     if given.num_values != built.num_values:
         raise ValueError(
             f"{where}'s value head gives one value, but {trainer}'s centralized critic gives one per agent "

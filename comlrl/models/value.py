@@ -152,6 +152,11 @@ class Critic:
     """Index of the agent whose model is the backbone (a value head on the agent), or None
     for a separate critic model."""
 
+    @property
+    def width_setting(self) -> str:
+        """The config field that sizes this critic's value head."""
+        return "value_head_hidden_dim" if self.agent is not None else "critic_value_head_hidden_dim"
+
     def parameters(self) -> list[nn.Parameter]:
         """What the critic's optimizer trains: the head, and a separate backbone's weights (the
         shared backbone of a value head on an agent is trained by that agent's optimizer, and

@@ -122,11 +122,6 @@ def critic_learning_rates(
     ]
 
 
-def width_setting(critic: Critic) -> str:
-    """The config field that sizes ``critic``'s value head."""
-    return "value_head_hidden_dim" if critic.agent is not None else "critic_value_head_hidden_dim"
-
-
 def _heads_on_agents(setup: _Setup, width: int | None) -> list[Critic]:
     """IAC without a separate critic: a value head on each agent's own model; an agent saved
     with its head keeps it."""
@@ -299,7 +294,7 @@ def _load_saved_head(critic: Critic, source: str) -> None:
     path = saved_head_file(folder) if os.path.isdir(folder) else None
     if path is None:
         return
-    critic.head.load(folder, width_setting(critic))
+    critic.head.load(folder, critic.width_setting)
     warn_if_original_head(critic.name, path)
 
 

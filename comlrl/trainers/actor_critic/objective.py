@@ -33,7 +33,7 @@ from comlrl.models.loading import split_model_config
 from comlrl.models.value import Critic, EncodedInputs
 from comlrl.rollout.tree import RolloutTree, Turn
 from comlrl.trainers.actor_critic.config import ActorCriticConfig
-from comlrl.trainers.actor_critic.critic_setup import build_critics, critic_learning_rates, width_setting
+from comlrl.trainers.actor_critic.critic_setup import build_critics, critic_learning_rates
 from comlrl.trainers.actor_critic.critics import (
     CentralizedCritic,
     CriticEstimate,
@@ -200,7 +200,7 @@ class ActorCritic(PolicyGradient):
         load_weights(path, [critic.backbone for critic in separate], [None] * len(separate), prefix="critic")
         for c, critic in enumerate(self.critics):
             folder = f"agent_{critic.agent}" if critic.agent is not None else f"critic_{c}"
-            critic.head.load(os.path.join(path, folder), width_setting(critic))
+            critic.head.load(os.path.join(path, folder), critic.width_setting)
 
 
 def describe_input(turn: Turn, count: int, k: int) -> str:
