@@ -326,9 +326,9 @@ class GivenPairsStage(FittedRewardModel):
     greedy sampling, which makes the RL phase's rollouts equal whatever the ranks, would make
     every candidate of a prompt alike, and so no pair."""
 
-    def fit(self, trainer) -> dict[str, float]:
+    def fit(self) -> dict[str, float]:
         seed = self.args.seed
-        return self.fit_pairs(trainer, marlhf_pairs(), seeded(seed), seeded(seed + 1))
+        return self.fit_pairs(marlhf_pairs(), seeded(seed), seeded(seed + 1))
 
 
 class MARLHFOnGivenPairs(MARLHFTrainer):

@@ -39,14 +39,14 @@ def kill_in_rotation(output_dir: str) -> None:
 
 def interrupt_twice(output_dir: str) -> None:
     trainer = interrupted_trainer(Path(output_dir))
-    write_models = trainer.write_models
+    write_models = trainer.run.models.write
 
     def write_then_interrupt(folder: str) -> None:
         write_models(folder)
         if os.path.basename(folder) == "checkpoint-2.partial":  # the save the first SIGINT asked for
             os.kill(os.getpid(), signal.SIGINT)
 
-    trainer.write_models = write_then_interrupt
+    trainer.run.models.write = write_then_interrupt
     trainer.train()
     print("train() returned", flush=True)
 

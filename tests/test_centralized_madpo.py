@@ -131,7 +131,7 @@ def test_the_loss_and_gradient_are_single_agent_dpo_on_the_joint_response(tmp_pa
     expected = torch.autograd.grad(loss, list(model.parameters()))
 
     madpo.learners.zero_grad()  # the update's backward, one pair per forward (micro_batch_size=2)
-    madpo.objective.agent_backward(madpo, 0, madpo.objective.batch(madpo, madpo.pairs, 0), torch.zeros(2), None, 2)
+    madpo.objective.agent_backward(0, madpo.objective.batch(madpo.pairs, 0), torch.zeros(2), None, 2)
     for parameter, want in zip(model.parameters(), expected):
         torch.testing.assert_close(parameter.grad, want, atol=1e-6, rtol=1e-4)
     metrics = madpo.step([0, 1]).metrics  # before its update
@@ -176,7 +176,7 @@ def test_eval_logger_gets_role_texts_and_metrics_callback_one_sample_per_role(tm
         joint.append(completions[0])
         return role_hooks(completions, rows, prompts, num_turns)
 
-    madpo.eval_hooks = spy
+    object.__setattr__(madpo.run, "eval_hooks", spy)  # the run is frozen: the test swaps its hooks for a spy
     metrics = madpo.evaluate()
     split = [madpo.collaboration.split(turns[0], row) for turns, row in zip(joint[0], rows)]
     assert logged[0] == [[[texts[role]] for texts in split] for role in range(2)]  # [role][row][turn]

@@ -13,6 +13,7 @@ from comlrl.algorithms.losses import (
     token_weights,
     turn_token_weights,
 )
+from comlrl.algorithms.policy_terms import micro_batch_policy_terms
 from comlrl.trainers.reinforce import MAGRPOConfig
 
 # S = 2 sequences, T = 3 tokens; the third token of sequence 0 is padding.
@@ -344,3 +345,30 @@ def test_bad_turn_weighting():
     with pytest.raises(ValueError, match=r"turn_weighting='turn'; expected one of \['episode', 'sequence'\]"):
         MAGRPOConfig(turn_weighting="turn")
     assert MAGRPOConfig().turn_weighting == "episode"
+
+
+def test_micro_batch_terms_weight_each_token_by_the_capped_sampler_ratio_by_hand():
+    """One completion of two tokens, advantage 2, learner probabilities (0.5, 0.25), sampler's
+    (0.25, 0.5), cap 1.5: ratios to the sampler 2 and 0.5 -> weights (1.5, 0.5), one capped;
+    gap |ln 2| + |ln 0.5| = 2 ln 2 over 2 tokens; loss -2 * (1.5 + 0.5) = -4, gradient -2 * w."""
+    token_logps = torch.log(torch.tensor([[0.5, 0.25]])).requires_grad_()
+    sampler = torch.log(torch.tensor([[0.25, 0.5]]))
+    mask = torch.tensor([[True, True]])
+    terms = micro_batch_policy_terms(
+        token_logps, torch.tensor([2.0]), mask, torch.ones(1), sampler_logps=sampler, sampler_ratio_cap=1.5
+    )
+    terms.loss.loss.backward()
+    assert terms.loss.loss.item() == pytest.approx(-4.0)
+    assert token_logps.grad[0].tolist() == pytest.approx([-3.0, -1.0])
+    assert terms.sampler_gap.item() == pytest.approx(2 * math.log(2))
+    assert (terms.sampler_tokens.item(), terms.capped.item()) == (2, 1)
+
+
+def test_micro_batch_terms_without_sampler_logprobs_are_the_plain_loss_and_no_gap():
+    """Without the sampler's log-probs nothing is weighted (loss -2 per token) and the gap's sums are 0."""
+    token_logps = torch.log(torch.tensor([[0.5, 0.25]]))
+    terms = micro_batch_policy_terms(
+        token_logps, torch.tensor([2.0]), torch.tensor([[True, True]]), torch.ones(1), sampler_ratio_cap=1.5
+    )
+    assert terms.loss.loss.item() == pytest.approx(-4.0)
+    assert (terms.sampler_gap.item(), terms.sampler_tokens.item(), terms.capped.item()) == (0.0, 0.0, 0.0)

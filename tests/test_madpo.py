@@ -58,11 +58,7 @@ def margins(madpo_trainer, pairs):
     """(agents, pairs) margins of the agents as they are now."""
     return torch.stack(
         [
-            preference_deltas(
-                *madpo_trainer.objective.frozen_logps(
-                    madpo_trainer, i, madpo_trainer.objective.batch(madpo_trainer, pairs, i)
-                )
-            )
+            preference_deltas(*madpo_trainer.objective.frozen_logps(i, madpo_trainer.objective.batch(pairs, i)))
             for i in range(madpo_trainer.num_agents)
         ]
     )
@@ -218,13 +214,11 @@ def test_each_agent_gets_the_joint_losss_gradient_micro_batch_by_micro_batch(tmp
     madpo_trainer = trainer(tmp_path, args=config(tmp_path, micro_batch_size=2, preference_pairs_per_sample=3))
     madpo_trainer.prepare(None)
     pairs = madpo_trainer.pairs[:3]
-    batches = [madpo_trainer.objective.batch(madpo_trainer, pairs, i) for i in range(2)]
+    batches = [madpo_trainer.objective.batch(pairs, i) for i in range(2)]
     parameters = [p for agent in madpo_trainer.agents for p in agent.parameters()]
     # the joint loss, every agent's graph at once, no micro-batches
     logps = [
-        madpo_trainer.objective.sequence_logps(
-            madpo_trainer, madpo_trainer.agents.trainable(i), batches[i], slice(None)
-        )
+        madpo_trainer.objective.sequence_logps(madpo_trainer.agents.trainable(i), batches[i], slice(None))
         for i in range(2)
     ]
     deltas = torch.stack([preference_deltas(chosen, rejected) for chosen, rejected in logps])
@@ -233,7 +227,7 @@ def test_each_agent_gets_the_joint_losss_gradient_micro_batch_by_micro_batch(tmp
     madpo_trainer.learners.zero_grad()
     others = others_deltas(deltas.detach())
     for i in range(2):
-        madpo_trainer.objective.agent_backward(madpo_trainer, i, batches[i], others[i], None, len(others[i]))
+        madpo_trainer.objective.agent_backward(i, batches[i], others[i], None, len(others[i]))
     for got, want in zip([p.grad for p in parameters], expected):
         torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-4)
 

@@ -264,10 +264,12 @@ def test_the_current_comparator_samples_from_its_own_stream(tmp_path):
     madpo = trainer(tmp_path)
     torch.manual_seed(0)
     before = torch.get_rng_state()
-    with rounds.sampling_with(madpo, madpo.backend, rounds.round_generator(42, 0, rounds.Stream.COMPARATOR)):
-        theirs = rounds.candidates(madpo, [0], 4)
+    with rounds.sampling_with(
+        madpo.rollout, madpo.backend, rounds.round_generator(42, 0, rounds.Stream.COMPARATOR)
+    ) as comparator:
+        theirs = rounds.candidates(madpo.run, [0], 4, rollout=comparator)
     assert torch.equal(torch.get_rng_state(), before)
-    mine = rounds.candidates(madpo, [0], 4)
+    mine = rounds.candidates(madpo.run, [0], 4)
     assert mine.agents[0].texts != theirs.agents[0].texts
 
 
@@ -281,7 +283,7 @@ def test_current_copy_stays_frozen_while_the_policy_trains(tmp_path):
     madpo.step(list(range(2)))
     assert not same(flat(madpo.agents), start) and same(flat(copies), start)
     trained = flat(madpo.agents)
-    madpo.schedule.start_epoch(madpo, 1)  # round 2: a new copy of the policy as it is now
+    madpo.schedule.start_epoch(1)  # round 2: a new copy of the policy as it is now
     assert same(flat(madpo.rounds.comparator.models), trained)
 
 
@@ -292,11 +294,11 @@ def test_the_history_comparator_is_really_k_rounds_old(tmp_path):
     initial = flat(madpo.agents)
     assert same(flat(madpo.rounds.comparator.models), initial)  # round 1 compares with the initial policy
     madpo.step(list(range(2)))
-    madpo.schedule.start_epoch(madpo, 1)
+    madpo.schedule.start_epoch(1)
     round2 = flat(madpo.agents)
     assert same(flat(madpo.rounds.comparator.models), initial) and not same(round2, initial)  # not the current policy
     madpo.step(list(range(2)))
-    madpo.schedule.start_epoch(madpo, 2)
+    madpo.schedule.start_epoch(2)
     assert same(flat(madpo.rounds.comparator.models), round2) and not same(flat(madpo.agents), round2)
     assert set(madpo.rounds.comparator.snapshots) == set()  # no later round needs any
 

@@ -162,7 +162,9 @@ def test_what_ranks_a_rounds_candidates(folder, monkeypatch, scoring):
     monkeypatch.setattr(
         rounds,
         "candidates",
-        lambda tr, rows, count, reward=None: rewards.append(reward) or sample(tr, rows, count, reward),
+        lambda tr, rows, count, reward=None, rollout=None: (
+            rewards.append(reward) or sample(tr, rows, count, reward, rollout)
+        ),
     )
     run = trainer(folder, args=config(folder, preference_scoring_reward=scoring))
     run.train()

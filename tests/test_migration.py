@@ -13,11 +13,11 @@ from comlrl.algorithms.shaping import kl_shaped_rewards, sequence_kl
 from comlrl.checkpoint.run_folder import earlier_run
 from comlrl.compat.moved import MOVED_MODULES, MOVED_NAMES, MovedNameError
 from comlrl.compat.paths import PATHS
-from comlrl.engine.policy_gradient import reference_kl_shaped
 from comlrl.engine.update import node_sequences, subtree_nodes
 from comlrl.metrics.sinks import wandb_init_kwargs
 from comlrl.models.forward import completion_logprobs
 from comlrl.trainers import IACConfig, MAGRPOConfig, MAGRPOTrainer, MAReMaxTrainer, MARLOOConfig, MARLOOTrainer
+from comlrl.trainers.reinforce.objective import reference_kl_shaped
 from tests.helpers import (
     DATA,
     char_tokenizer,

@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-import comlrl.engine.update as update_module
+import comlrl.algorithms.policy_terms as policy_terms
 from comlrl.trainers.reinforce import MAGRPOTrainer
 
 from .helpers import (
@@ -226,13 +226,13 @@ def test_bad_reward_stops_before_any_update_or_output(tmp_path, reward, error, m
 
 
 def test_non_finite_loss_stops_without_touching_weights(tmp_path, monkeypatch):
-    real = update_module.policy_gradient_loss
+    real = policy_terms.policy_gradient_loss
 
     def nan_loss(*args, **kwargs):
         out = real(*args, **kwargs)
         return out._replace(loss=out.loss * math.nan)
 
-    monkeypatch.setattr(update_module, "policy_gradient_loss", nan_loss)
+    monkeypatch.setattr(policy_terms, "policy_gradient_loss", nan_loss)
     trainer = make_trainer(tmp_path)
     before = snapshot(trainer.agents)
     with pytest.raises(FloatingPointError, match="agent 0 has a non-finite loss"):

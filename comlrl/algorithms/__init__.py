@@ -15,6 +15,7 @@ from comlrl.algorithms.losses import (
     turn_token_weights,
 )
 from comlrl.algorithms.masks import completion_mask
+from comlrl.algorithms.policy_terms import PolicyTerms, micro_batch_policy_terms
 from comlrl.algorithms.reward_model import bradley_terry_loss, pair_accuracy
 
 __all__ = [
@@ -24,6 +25,7 @@ __all__ = [
     "LOSS_AGGREGATIONS",
     "TURN_WEIGHTINGS",
     "PolicyLoss",
+    "PolicyTerms",
     "agent_dpo_losses",
     "bradley_terry_loss",
     "completion_mask",
@@ -31,6 +33,7 @@ __all__ = [
     "joint_action_indices",
     "joint_preference",
     "k3_kl",
+    "micro_batch_policy_terms",
     "others_deltas",
     "pair_accuracy",
     "per_agent_returns",

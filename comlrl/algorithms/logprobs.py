@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import Tensor
+from torch.autograd.function import FunctionCtx
 
 
 def selective_log_softmax(logits: Tensor, token_ids: Tensor, temperature: float = 1.0) -> Tensor:
@@ -26,7 +25,7 @@ def selective_log_softmax(logits: Tensor, token_ids: Tensor, temperature: float 
 
 class _SelectiveLogSoftmax(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, logits: Tensor, token_ids: Tensor, temperature: float) -> Tensor:
+    def forward(ctx: FunctionCtx, logits: Tensor, token_ids: Tensor, temperature: float) -> Tensor:
         num_tokens = token_ids.shape[1]
         normalisers = torch.empty(token_ids.shape, dtype=torch.float32, device=logits.device)
         for s in range(logits.shape[0]):
@@ -37,7 +36,7 @@ class _SelectiveLogSoftmax(torch.autograd.Function):
         return chosen - normalisers
 
     @staticmethod
-    def backward(ctx: Any, grad_output: Tensor) -> tuple[Tensor, None, None]:
+    def backward(ctx: FunctionCtx, grad_output: Tensor) -> tuple[Tensor, None, None]:
         logits, token_ids, normalisers = ctx.saved_tensors
         temperature, num_tokens = ctx.temperature, token_ids.shape[1]
         grad_logits = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
@@ -98,7 +97,9 @@ def _exp_in_place(logits: Tensor, normalise: bool) -> Tensor:
 
 class _HeadLogSoftmax(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, hidden: Tensor, weight: Tensor, token_ids: Tensor, temperature: float, keep: bool) -> Tensor:
+    def forward(
+        ctx: FunctionCtx, hidden: Tensor, weight: Tensor, token_ids: Tensor, temperature: float, keep: bool
+    ) -> Tensor:
         rows, num_tokens = token_ids.shape
         flat_hidden = hidden[:, :num_tokens].reshape(rows * num_tokens, hidden.shape[-1])
         flat_ids = token_ids.reshape(-1)
@@ -116,7 +117,7 @@ class _HeadLogSoftmax(torch.autograd.Function):
         return (chosen - normalisers).reshape(rows, num_tokens)
 
     @staticmethod
-    def backward(ctx: Any, grad_output: Tensor) -> tuple[Tensor | None, Tensor | None, None, None, None]:
+    def backward(ctx: FunctionCtx, grad_output: Tensor) -> tuple[Tensor | None, Tensor | None, None, None, None]:
         flat_hidden, weight, flat_ids, normalisers = ctx.saved_tensors
         kept, ctx.kept = ctx.kept, None
         scale = grad_output.reshape(-1).float() / ctx.temperature

@@ -85,6 +85,29 @@ class TrainerState:
     """The absolute folder of the run's logs: a resumed run whose config names no
     ``output_dir`` goes on writing there (None: a checkpoint older than this field)."""
 
+    def start_epoch(self, epoch: int) -> None:
+        """Epoch ``epoch`` is in progress."""
+        self.epoch = epoch
+
+    def record_step(self, global_step: int, step_in_epoch: int, metrics: dict[str, float]) -> None:
+        """Step ``global_step``, the ``step_in_epoch``-th of its epoch, taken with ``metrics``;
+        a step that sampled (MADPO's steps train on stored pairs) adds its rewards."""
+        self.global_step, self.step_in_epoch = global_step, step_in_epoch
+        if "reward/mean" in metrics:
+            self.step_rewards.append(metrics["reward/mean"])
+            self.step_raw_rewards.append(metrics["reward/raw_mean"])
+
+    def end_epoch(self) -> None:
+        """The epoch's last step was taken: its mean rewards kept, the next epoch's counts at 0."""
+        if self.step_rewards:
+            self.epoch_reward_means.append(sum(self.step_rewards) / len(self.step_rewards))
+            self.epoch_raw_reward_means.append(sum(self.step_raw_rewards) / len(self.step_raw_rewards))
+        self.step_rewards, self.step_raw_rewards, self.step_in_epoch = [], [], 0
+
+    def keep_window(self, window: dict[str, list[float]]) -> None:
+        """The metrics not yet logged, for a checkpoint to hold."""
+        self.metrics_window = window
+
 
 def describe_agent(agent: torch.nn.Module) -> dict[str, Any]:
     """What must not change between a checkpoint and the trainer that resumes from it."""

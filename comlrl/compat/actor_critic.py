@@ -2,8 +2,8 @@
 
 - Its value-head file, ``value_head.pt`` (:data:`ORIGINAL_VALUE_HEAD_FILE`): the engine saves
   ``value_head.safetensors`` (:mod:`comlrl.models.value`) and reads this one through
-  :func:`load_original_head` and :func:`original_head_weights`. 1.4.3 gave a critic loaded
-  from a folder a fresh head; here it continues the saved one, which is said
+  :func:`original_head_weights`, registered in :data:`~comlrl.models.value.OTHER_HEAD_FORMATS`.
+  1.4.3 gave a critic loaded from a folder a fresh head; here it continues the saved one, which is said
   (:func:`warn_if_original_head`).
 - Its critic keys of ``model_config`` (:func:`split_critic_model_config`):
   ``critic_model_kwargs`` and MAAC's ``critic_value_head_hidden_dim``.
@@ -29,6 +29,7 @@ from torch import Tensor
 
 from comlrl.compat.fields import warn_ignored
 from comlrl.models.placement import resolve_agent_devices
+from comlrl.models.value import OTHER_HEAD_FORMATS, HeadFormat
 from comlrl.utils.caller import user_stacklevel, warn_once
 
 # ------------------------------------------------------------------------------------------
@@ -39,16 +40,15 @@ ORIGINAL_VALUE_HEAD_FILE = "value_head.pt"
 (the optional Tanh hidden layer) and ``value_projection`` (one output), in the backbone's dtype."""
 
 
-def load_original_head(path: str) -> dict[str, Any]:
-    """The state dict a 1.4.3 head file holds (tensors only: nothing in it is executed)."""
-    return torch.load(path, map_location="cpu", weights_only=True)
-
-
-def original_head_weights(state: dict[str, Tensor], num_values: int, path: str) -> dict[str, Tensor]:
-    """comlrl 1.4.3's head weights renamed to :class:`~comlrl.models.value.ValueHead`'s, in
-    float32. Its heads have one output; a head with ``num_values`` outputs (MAAC's, one per
-    agent) starts with that one in every row: the same value for every agent, as 1.4.3's
-    shared critic gave."""
+def original_head_weights(path: str, num_values: int) -> dict[str, Tensor]:
+    """The weights of comlrl 1.4.3's head file at ``path`` (tensors only: nothing in it is
+    executed), renamed to :class:`~comlrl.models.value.ValueHead`'s, in float32. Its heads have
+    one output; a head with ``num_values`` outputs (MAAC's, one per agent) starts with that one
+    in every row: the same value for every agent, as 1.4.3's shared critic gave."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:
+        raise ValueError(f"{path} cannot be read ({type(error).__name__}: {error})") from error
     names = (["pre_projection.0"] if "pre_projection.0.weight" in state else []) + ["value_projection"]
     try:
         weights = {
@@ -63,6 +63,11 @@ def original_head_weights(state: dict[str, Tensor], num_values: int, path: str) 
         weights[f"{last}.weight"] = weights[f"{last}.weight"].repeat(num_values, 1)
         weights[f"{last}.bias"] = weights[f"{last}.bias"].repeat(num_values)
     return weights
+
+
+OTHER_HEAD_FORMATS.append(
+    HeadFormat(ORIGINAL_VALUE_HEAD_FILE, f"comlrl 1.4.3's {ORIGINAL_VALUE_HEAD_FILE}", original_head_weights)
+)
 
 
 def warn_if_original_head(critic_name: str, path: str) -> None:

@@ -59,25 +59,25 @@ its README and older pages used for ``agent_model`` (1.4.3 itself refused it: an
 keyword)."""
 
 
-def named_arguments(trainer: str, order: Sequence[str], positional: Sequence[Any], named: dict[str, Any]) -> dict:
-    """Every argument of a call of ``trainer`` by name: ``positional`` ones in ``order``,
+def named_arguments(trainer_name: str, order: Sequence[str], positional: Sequence[Any], named: dict[str, Any]) -> dict:
+    """Every argument of a call of ``trainer_name`` by name: ``positional`` ones in ``order``,
     1.4.3's other names as ours. Too many positional arguments, or one given twice, is the
     TypeError Python gives for such a call."""
     if len(positional) > len(order):
         raise TypeError(
-            f"{trainer}() takes at most {len(order)} positional arguments ({', '.join(order)}), "
+            f"{trainer_name}() takes at most {len(order)} positional arguments ({', '.join(order)}), "
             f"but {len(positional)} were given"
         )
     result = dict(zip(order, positional))
     for name, value in named.items():
         name = RENAMED_ARGUMENTS.get(name, name)
         if name in result:
-            raise TypeError(f"{trainer}() got multiple values for argument {name!r}")
+            raise TypeError(f"{trainer_name}() got multiple values for argument {name!r}")
         result[name] = value
     return result
 
 
-def variant_config(config_class: type, trainer: str, args: Any) -> Any:
+def variant_config(config_class: type, trainer_name: str, args: Any) -> Any:
     """The config of a REINFORCE variant (``config_class``, e.g. ``MARLOOConfig``) from the
     plain ``MAGRPOConfig`` ``args`` 1.4.3 documented passing: the variant's ``advantage_mode``
     replaces the default ``"mean"``; every other field is kept as given
@@ -85,7 +85,7 @@ def variant_config(config_class: type, trainer: str, args: Any) -> Any:
     mode = config_class.advantage_mode
     if args.advantage_mode not in ("mean", mode):
         raise ValueError(
-            f"{trainer} uses advantage_mode={mode!r}, but its MAGRPOConfig says "
+            f"{trainer_name} uses advantage_mode={mode!r}, but its MAGRPOConfig says "
             f"advantage_mode={args.advantage_mode!r}: use MAGRPOTrainer for that baseline, "
             f"or a {config_class.__name__}"
         )

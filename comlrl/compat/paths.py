@@ -103,7 +103,7 @@ ENGINE_PATHS: dict[str, dict[str, str]] = {
     "comlrl.trainers.parts": _names(
         "comlrl.engine.parts", "MadeOnce", "Objective", "Part", "Parts", "RewardSource", "Schedule", "TaskReward"
     ),
-    "comlrl.trainers.policy_gradient": _names("comlrl.engine.policy_gradient", "PolicyGradient"),
+    "comlrl.trainers.policy_gradient": _names("comlrl.trainers.reinforce.objective", "PolicyGradient"),
     "comlrl.trainers.policy_gradient_config": _names("comlrl.engine.policy_gradient_config", "PolicyGradientConfig"),
     # 1.4.3's comlrl.utils.distributed is an error that named this module.
     "comlrl.distributed": _names("comlrl.engine.distributed", "DataParallel"),

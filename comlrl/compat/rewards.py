@@ -45,10 +45,10 @@ import torch
 from torch import Tensor
 
 from comlrl.rewards.calls import (
+    ERROR_HINTS,
     BatchCall,
     JointActions,
     RewardFunctionError,
-    per_joint_action_hint,
     plural,
     real_number,
     register_reward_call,
@@ -241,11 +241,25 @@ def _one_joint_action(actions: JointActions, k: int, agent_prompts: bool) -> Joi
     return JointActions([c[k : k + 1] for c in actions.completions], actions.row_ids[k : k + 1], keywords)
 
 
+def per_joint_action_hint(count: int) -> str:
+    """What a batch call's error adds, since a comlrl 1.4.3 function may be its cause; with one
+    joint action both ways of calling are the same, and it adds nothing."""
+    if count <= 1:
+        return ""
+    return (
+        "; a reward function written for comlrl 1.4.3, which called it once per joint action with "
+        'one-element lists, needs reward_call="per_joint_action"'
+    )
+
+
 def install() -> None:
     """Have the engine score functions under ``reward_call`` ``auto`` and ``per_joint_action``
-    with :class:`PerJointActionCalls` (run when this module is imported)."""
+    with :class:`PerJointActionCalls`, and hint at them when a batch call fails (run when this
+    module is imported)."""
     for name in REWARD_CALLS:
         register_reward_call(name, PerJointActionCalls)
+    if per_joint_action_hint not in ERROR_HINTS:
+        ERROR_HINTS.append(per_joint_action_hint)
 
 
 install()

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import torch
 
-from comlrl.compat.spellings import PARALLEL_TRAINING_SPELLINGS
+from comlrl.engine.config import PARALLEL_TRAINING_SPELLINGS
 from comlrl.models.placement import resolve_agent_devices
 
 DeviceSpec = str | Sequence[str]

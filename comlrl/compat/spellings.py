@@ -1,17 +1,9 @@
 """comlrl 1.4.3's spellings of the choice fields' values: one table per field, mapping every
-spelling 1.4.3 accepted (in lower case) to the value it is here, and :func:`respell`, which
-the configs call before checking a field's value against their choices."""
+spelling 1.4.3 accepted (in lower case) to the value it is here, for the configs to read with
+:func:`~comlrl.utils.config_fields.respell` before checking a field's value against their
+choices (the shared fields' tables are the engine config's)."""
 
 from __future__ import annotations
-
-from collections.abc import Mapping
-from typing import Any
-
-JOINT_MODE_SPELLINGS = {"aligned": "aligned", "align": "aligned", "cross": "cross", "crossed": "cross"}
-"""Every ``joint_mode`` comlrl 1.4.3 accepted (any letter case), and what it is here."""
-
-PARALLEL_TRAINING_SPELLINGS = {"null": "none"}
-"""comlrl 1.4.3's other spelling of ``parallel_training="none"`` (any letter case, blanks around it)."""
 
 CRITIC_TYPE_SPELLINGS = {None: "v", "v": "v", "q": "q"}
 """Every ``critic_type`` comlrl 1.4.3 accepted (any letter case; ``None`` meant ``v``), and what it is here."""
@@ -95,19 +87,3 @@ SCORING_REWARD_SPELLINGS = {
     "learned": "reward_model",
 }
 """Every ``preference_scoring_reward`` comlrl 1.4.3 accepted (any letter case), and what it is here."""
-
-
-def respell(config: Any, name: str, spellings: Mapping[str | None, str], strip: bool = False) -> None:
-    """Replace ``config.<name>`` by the value it meant when it is one of 1.4.3's spellings in
-    ``spellings``: a string looked up in lower case (and, with ``strip``, without the blanks
-    around it, as 1.4.3 read MADPOIter's and MARLHFIter's fields), or None where 1.4.3 read
-    None as a default. Anything else, a non-string too, is left as written, for the check of
-    the field's choices to name."""
-    value = getattr(config, name)
-    if isinstance(value, str):
-        key = (value.strip() if strip else value).lower()
-    elif value is None:
-        key = None
-    else:
-        return
-    setattr(config, name, spellings.get(key, value))

@@ -177,7 +177,7 @@ class TrainerAttributes:
 
     def learner_optimizers(self, kind: str) -> list[torch.optim.Optimizer]:
         """The optimizers of the learners named ``"<kind> <i>"`` (``agent`` or ``critic``), in order."""
-        if self.pending_learners:
+        if self.learners.waiting:
             raise MovedNameError(
                 f"{type(self).__name__}'s optimizers are made when train() starts (their learning-rate schedule's "
                 "length waits for what train() makes first): read trainer.learners.optimizers after train()",
@@ -301,7 +301,7 @@ class MARLHFAttributes:
     @property
     def reward_device(self) -> torch.device:
         """1.4.3: where the reward model lives (the config's ``reward_model_device``; here default agent 0's)."""
-        return torch.device(self.reward_source.device(self))
+        return torch.device(self.reward_source.device())
 
     reward_optimizer = refused(
         "reward_optimizer",

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from comlrl.engine.inputs import TrainerInputs
 from comlrl.models.value import Critic, ValueHead, hidden_size
 from comlrl.utils.caller import user_stacklevel
 
@@ -94,14 +95,14 @@ def _warn_unused(where: str, why: str) -> None:
     )
 
 
-def plain_agents(agents: Sequence[Any] | None, trainer: str) -> Sequence[Any] | None:
+def plain_agents(agents: Sequence[Any] | None, trainer_name: str) -> Sequence[Any] | None:
     """``agents`` with each :class:`CausalLMWithValueHead` replaced by its model, for a trainer
-    that puts no value heads on its agents (``trainer`` names it in the warning about a head)."""
+    that puts no value heads on its agents (``trainer_name`` names it in the warning about a head)."""
     if agents is None or isinstance(agents, str | bytes) or not isinstance(agents, Sequence):
         return agents
     for i, entry in enumerate(agents):
         if _head(entry) is not None:
-            _warn_unused(f"agents[{i}]", f"{trainer} trains no value head on its agents")
+            _warn_unused(f"agents[{i}]", f"{trainer_name} trains no value head on its agents")
     return [_plain(entry) for entry in agents]
 
 
@@ -116,8 +117,8 @@ class GivenHeads:
     """How errors name a critic source: ``critics[{}]`` or ``critic_model``."""
 
     @classmethod
-    def take(cls, inputs: Any) -> tuple[Any, GivenHeads]:
-        """``inputs`` (a trainer's :class:`~comlrl.engine.inputs.TrainerInputs`) with every
+    def take(cls, inputs: TrainerInputs) -> tuple[TrainerInputs, GivenHeads]:
+        """``inputs`` (a trainer's) with every
         wrapper among the agents and critics replaced by its model, and the heads they held."""
         agents = inputs.agents if isinstance(inputs.agents, list | tuple) else []
         critics = inputs.critics if isinstance(inputs.critics, list | tuple) else [inputs.critic_model]
@@ -130,14 +131,14 @@ class GivenHeads:
             changes["critics"] = [_plain(c) for c in inputs.critics]
         return inputs.replace(**changes), heads
 
-    def adopt(self, critics: Sequence[Critic], trainer: str) -> None:
+    def adopt(self, critics: Sequence[Critic], trainer_name: str) -> None:
         """Make each given head the head of its critic (``critics``, as built from the plain
         models): agent i's on the critic on agent i, a critic wrapper's on that critic. An agent's
         head beside separate critics is not used (a warning)."""
         separate = all(critic.agent is None for critic in critics)
         for i, head in enumerate(self.agents):
             if head is not None and separate:
-                _warn_unused(f"agents[{i}]", f"{trainer}'s critics are separate models")
+                _warn_unused(f"agents[{i}]", f"{trainer_name}'s critics are separate models")
         for c, critic in enumerate(critics):
             # Agents loaded by name (agent_model=), or a critic_model named by folder or hub id
             # (a copy per critic), come without heads.
@@ -147,16 +148,16 @@ class GivenHeads:
                 heads, index, where = self.critics, c, self.critic_argument.format(c)
             given = heads[index] if index < len(heads) else None
             if given is not None:
-                critic.head = _fitted(given, critic, where, trainer)
+                critic.use_head(_fitted(given, critic, where, trainer_name))
 
 
-def _fitted(given: ValueHead, critic: Critic, where: str, trainer: str) -> ValueHead:
-    """``given``, checked against the head ``trainer`` built for ``critic`` from its config, on
+def _fitted(given: ValueHead, critic: Critic, where: str, trainer_name: str) -> ValueHead:
+    """``given``, checked against the head ``trainer_name`` built for ``critic`` from its config, on
     that head's device in float32."""
     built, setting = critic.head, critic.width_setting
     if given.num_values != built.num_values:
         raise ValueError(
-            f"{where}'s value head gives one value, but {trainer}'s centralized critic gives one per agent "
+            f"{where}'s value head gives one value, but {trainer_name}'s centralized critic gives one per agent "
             f"({built.num_values}): pass its model ({where}.model) for a new head, or save both "
             "(model.save_pretrained(folder); torch.save(value_head.state_dict(), folder + '/value_head.pt')) "
             "and pass critic_model=folder, which starts every agent's value from that head"

@@ -16,8 +16,8 @@ from typing import Any
 import torch
 
 from comlrl.checkpoint import describe_agent, load_weights
-from comlrl.compat.value_heads import plain_agents
 from comlrl.engine import sharding
+from comlrl.engine.config import TrainerConfig
 from comlrl.models.loading import (
     ModelConfig,
     check_agents,
@@ -101,7 +101,7 @@ class Agents(Sequence[torch.nn.Module]):
         tokenizer: Any,
         model_config: ModelConfig,
         peft_config: Any,
-        args: Any,
+        args: TrainerConfig,
         local_rank: int | None,
         with_references: bool = False,
         reference_devices: Any = None,
@@ -121,8 +121,7 @@ class Agents(Sequence[torch.nn.Module]):
         count = num_agents if num_agents is not None else args.num_agents
         model_kwargs = model_config.model_kwargs
         if agents is not None:
-            # comlrl 1.4.3's wrappers (an actor-critic trainer took their heads already).
-            given = plain_agents(agents, type(args).__name__.removesuffix("Config"))
+            given = agents
             agents = model_sources(given, agent_model, model_kwargs)
             if count is not None and len(agents) != count:
                 raise ValueError(f"agents holds {len(agents)} models but num_agents={count}: make them agree")
@@ -265,7 +264,7 @@ def reference_placement(
     return devices
 
 
-def prepare_for_training(model: torch.nn.Module, args: Any, sharded: bool = False) -> None:
+def prepare_for_training(model: torch.nn.Module, args: TrainerConfig, sharded: bool = False) -> None:
     """What the config asks of a model that learns (an agent, a separate critic): activation
     checkpointing, no dropout, bf16 parameters (``precision="bf16"``; a model to be sharded
     keeps fp32 ones, its masters, and computes in bf16 by FSDP's mixed precision)."""

@@ -4,6 +4,10 @@
 loop (:mod:`comlrl.engine.loop`), checkpoints (:mod:`comlrl.checkpoint`), evaluation and
 saving. A trainer class is this one plus its config class and its parts.
 
+The set-up (:func:`comlrl.engine.setup.build_run`) builds one frozen :class:`~comlrl.engine.run.Run`
+that the parts keep what they use of; the trainer holds it, its parts, their counts
+(:class:`~comlrl.engine.plan.StepPlan`) and nothing else.
+
 One training step of the MAGRPO family (:meth:`comlrl.engine.policy_gradient.PolicyGradient.step`):
 
     rows ─formatters─▶ prompts ─generate (one call per agent and turn)─▶ completions
@@ -15,46 +19,36 @@ One training step of the MAGRPO family (:meth:`comlrl.engine.policy_gradient.Pol
 from __future__ import annotations
 
 import abc
-import functools
-import math
-import os
-from collections.abc import Sequence
 from typing import Any, ClassVar
 
-import torch
-
-from comlrl.checkpoint import write_folders
-from comlrl.checkpoint.config_record import config_record
-from comlrl.compat import rewards as reward_calls
-from comlrl.compat.arguments import POSITIONAL_ORDER, named_arguments
-from comlrl.compat.trainer_attributes import TrainerAttributes
+from comlrl.engine.checkpoint_plan import CheckpointPlan
 from comlrl.engine.config import TrainerConfig
 from comlrl.engine.evaluation import evaluate
-from comlrl.engine.inputs import TrainerInputs, call_signature
-from comlrl.engine.loop import CheckpointPlan, TrainingLoop, TrainResult
-from comlrl.engine.parts import Parts, Writer, raise_second_train
-from comlrl.engine.setup import set_up
-from comlrl.metrics.sinks import run_sinks
+from comlrl.engine.inputs import TrainerInputs
+from comlrl.engine.loop import TrainingLoop, TrainResult
+from comlrl.engine.parts import Parts, raise_second_train
+from comlrl.engine.plan import StepPlan
+from comlrl.engine.run import Run
+from comlrl.engine.setup import build_run
 from comlrl.rewards import JointReward
-from comlrl.rollout import AgentRollout
-from comlrl.rollout.backends import generate_agents
-from comlrl.rollout.prompts import PromptTable
-from comlrl.rollout.sampling import SamplingSpec
-from comlrl.rollout.tree import RolloutTree, build_tree
 from comlrl.utils.cpu_memory import kept_freed_memory
 
 
-class MultiAgentTrainer(TrainerAttributes, abc.ABC):
-    """Trains N LLM agents together on a shared reward. Its arguments are
+def of_run(name: str, doc: str) -> property:
+    """A read-only trainer attribute that is the run's ``name``."""
+    return property(lambda trainer: getattr(trainer.run, name), doc=doc)
+
+
+class MultiAgentTrainer(abc.ABC):
+    """Trains N LLM agents together on a shared reward. Its arguments, by keyword, are
     :class:`~comlrl.engine.inputs.TrainerInputs` (every one documented there) and ``args``,
-    the config (a ``config_class``; default ``config_class()``); positionally, in the order of
-    ``positional_order``. A trainer class says its config class and its ``parts``.
+    the config (a ``config_class``; default ``config_class()``). A trainer class says its config
+    class and its ``parts``; the user-facing ones also take positional arguments
+    (:mod:`comlrl.compat.entry`).
     """
 
     config_class: ClassVar[type[TrainerConfig]] = TrainerConfig
     """The config class: built when ``args`` is not given, and what ``args`` must be."""
-    positional_order: ClassVar[tuple[str, ...]] = POSITIONAL_ORDER
-    """The order positional arguments are read in (:mod:`comlrl.compat.arguments`)."""
     optional_inputs: ClassVar[frozenset[str]] = frozenset()
     """The inputs beyond :data:`~comlrl.engine.inputs.COMMON_INPUTS` this trainer takes."""
     algorithm_name = "train"
@@ -63,25 +57,22 @@ class MultiAgentTrainer(TrainerAttributes, abc.ABC):
     """Centralized collaboration: how errors name the trainer (None: its class name with the config's mode)."""
     one_model_per_role: ClassVar[str] = "set collaboration_mode='decentralized'"
     """Centralized collaboration: what the error about several models tells the user to do."""
-    output_dir: str | None
-    """The folder of the latest ``train()`` call's run: the config's ``output_dir``, or the
-    new ``comlrl_output/<algorithm>-<time>`` one when the config names none (before the
-    first call: the config's, None when it names none)."""
-    collaboration: Any = None
-    """Centralized collaboration (one model writing every role): the ``CentralizedCollaboration``
-    that joins the roles' prompts and splits the model's answers; None with one model per agent."""
     train_started = False
     """Whether ``train()`` was called on this trainer."""
 
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        cls.__signature__ = call_signature(cls.positional_order, cls)
-
-    def __init__(self, *positional: Any, **named: Any):
-        named = named_arguments(type(self).__name__, self.positional_order, positional, named)
-        args = self.accept_config(named.pop("args", None))
-        self.inputs = TrainerInputs.of(type(self), named)
-        set_up(self, args, self.inputs)
+    def __init__(self, *, args: TrainerConfig | None = None, **inputs: Any):
+        args = self.accept_config(args)
+        self.inputs = TrainerInputs.of(type(self), inputs)
+        """The trainer's arguments other than ``args``, as given."""
+        parts = self.parts(args, self.inputs)
+        self.objective, self.reward_source, self.schedule = parts.objective, parts.reward_source, parts.schedule
+        label = self.centralized_label or f"{type(self).__name__} with collaboration_mode='centralized'"
+        self.run: Run = build_run(self.algorithm_name, parts, args, label, self.one_model_per_role)
+        """Everything the set-up built: agents, learners, backend, prompts, rewards."""
+        self.plan = StepPlan(self.objective, self.schedule, self.run.config, self.run.learners)
+        """The run's items, steps and optimizer steps."""
+        if self.objective.schedule_known_at_setup:
+            self.plan.add_waiting_learners()
 
     @abc.abstractmethod
     def parts(self, args: Any, inputs: TrainerInputs) -> Parts:
@@ -97,99 +88,92 @@ class MultiAgentTrainer(TrainerAttributes, abc.ABC):
         return args
 
     # ----------------------------------------------------------------------------------------
-    # set-up (the rest: comlrl.engine.setup)
+    # what the run holds, read through the trainer
     # ----------------------------------------------------------------------------------------
-    def joint_reward(self, func: Any, processor: Any = None, weights: Any = None, call: str = "batch") -> JointReward:
-        """``func`` called on this trainer's joint actions, as its objective calls rewards. The
-        engine calls a function one way (``call="batch"``); the other values of ``call`` are comlrl
-        1.4.3's, translated into it by :mod:`comlrl.compat.rewards`, installed first."""
-        reward_calls.install()  # also done when comlrl is imported, for a JointReward built alone
-        return JointReward(
-            func,
-            self.num_agents,
-            processor,
-            weights=weights,
-            call=call,
-            actor_critic_calls=self.objective.actor_critic_reward_calls,
-        )
+    args = of_run("config", "The trainer's config.")
+    agents = of_run("agents", "The trained agents (:class:`~comlrl.engine.agents.Agents`).")
+    num_agents = of_run("num_agents", "How many agents are trained.")
+    learners = of_run("learners", "Every optimizer and learning-rate schedule.")
+    parallel = of_run("parallel", "The data-parallel group.")
+    sampling = of_run("sampling", "How completions are sampled.")
+    backend = of_run("backend", "What samples the completions.")
+    rollout = of_run(
+        "rollout", "Plays dataset rows out into rollout trees (:class:`~comlrl.rollout.episodes.Rollout`)."
+    )
+    train_prompts = of_run("train_prompts", "The training rows and prompts.")
+    eval_prompts = of_run("eval_prompts", "The evaluation rows and prompts (None without an eval_dataset).")
+    reward = of_run("reward", "The task reward.")
+    train_reward = of_run("train_reward", "What scores the training rollouts.")
+    transition = of_run("transition", "Writes the next turn's prompts (None: one turn).")
+    joint_indices = of_run("joint_indices", "``(J, N)`` sample of each agent in each joint action.")
+    eval_hooks = of_run("eval_hooks", "The eval_logger and eval_aggregator hooks.")
+    metrics_callback = of_run("metrics_callback", "The metrics_callback hook, as the objective calls it.")
+    wandb_config = of_run("wandb_config", "W&B's settings (None: off).")
+    collaboration = of_run("collaboration", "One model writing every role: its collaboration (else None).")
+    comparator_adapter = of_run("comparator_adapter", "A comparator writing every agent's part: its adapter.")
 
     @property
-    def all_parts(self) -> tuple[Any, ...]:
-        return (self.schedule, self.reward_source, self.objective)
+    def global_step(self) -> int:
+        """Training steps taken."""
+        return self.run.state.global_step
 
-    def add_learners(
-        self,
-        names: Sequence[str],
-        parameters: Sequence[Sequence[torch.nn.Parameter]],
-        learning_rates: Sequence[float],
-        modules: Sequence[torch.nn.Module | None] | None = None,
-    ) -> None:
-        """One AdamW and one learning-rate schedule (the config's) for each named parameter set
-        (of ``modules``' parameters, when given: a sharded one's checkpoint names them);
-        every update pass steps them all, after clipping each set's gradient on its own. Every
-        rank takes rank 0's weights now; when the run's length waits for ``prepare`` (MADPO's
-        pairs), so do the optimizers."""
-        self.parallel.broadcast_parameters(p for group in parameters for p in group)
-        self.pending_learners.append((names, parameters, learning_rates, modules))
-        if self.objective.schedule_known_at_setup:
-            self.build_pending_learners()
+    @property
+    def output_dir(self) -> str | None:
+        """The folder of the latest ``train()`` call's run: the config's ``output_dir``, or the
+        new ``comlrl_output/<algorithm>-<time>`` one when the config names none (before the
+        first call: the config's, None when it names none)."""
+        return self.run.state.output_dir
 
-    def build_pending_learners(self) -> None:
-        args = self.args
-        for names, parameters, rates, modules in self.pending_learners:
-            steps = self.total_optimizer_steps
-            self.learners.add(
-                names, parameters, rates, args.weight_decay, args.lr_scheduler_type, args.warmup_ratio, steps, modules
-            )
-        self.pending_learners = []
+    @property
+    def num_roles(self) -> int:
+        """Centralized collaboration: the roles the one model writes."""
+        if self.run.collaboration is None:
+            raise AttributeError(f"{type(self).__name__} has no roles: num_roles is centralized collaboration's")
+        return self.run.collaboration.num_roles
 
-    # ----------------------------------------------------------------------------------------
-    # what the loop goes through
-    # ----------------------------------------------------------------------------------------
+    @property
+    def model_kwargs(self) -> dict[str, Any]:
+        """``from_pretrained`` keyword arguments of models loaded by name."""
+        return self.run.model_config.model_kwargs
+
+    @property
+    def tokenizer_kwargs(self) -> dict[str, Any]:
+        """``from_pretrained`` keyword arguments of tokenizers loaded by name."""
+        return self.run.model_config.tokenizer_kwargs
+
+    def joint_reward(self, func: Any, processor: Any = None, weights: Any = None, call: str = "batch") -> JointReward:
+        """``func`` called on this trainer's joint actions, as its objective calls rewards."""
+        return self.run.make_reward(func, processor, weights=weights, call=call)
+
     @property
     def discount(self) -> float:
         """Weight of the next turn in a joint action's return (logged and evaluated returns)."""
         return self.objective.discount
 
     @property
-    def progress_metric(self) -> tuple[str, str]:
-        return self.objective.progress_metric
-
-    @property
-    def num_train_items(self) -> int:
-        """What an epoch goes through (dataset rows; MADPO: preference pairs)."""
-        return self.objective.num_items(self)
-
-    @property
-    def items_per_step(self) -> int:
-        """Items one training step takes, over every data-parallel rank."""
-        return self.objective.items_per_step(self)
-
-    @property
     def steps_per_epoch(self) -> int:
         """Training steps per epoch (the last step of an epoch may take fewer items)."""
-        return math.ceil(self.num_train_items / self.items_per_step)
+        return self.plan.steps_per_epoch
 
     @property
     def total_optimizer_steps(self) -> int:
         """Optimizer steps each learner takes over one learning-rate schedule: its length."""
-        per_epoch = self.steps_per_epoch * self.objective.optimizer_steps_per_step(self)
-        return self.schedule.epochs_per_lr_schedule(self.args) * per_epoch
+        return self.plan.total_optimizer_steps
 
+    # ----------------------------------------------------------------------------------------
+    # training
+    # ----------------------------------------------------------------------------------------
     def prepare(self, checkpoint: str | None) -> dict[str, float]:
         """What a run needs that the set-up could not make, from every part (MADPO: its pairs;
         MARLHF: its reward model), then the optimizers that waited for it; ``train()`` calls it
         after seeding a new run, or, resuming, with the ``checkpoint`` to read. Returns the
         metrics to log when training starts."""
         metrics: dict[str, float] = {}
-        for part in self.all_parts:
-            metrics.update(part.prepare(self, checkpoint))
-        self.build_pending_learners()
+        for part in (self.schedule, self.reward_source, self.objective):
+            metrics.update(part.prepare(checkpoint))
+        self.plan.add_waiting_learners()
         return metrics
 
-    # ----------------------------------------------------------------------------------------
-    # training
-    # ----------------------------------------------------------------------------------------
     def train(
         self,
         resume_from_checkpoint: bool | str | None = None,
@@ -218,74 +202,34 @@ class MultiAgentTrainer(TrainerAttributes, abc.ABC):
         reward model) trains once: a second call is an error, raised before anything is
         cleared, unless it resumes a checkpoint.
         """
-        made = [part.made_once for part in self.all_parts if part.made_once is not None]
+        parts = (self.schedule, self.reward_source, self.objective)
+        made = [part.made_once for part in parts if part.made_once is not None]
         if made and self.train_started and not resume_from_checkpoint:
             raise_second_train(type(self).__name__, made[0])
         self.train_started = True
         plan = CheckpointPlan.resolve(self.args, checkpoint_dir, checkpoint_interval, checkpoint_total_limit)
         on_cpu = any(self.agents.device(i).type == "cpu" for i in range(len(self.agents)))
         with kept_freed_memory(self.args.keep_freed_cpu_memory and on_cpu):
-            return TrainingLoop(self, resume_from_checkpoint, plan).run()
+            return TrainingLoop(
+                self.run, self.objective, self.schedule, self.plan, self.prepare, resume_from_checkpoint, plan
+            ).train()
 
     def step(self, items: list[int]) -> Any:
         """One training step on this rank's ``items`` (dataset rows; MADPO: pairs): the objective's."""
-        return self.objective.step(self, items)
-
-    def step_samples(self, result: Any, count: int) -> list[dict[str, Any]]:
-        """What a logging step shows of the step just taken."""
-        return self.objective.step_samples(self, result, count)
+        return self.objective.step(items, self.global_step + 1)
 
     def training_step(self, row_ids: list[int]) -> dict[str, float]:
         """One training step on the dataset rows ``row_ids``; returns the step's metrics."""
         return self.step(row_ids).metrics
 
-    def rollout(
-        self,
-        prompts: PromptTable,
-        row_ids: list[int],
-        num_generations: int | None = None,
-        joint_indices: torch.Tensor | None = None,
-        sampling: SamplingSpec | None = None,
-        reward: JointReward | None = None,
-    ) -> RolloutTree:
-        """Generate, score and expand the rollout tree of ``row_ids``, one ``generate`` call
-        per agent per turn (training settings unless given), scored by ``reward`` (default:
-        the task reward, ``reward_func``)."""
-        group = self.args.num_generations if num_generations is None else num_generations
-        kwargs = (self.sampling if sampling is None else sampling).generate_kwargs()
-        # One generator per agent, seeded from torch's (whose state checkpoints keep), so that
-        # agents sampling in parallel threads draw the same tokens in every run.
-        seeds = torch.randint(0, 2**63 - 1, (self.num_agents,), dtype=torch.int64).tolist()
-        generators = [torch.Generator(self.agents.device(i)).manual_seed(seed) for i, seed in enumerate(seeds)]
-
-        def generate(turn_prompts: list[list[str]]) -> list[AgentRollout]:
-            return generate_agents(self.backend, self.agents, turn_prompts, group, kwargs, generators)
-
-        return build_tree(
-            prompts,
-            row_ids,
-            generate,
-            self.reward if reward is None else reward,
-            self.joint_indices if joint_indices is None else joint_indices,
-            group,
-            num_turns=self.args.num_turns,
-            transition=self.transition,
-            prompt_passthrough=self.args.external_prompt_passthrough,
-            early_termination_threshold=self.args.early_termination_threshold,
-            written_prompts=not self.objective.actor_critic_reward_calls,
-        )
-
     # ----------------------------------------------------------------------------------------
-    # evaluation
+    # evaluation and saving
     # ----------------------------------------------------------------------------------------
     def evaluate(self, num_eval_samples: int | None = None) -> dict[str, float]:
         """Score the first ``eval_num_samples`` rows of ``eval_dataset``
         (:func:`comlrl.engine.evaluation.evaluate` says how)."""
-        return evaluate(self, num_eval_samples)
+        return evaluate(self.run, self.objective.discount, num_eval_samples)
 
-    # ----------------------------------------------------------------------------------------
-    # saving
-    # ----------------------------------------------------------------------------------------
     def save_model(self, output_dir: str, merge_adapters: bool = False) -> list[str]:
         """Write each agent to ``output_dir/agent_{i}`` in Hugging Face format, with its
         tokenizer, and what the parts keep beside them (critics, the reward model).
@@ -298,45 +242,4 @@ class MultiAgentTrainer(TrainerAttributes, abc.ABC):
         writes (every rank holds the same weights); the others return an empty list. Every
         rank must call it: sharded agents' whole weights are gathered from all of them.
         """
-        self.learners.require_finite(f": {output_dir} was not written")
-        with self.agents.whole_weights(merge_adapters):
-            if not self.parallel.is_main:
-                return []
-            return write_folders(output_dir, self.model_writers(merge_adapters))
-
-    def model_writers(self, merge_adapters: bool = False) -> list[Writer]:
-        """Folder name and writer of every trained model, for ``save_model`` and checkpoints."""
-        agents = [
-            (f"agent_{i}", functools.partial(self.write_agent, i, merge_adapters=merge_adapters))
-            for i in range(self.num_agents)
-        ]
-        return agents + [writer for part in (self.objective, self.reward_source) for writer in part.writers(self)]
-
-    def write_agent(self, agent: int, folder: str, merge_adapters: bool = False) -> None:
-        """Agent ``agent``'s weights (or adapter) and tokenizer into ``folder``, with what its
-        objective keeps there (a value head on the agent)."""
-        self.agents.write(agent, folder, merge_adapters)
-        self.objective.write_with_agent(self, agent, folder)
-
-    def write_models(self, folder: str) -> None:
-        """Every trained model of a checkpoint into ``folder`` (``agent_{i}/``, ...), and what
-        the parts keep in a checkpoint only (MADPO's pairs, the rounds)."""
-        for name, write in self.model_writers():
-            write(os.path.join(folder, name))
-        for part in self.all_parts:
-            part.write_checkpoint(self, folder)
-
-    def load_models(self, path: str) -> None:
-        """The weights ``write_models`` wrote into checkpoint ``path``, loaded in place, and
-        handed to the generation backend (an engine of its own would sample the old ones)."""
-        self.agents.load(path)
-        for part in (self.objective, self.reward_source):
-            part.load(self, path)
-        for i in range(self.num_agents):
-            self.backend.sync_weights(i)
-
-    def sinks(self) -> list:
-        """Where metrics go: ``metrics.jsonl`` always, W&B and TensorBoard when asked."""
-        return run_sinks(
-            self.output_dir, self.wandb_config, lambda: config_record(self.args), self.args.log_tensorboard
-        )
+        return self.run.models.save(output_dir, merge_adapters)

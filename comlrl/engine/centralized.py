@@ -24,6 +24,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from comlrl.engine.config import TrainerConfig
+from comlrl.engine.inputs import TrainerInputs
 from comlrl.metrics.evaluation import EvalHooks
 from comlrl.metrics.hooks import RolloutSample
 from comlrl.rewards import JointReward
@@ -302,31 +304,33 @@ class RoleEvalHooks:
 class CentralizedSetup:
     """A multi-agent trainer in centralized mode: what the engine's set-up reads in place of
     the user's inputs (one agent, whose prompt is the joint prompt and whose reward and metrics
-    callback see roles), and what :meth:`attach` puts on the trainer once it is built. Every
+    callback see roles), and the collaboration the run keeps. Every
     centralized trainer (centralized MAGRPO; MADPO and MARLHF with
     ``collaboration_mode="centralized"``) is built through it, so the roles meet the one model
     in one place.
     """
 
     collaboration: CentralizedCollaboration
-    config: Any
+    config: TrainerConfig
     """The user's config, whose ``num_agents`` counts the roles."""
-    inputs: Any
+    inputs: TrainerInputs
     """The user's inputs as those of one agent that writes the joint response: its
     ``num_agents``, ``reward_func``, ``formatters`` and ``metrics_callback``."""
-    base_config: Any
+    base_config: TrainerConfig
     """The config the set-up reads, which counts one model (``num_agents=1``)."""
 
     @classmethod
-    def build(cls, config: Any, inputs: Any, trainer: str, one_model_per_role: str) -> CentralizedSetup:
-        """The set-up from the user's ``inputs``; ``trainer`` (how errors name it) and
+    def build(
+        cls, config: TrainerConfig, inputs: TrainerInputs, trainer_name: str, one_model_per_role: str
+    ) -> CentralizedSetup:
+        """The set-up from the user's ``inputs``; ``trainer_name`` (how errors name it) and
         ``one_model_per_role`` (what to use instead) word the errors."""
         if inputs.external_transition is not None:
             raise ValueError(
-                f"{trainer} does not support multi-turn episodes, so it takes no external_transition: drop it"
+                f"{trainer_name} does not support multi-turn episodes, so it takes no external_transition: drop it"
             )
         num_roles = role_count(inputs.num_agents, config.num_agents)
-        check_one_model(inputs.agents, num_roles, trainer, one_model_per_role)
+        check_one_model(inputs.agents, num_roles, trainer_name, one_model_per_role)
         adapter = inputs.centralized_comparator_adapter or TaggedCentralizedComparatorAdapter()
         collaboration = CentralizedCollaboration(adapter, inputs.formatters, num_roles)
         one_agent = inputs.replace(
@@ -336,14 +340,6 @@ class CentralizedSetup:
             metrics_callback=collaboration.role_samples(inputs.metrics_callback),
         )
         return cls(collaboration, config, one_agent, dataclasses.replace(config, num_agents=1))
-
-    def attach(self, trainer: Any) -> None:
-        """Once the trainer is built: the user's config back (checkpoints record it), the
-        collaboration and the role count on the trainer, and ``eval_logger`` given role texts."""
-        trainer.args = self.config
-        trainer.collaboration = self.collaboration
-        trainer.num_roles = self.collaboration.num_roles
-        trainer.eval_hooks = RoleEvalHooks(trainer.eval_hooks, self.collaboration)
 
 
 def role_count(num_agents: int | None, configured: int | None) -> int:
@@ -372,12 +368,12 @@ def refuse_unused_adapter(adapter: Any, config: Any) -> None:
         )
 
 
-def check_one_model(agents: Any, num_roles: int, trainer: str, one_model_per_role: str) -> None:
+def check_one_model(agents: Any, num_roles: int, trainer_name: str, one_model_per_role: str) -> None:
     """``agents``, when given as a list, must hold exactly one model; the error names
-    ``trainer`` and says what to do for one model per role (``one_model_per_role``)."""
+    ``trainer_name`` and says what to do for one model per role (``one_model_per_role``)."""
     if isinstance(agents, Sequence) and not isinstance(agents, str | bytes) and len(agents) != 1:
         raise ValueError(
-            f"{trainer} trains ONE model that writes all {num_roles} roles, but agents holds "
+            f"{trainer_name} trains ONE model that writes all {num_roles} roles, but agents holds "
             f"{len(agents)} models: pass agents=[model] or agent_model=<folder or hub id> (num_agents counts "
             f"the roles); for one model per role, {one_model_per_role}"
         )

@@ -10,8 +10,6 @@ from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
 from comlrl.algorithms import JOINT_MODES
-from comlrl.compat.fields import apply_renamed_fields, renamed
-from comlrl.compat.spellings import JOINT_MODE_SPELLINGS, PARALLEL_TRAINING_SPELLINGS, respell
 from comlrl.engine.config_checks import (
     MAX_COEFFICIENT,
     MAX_NEW_TOKENS,
@@ -31,6 +29,13 @@ from comlrl.rewards.joint_reward import REWARD_CALLS
 from comlrl.rollout.backends import BACKENDS
 from comlrl.rollout.sampling import SamplingSpec, check_generation_kwargs
 from comlrl.utils.checks import is_real
+from comlrl.utils.config_fields import apply_renamed_fields, renamed, respell
+
+JOINT_MODE_SPELLINGS = {"aligned": "aligned", "align": "aligned", "cross": "cross", "crossed": "cross"}
+"""Every ``joint_mode`` spelling accepted (any letter case; comlrl 1.4.3's), and what it means."""
+
+PARALLEL_TRAINING_SPELLINGS = {"null": "none"}
+"""The other spelling of ``parallel_training="none"`` (any letter case, blanks around it; comlrl 1.4.3's)."""
 
 
 @dataclass
@@ -229,14 +234,14 @@ class TrainerConfig:
     """Also write metrics and samples as TensorBoard events to ``output_dir/tensorboard``
     (needs ``pip install 'comlrl[tensorboard]'``)."""
 
-    # --- comlrl 1.4.3's names (accepted with a one-time warning) ---------------------------
+    # --- older names (accepted with a one-time warning) ---------------------------------------
     learning_rate: float | None = renamed("agent_learning_rate")
     """Old name of ``agent_learning_rate``."""
     actor_learning_rate: float | None = renamed("agent_learning_rate")
     """Old name of ``agent_learning_rate``."""
     rollout_buffer_size: int | None = renamed("per_device_train_batch_size")
     """comlrl 1.4.3's name of ``per_device_train_batch_size`` (prompt groups per rollout)."""
-    termination_threshold: float | None = renamed("early_termination_threshold", "older comlrl docs'")
+    termination_threshold: float | None = renamed("early_termination_threshold", "docs")
     """The name comlrl's older docs gave ``early_termination_threshold`` (1.4.3 itself refused it)."""
 
     trainer_name: ClassVar[str] = "this trainer"

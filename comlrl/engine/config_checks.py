@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from dataclasses import fields, is_dataclass
 from typing import Any
 
-from comlrl.compat.fields import current_name, is_inert
 from comlrl.utils.checks import is_real, require_int
+from comlrl.utils.config_fields import current_name, is_inert
 from comlrl.utils.text import number_string_error
 
 
@@ -79,7 +79,7 @@ class NumericField(typing.NamedTuple):
 @functools.cache
 def numeric_fields(config_class: type) -> dict[str, NumericField]:
     """The fields of ``config_class`` that hold numbers: annotated ``int`` or ``float`` (alone,
-    in a list, or with None) and never ``str``. Inert fields (:func:`~comlrl.compat.fields.inert`:
+    in a list, or with None) and never ``str``. Inert fields (:func:`~comlrl.utils.config_fields.inert`:
     anything is accepted) are left out."""
     try:
         hints = typing.get_type_hints(config_class)

@@ -62,12 +62,14 @@ class DataParallel:
         start = self.rank * share + min(self.rank, extra)
         return rows[start : start + share + (self.rank < extra)]
 
-    def check_optimizer_steps(self, config: Any) -> None:
-        """Several optimizer steps per rollout (``train_batch_size`` of rows) are one process's only."""
-        several_steps = config.train_batch_size not in (None, config.per_device_train_batch_size)
-        if self.enabled and config.train_batch_size_counts_rows and several_steps:
+    def check_optimizer_steps(self, train_batch_size: int | None, rollout_rows: int, counts_rows: bool) -> None:
+        """Several optimizer steps per rollout (a ``train_batch_size`` of rows below the
+        ``rollout_rows`` a rank samples; ``counts_rows``: the config's field counts rows) are one
+        process's only."""
+        several_steps = train_batch_size not in (None, rollout_rows)
+        if self.enabled and counts_rows and several_steps:
             raise ValueError(
-                f"train_batch_size={config.train_batch_size} (several optimizer steps per rollout) is not supported "
+                f"train_batch_size={train_batch_size} (several optimizer steps per rollout) is not supported "
                 "under torchrun yet: leave it None, or lower per_device_train_batch_size instead"
             )
 

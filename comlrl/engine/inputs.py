@@ -111,13 +111,13 @@ class TrainerInputs:
     where it was loaded, or takes its agent's (MAAC: agent 0's) when that folder holds none."""
 
     @classmethod
-    def of(cls, trainer: type, named: dict[str, Any]) -> TrainerInputs:
-        """The inputs of a call of ``trainer`` (a trainer class) by keyword; an input it does
+    def of(cls, trainer_class: type, named: dict[str, Any]) -> TrainerInputs:
+        """The inputs of a call of ``trainer_class`` (a trainer class) by keyword; an input it does
         not take is a TypeError naming it (and the trainers that take it)."""
-        taken = COMMON_INPUTS | trainer.optional_inputs
+        taken = COMMON_INPUTS | trainer_class.optional_inputs
         for name in named:
             if name not in taken:
-                raise TypeError(f"{trainer.__name__}() got an unexpected keyword argument {name!r}{owners(name)}")
+                raise TypeError(f"{trainer_class.__name__}() got an unexpected keyword argument {name!r}{owners(name)}")
         return cls(**named)
 
     def replace(self, **changes: Any) -> TrainerInputs:
@@ -142,10 +142,10 @@ def owners(name: str) -> str:
     return ""
 
 
-def call_signature(order: Sequence[str], trainer: type) -> inspect.Signature:
-    """What ``inspect.signature(trainer)`` shows: the positional ``order``, then every other
+def call_signature(order: Sequence[str], trainer_class: type) -> inspect.Signature:
+    """What ``inspect.signature(trainer_class)`` shows: the positional ``order``, then every other
     input the trainer takes, by keyword only."""
-    taken = COMMON_INPUTS | trainer.optional_inputs | {"args"}
+    taken = COMMON_INPUTS | trainer_class.optional_inputs | {"args"}
     positional = [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None) for n in order]
     keyword = [
         inspect.Parameter(spec.name, inspect.Parameter.KEYWORD_ONLY, default=None)
@@ -168,7 +168,7 @@ def check_required_inputs(args: Any, inputs: TrainerInputs) -> None:
         )
     if args.num_turns == 1 and inputs.external_transition is not None:
         raise ValueError(
-            "external_transition is given but num_turns=1, so it would never be called (comlrl 1.4.3's "
-            "default was num_turns=2; ours is 1): set num_turns=2 (or more) in the config, "
+            "external_transition is given but num_turns=1, so it would never be called (the default is "
+            "num_turns=1; older comlrl versions defaulted to 2): set num_turns=2 (or more) in the config, "
             "or drop external_transition"
         )

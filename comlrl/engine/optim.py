@@ -15,6 +15,9 @@ from comlrl.engine.distributed import DataParallel
 from comlrl.engine.master_weights import MasterWeights
 from comlrl.utils.per_agent import per_agent
 
+Modules = Sequence[torch.nn.Module | None] | None
+"""Per learner, the model its parameters are named in (None: none), or None for every one."""
+
 # Our names -> transformers' schedule names; each warms up linearly over the warmup steps.
 LR_SCHEDULES = {"constant": "constant_with_warmup", "linear": "linear", "cosine": "cosine"}
 
@@ -70,6 +73,30 @@ class Learners:
         """Per learner, what its optimizer steps (the masters, where there are)."""
         self.optimizers: list[torch.optim.Optimizer] = []
         self.schedulers: list[torch.optim.lr_scheduler.LRScheduler] = []
+        self.waiting: list[tuple[Sequence[str], Sequence[Sequence[torch.nn.Parameter]], Sequence[float], Modules]] = []
+        """Learners waiting for the run's length (:meth:`wait`): names, parameter sets, rates, modules."""
+
+    def wait(
+        self,
+        names: Sequence[str],
+        parameters: Sequence[Sequence[torch.nn.Parameter]],
+        learning_rates: Sequence[float],
+        modules: Modules = None,
+    ) -> None:
+        """Named parameter sets whose AdamW and schedule :meth:`add_waiting` builds once the
+        run's length is known; every rank takes rank 0's weights now."""
+        self.parallel.broadcast_parameters(p for group in parameters for p in group)
+        self.waiting.append((names, parameters, learning_rates, modules))
+
+    def add_waiting(self, weight_decay: float, schedule: str, warmup_ratio: float, total_steps: int) -> None:
+        """Build every learner :meth:`wait` holds, in the order they came (see :meth:`add`)."""
+        for names, parameters, rates, modules in self.waiting:
+            self.add(names, parameters, rates, weight_decay, schedule, warmup_ratio, total_steps, modules)
+        self.waiting = []
+
+    def restart_schedules(self, schedule: str, warmup_ratio: float, total_steps: int) -> None:
+        """Every learner's learning-rate schedule started over, spanning ``total_steps`` (a new round's)."""
+        self.schedulers = build_schedulers(self.optimizers, schedule, warmup_ratio, total_steps)
 
     def add(
         self,

@@ -17,11 +17,16 @@ The defaults here do nothing, so a part says only what it adds.
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable
 from typing import Any, NamedTuple
 
-Writer = tuple[str, Callable[[str], None]]
-"""A folder name in a checkpoint (or ``save_model``'s folder) and what writes it."""
+from comlrl.checkpoint.files import TrainerState
+from comlrl.engine.checkpoint_plan import CheckpointPlan
+from comlrl.engine.config import TrainerConfig
+from comlrl.engine.inputs import TrainerInputs
+from comlrl.engine.run import RewardMaker, Run
+from comlrl.engine.saving import Writer
+from comlrl.metrics.hooks import MetricsCallback
+from comlrl.rewards import JointReward
 
 
 class MadeOnce(NamedTuple):
@@ -38,22 +43,23 @@ class Part:
     made_once: MadeOnce | None = None
     """What this part makes once per trainer from the policy it starts from (None: nothing)."""
 
-    def attach(self, trainer: Any, inputs: Any) -> None:
-        """At the end of the trainer's set-up: what the part builds from it and its inputs."""
+    def attach(self, run: Run, inputs: TrainerInputs) -> None:
+        """At the end of the trainer's set-up: what the part keeps of the ``run`` and builds from
+        it and the ``inputs``."""
 
-    def prepare(self, trainer: Any, checkpoint: str | None) -> dict[str, float]:
+    def prepare(self, checkpoint: str | None) -> dict[str, float]:
         """When ``train()`` starts: what the run needs before its first step, read from
         ``checkpoint`` when resuming; returns metrics to log at the start."""
         return {}
 
-    def writers(self, trainer: Any) -> list[Writer]:
+    def writers(self) -> list[Writer]:
         """The folders this part adds beside the agents' in a checkpoint or ``save_model``."""
         return []
 
-    def write_checkpoint(self, trainer: Any, folder: str) -> None:
+    def write_checkpoint(self, folder: str) -> None:
         """What this part keeps in a checkpoint ``folder`` only, read back by its ``prepare``."""
 
-    def load(self, trainer: Any, path: str) -> None:
+    def load(self, path: str) -> None:
         """Read back what :meth:`writers` wrote into checkpoint ``path``."""
 
 
@@ -70,10 +76,15 @@ class Objective(Part, abc.ABC):
     schedule_known_at_setup = True
     """Whether the optimizer steps of the run are known when the trainer is built (False: its
     learning-rate schedules wait for ``prepare``, which makes the items)."""
+    run: Run
+    """The run it trains (from :meth:`attach`)."""
 
     def __init__(self, config: Any):
         self.config = config
         """The algorithm's config: the trainer's, or the one its stage runs with (MARLHF's RL phase)."""
+
+    def attach(self, run: Run, inputs: TrainerInputs) -> None:
+        self.run = run
 
     @property
     def needs_reference(self) -> bool:
@@ -90,27 +101,32 @@ class Objective(Part, abc.ABC):
         """Weight of the next turn in a joint action's return (logged and evaluated returns)."""
         return 1.0
 
-    def optimizer_steps_per_step(self, trainer: Any) -> int:
+    def metrics_callback(self, callback: MetricsCallback) -> MetricsCallback:
+        """The ``metrics_callback`` hook as this objective calls it (default: as given)."""
+        return callback
+
+    def optimizer_steps_per_step(self) -> int:
         """Optimizer steps each learner takes in one training step."""
         return 1
 
-    def num_items(self, trainer: Any) -> int:
+    def num_items(self) -> int:
         """What an epoch goes through, in a new order each epoch: the dataset rows."""
-        return len(trainer.train_prompts)
+        return len(self.run.train_prompts)
 
-    def items_per_step(self, trainer: Any) -> int:
+    def items_per_step(self) -> int:
         """Items one training step takes, over every rank: ``per_device_train_batch_size`` rows each."""
-        return trainer.args.per_device_train_batch_size * trainer.parallel.world_size
+        return self.config.per_device_train_batch_size * self.run.parallel.world_size
 
     @abc.abstractmethod
-    def step(self, trainer: Any, items: list[int]) -> Any:
-        """One training step on this rank's ``items``; returns a result with ``metrics``."""
+    def step(self, items: list[int], step_number: int) -> Any:
+        """Training step ``step_number`` (counted from 1) on this rank's ``items``; returns a
+        result with ``metrics``."""
 
-    def step_samples(self, trainer: Any, result: Any, count: int) -> list[dict[str, Any]]:
+    def step_samples(self, result: Any, count: int) -> list[dict[str, Any]]:
         """What a logging step shows of the step ``result``: ``count`` samples."""
         return []
 
-    def write_with_agent(self, trainer: Any, agent: int, folder: str) -> None:
+    def write_with_agent(self, agent: int, folder: str) -> None:
         """What this objective keeps in agent ``agent``'s own folder (a value head on it)."""
 
 
@@ -118,45 +134,52 @@ class RewardSource(Part, abc.ABC):
     """What scores the training rollouts."""
 
     @abc.abstractmethod
-    def training_reward(self, trainer: Any, inputs: Any) -> Any:
-        """The :class:`~comlrl.rewards.JointReward` of the training rollouts."""
+    def training_reward(self, inputs: TrainerInputs, task_reward: JointReward, make_reward: RewardMaker) -> JointReward:
+        """The :class:`~comlrl.rewards.JointReward` of the training rollouts, given the task's
+        reward and what builds the joint reward of another function."""
 
 
 class TaskReward(RewardSource):
     """The task's reward (``reward_func``), or the trainer's ``train_reward_func`` when given."""
 
-    def training_reward(self, trainer: Any, inputs: Any) -> Any:
+    def training_reward(self, inputs: TrainerInputs, task_reward: JointReward, make_reward: RewardMaker) -> JointReward:
         if inputs.train_reward_func is None:
-            return trainer.reward
-        return trainer.joint_reward(inputs.train_reward_func, call="batch")
+            return task_reward
+        return make_reward(inputs.train_reward_func, call="batch")
 
 
 class Schedule(Part):
     """How the epochs of a run are laid out: here one run of ``num_train_epochs`` epochs."""
 
-    def num_epochs(self, args: Any) -> int:
+    def num_epochs(self, args: TrainerConfig) -> int:
         """Epochs the run goes through."""
         return args.num_train_epochs
 
-    def epochs_per_lr_schedule(self, args: Any) -> int:
+    def epochs_per_lr_schedule(self, args: TrainerConfig) -> int:
         """Epochs one learning-rate schedule spans."""
         return args.num_train_epochs
 
-    def start_epoch(self, trainer: Any, epoch: int) -> dict[str, float]:
+    def restarts_lr_schedule(self, epoch: int) -> bool:
+        """Whether the learning-rate schedules start over with epoch ``epoch`` (asked before
+        :meth:`start_epoch`)."""
+        return False
+
+    def start_epoch(self, epoch: int) -> dict[str, float]:
         """Before epoch ``epoch``'s items are ordered; returns metrics to log with its first step."""
         return {}
 
-    def end_epoch(self, trainer: Any, epoch: int) -> None:
+    def end_epoch(self, epoch: int) -> None:
         """After epoch ``epoch``'s last step."""
 
-    def save_every_steps(self, checkpoints: Any, steps_per_epoch: int) -> int | None:
+    def save_every_steps(self, checkpoints: CheckpointPlan, steps_per_epoch: int) -> int | None:
         """Steps between checkpoints (None: only after a signal)."""
         return checkpoints.cadence(steps_per_epoch)
 
-    def ends_with_save(self, checkpoints: Any, progress: Any, trainer: Any) -> bool:
+    def ends_with_save(
+        self, checkpoints: CheckpointPlan, progress: TrainerState, args: TrainerConfig, steps_per_epoch: int
+    ) -> bool:
         """Whether the step just taken is one the plan keeps at the end (of the run)."""
-        last = self.num_epochs(trainer.args) * trainer.steps_per_epoch
-        return checkpoints.at_end and trainer.global_step == last
+        return checkpoints.at_end and progress.global_step == self.num_epochs(args) * steps_per_epoch
 
 
 class Parts(NamedTuple):
@@ -168,16 +191,16 @@ class Parts(NamedTuple):
     inputs: Any
 
 
-def raise_second_train(trainer: str, made: MadeOnce) -> None:
-    """The error of a second ``train()`` on ``trainer``, which made its ``made.what`` (its
+def raise_second_train(trainer_name: str, made: MadeOnce) -> None:
+    """The error of a second ``train()`` on ``trainer_name``, which made its ``made.what`` (its
     pairs, its reward model) from the policy as it was before the first call. comlrl 1.4.3
     made them again from the trained policy on every call; training again on the old ones
     would silently mean something else, so the caller is told what to write instead."""
     what = made.what
     raise RuntimeError(
-        f"{trainer}.train() was already called on this trainer: its {what} came from the policy as it was "
-        f"before that first call, and a second train() would train on them again (comlrl 1.4.3 made new ones "
+        f"{trainer_name}.train() was already called on this trainer: its {what} came from the policy as it was "
+        f"before that first call, and a second train() would train on them again (older comlrl versions made new ones "
         f"from the trained policy). For new {what} from the trained policy use {made.alternative}, or build a new "
-        f"{trainer} (agents=<the trained agents>, e.g. trainer.agents[i] or save_model() folders); to continue a "
+        f"{trainer_name} (agents=<the trained agents>, e.g. trainer.agents[i] or save_model() folders); to continue a "
         "run from a checkpoint, pass train(resume_from_checkpoint=...)"
     )

@@ -1,30 +1,31 @@
-"""How a trainer is built: the one constructor every trainer shares
-(:class:`~comlrl.engine.base.MultiAgentTrainer` calls :func:`set_up` with its config and
-inputs). The order matters where one thing reads another: the parts first (they may change
-the inputs: a critic's keys out of ``model_config``), the centralized set-up (one agent for
-every role), the agents (with references if the objective needs them), the rewards (called as
-the objective calls them), the prompts (checked against the agents), the learners, the
-generation backend; the parts' ``attach`` last.
+"""How a trainer's run is built: the one constructor every trainer shares
+(:class:`~comlrl.engine.base.MultiAgentTrainer` calls :func:`build_run` with its parts, config
+and inputs). The order matters where one thing reads another: the centralized set-up (one
+agent for every role), the agents (with references if the objective needs them), the rewards
+(called as the objective calls them), the prompts (checked against the agents), the learners,
+the generation backend and the rollout; the parts' ``attach`` last, with the finished run.
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 import torch
 
 from comlrl.algorithms import joint_action_indices
 from comlrl.engine.agents import Agents
-from comlrl.engine.centralized import CentralizedSetup, refuse_unused_adapter
+from comlrl.engine.centralized import CentralizedSetup, RoleEvalHooks, refuse_unused_adapter
 from comlrl.engine.config import TrainerConfig
 from comlrl.engine.distributed import DataParallel
-from comlrl.engine.inputs import TrainerInputs, check_required_inputs
+from comlrl.engine.inputs import check_required_inputs
 from comlrl.engine.optim import Learners, per_agent_learning_rates
+from comlrl.engine.parts import Parts
+from comlrl.engine.run import RewardMaker, Run, RunState
+from comlrl.engine.saving import RunModels
 from comlrl.metrics.evaluation import EvalHooks
 from comlrl.metrics.hooks import MetricsCallback
 from comlrl.models.hardware import warn_if_bf16_is_emulated
 from comlrl.models.loading import split_model_config
 from comlrl.rollout.backends import build_backend
+from comlrl.rollout.episodes import Rollout
 from comlrl.rollout.prompt_fit import check_prompts_fit
 from comlrl.rollout.prompts import PromptTable
 from comlrl.rollout.sampling import SamplingSpec, check_generation_names
@@ -32,31 +33,28 @@ from comlrl.rollout.transition import Transition
 from comlrl.rollout.tree import check_tree_budget
 
 
-def set_up(trainer: Any, args: TrainerConfig, inputs: TrainerInputs) -> None:
-    """Every part of ``trainer``'s run from the config ``args`` and the ``inputs``: its
-    parts, agents, rewards, prompts, learners and generation backend, each checked before
-    anything slow where it can be; then the parts attach to it."""
-    trainer.args = args
-    trainer.output_dir = args.output_dir
-    trainer.objective, trainer.reward_source, trainer.schedule, inputs = trainer.parts(args, inputs)
+def build_run(name: str, parts: Parts, args: TrainerConfig, centralized_label: str, one_model_per_role: str) -> Run:
+    """The run of a trainer named ``name`` (the algorithm's) from its ``parts`` (with the inputs
+    as they read them) and its config ``args``: agents, rewards, prompts, learners and
+    generation backend, each checked before anything slow where it can be; then the parts
+    attach to it. ``centralized_label`` names the trainer in centralized mode's errors and
+    ``one_model_per_role`` says what to do instead of giving it several models."""
+    objective, inputs = parts.objective, parts.inputs
+    user_config = args
     centralized = None
     if args.centralized:
-        label = trainer.centralized_label or f"{type(trainer).__name__} with collaboration_mode='centralized'"
-        centralized = CentralizedSetup.build(args, inputs, label, trainer.one_model_per_role)
+        centralized = CentralizedSetup.build(args, inputs, centralized_label, one_model_per_role)
         inputs, args = centralized.inputs, centralized.base_config
     else:
         refuse_unused_adapter(inputs.centralized_comparator_adapter, args)
     check_required_inputs(args, inputs)
-    trainer.comparator_adapter = None if centralized else inputs.centralized_comparator_adapter
-    """With one model per agent: the adapter of a comparator that writes every agent's part."""
-    trainer.sampling = SamplingSpec.from_config(args)
-    """How completions are sampled, fixed for the run: generation, the log-probs'
-    temperature and the loss's constants all read it."""
-    trainer.parallel = DataParallel.from_environment()
-    trainer.parallel.check_optimizer_steps(args)
+    sampling = SamplingSpec.from_config(args)
+    parallel = DataParallel.from_environment()
+    parallel.check_optimizer_steps(
+        args.train_batch_size, args.per_device_train_batch_size, args.train_batch_size_counts_rows
+    )
     model_config = split_model_config(inputs.model_config)
-    trainer.model_kwargs, trainer.tokenizer_kwargs = model_config.model_kwargs, model_config.tokenizer_kwargs
-    trainer.agents = Agents.build(
+    agents = Agents.build(
         inputs.agents,
         inputs.agent_model,
         inputs.num_agents,
@@ -64,66 +62,99 @@ def set_up(trainer: Any, args: TrainerConfig, inputs: TrainerInputs) -> None:
         model_config,
         inputs.peft_config,
         args,
-        trainer.parallel.local_rank if trainer.parallel.enabled else None,
-        with_references=trainer.objective.needs_reference,
-        reference_devices=trainer.objective.reference_devices,
-        sharding_mode=args.sharding if trainer.parallel.enabled else "replicate",
+        parallel.local_rank if parallel.enabled else None,
+        with_references=objective.needs_reference,
+        reference_devices=objective.reference_devices,
+        sharding_mode=args.sharding if parallel.enabled else "replicate",
     )
-    trainer.num_agents = len(trainer.agents)
-    check_generation_names(args.generation_kwargs, trainer.agents)
-    trainer.reward = trainer.joint_reward(
+    num_agents = len(agents)
+    check_generation_names(args.generation_kwargs, agents)
+    make_reward = RewardMaker(num_agents, objective.actor_critic_reward_calls)
+    reward = make_reward(
         inputs.reward_func, inputs.reward_processor, weights=args.reward_weights, call=args.reward_call
     )
-    """The task reward: scores evaluations (and, unless the reward source says otherwise, training)."""
-    trainer.train_reward = trainer.reward_source.training_reward(trainer, inputs)
-    """What scores the training rollouts."""
-    transition = inputs.external_transition
-    trainer.transition = None if transition is None else Transition(transition, trainer.num_agents)
-    trainer.train_prompts = PromptTable(inputs.train_dataset, inputs.formatters, trainer.num_agents, "train_dataset")
-    trainer.parallel.check_rows(len(trainer.train_prompts), args.per_device_train_batch_size)
-    trainer.eval_prompts = (
+    train_reward = parts.reward_source.training_reward(inputs, reward, make_reward)
+    transition = None if inputs.external_transition is None else Transition(inputs.external_transition, num_agents)
+    train_prompts = PromptTable(inputs.train_dataset, inputs.formatters, num_agents, "train_dataset")
+    parallel.check_rows(len(train_prompts), args.per_device_train_batch_size)
+    eval_prompts = (
         None
         if inputs.eval_dataset is None
-        else PromptTable(inputs.eval_dataset, inputs.formatters, trainer.num_agents, "eval_dataset")
+        else PromptTable(inputs.eval_dataset, inputs.formatters, num_agents, "eval_dataset")
     )
-    for table in (trainer.train_prompts, trainer.eval_prompts):
+    for table in (train_prompts, eval_prompts):
         if table is not None:
-            check_prompts_fit(trainer.agents, trainer.agents.tokenizers, table.prompts, args.max_new_tokens, table.name)
-    trainer.eval_hooks = EvalHooks(inputs.eval_logger, inputs.eval_aggregator)
-    trainer.metrics_callback = MetricsCallback(inputs.metrics_callback)
-    trainer.wandb_config = inputs.wandb_config
-    trainer.joint_indices = joint_action_indices(trainer.num_agents, args.num_generations, args.joint_mode)
+            check_prompts_fit(agents, agents.tokenizers, table.prompts, args.max_new_tokens, table.name)
+    joint_indices = joint_action_indices(num_agents, args.num_generations, args.joint_mode)
     check_tree_budget(
         args.per_device_train_batch_size,
-        trainer.num_agents,
+        num_agents,
         args.num_generations,
-        trainer.joint_indices.shape[0],
+        joint_indices.shape[0],
         args.num_turns,
         args.joint_mode,
         args.max_generations_per_step,
     )
-    trainer.learners = Learners(fp32_masters=args.precision == "bf16", parallel=trainer.parallel)
-    """Every optimizer and schedule: one per agent ("agent 0", ...), then the critics'."""
-    trainer.pending_learners = []
-    """Learners waiting for the run's length: (names, parameter sets, learning rates, modules)."""
-    trainer.add_learners(
-        [f"agent {i}" for i in range(trainer.num_agents)],
-        trainer.agents.parameters,
-        per_agent_learning_rates(args.agent_learning_rate, trainer.num_agents),
-        modules=list(trainer.agents),
+    learners = Learners(fp32_masters=args.precision == "bf16", parallel=parallel)
+    learners.wait(
+        [f"agent {i}" for i in range(num_agents)],
+        agents.parameters,
+        per_agent_learning_rates(args.agent_learning_rate, num_agents),
+        modules=list(agents),
     )
     if args.precision == "bf16":
-        warn_if_bf16_is_emulated(trainer.agents.device(0))
-    trainer.backend = build_backend(
+        warn_if_bf16_is_emulated(agents.device(0))
+    backend = build_backend(
         args.generation_backend,
-        trainer.agents,
+        agents,
         args.vllm_gpu_memory_utilization,
         sampler_logprobs=args.precision == "bf16",
         compiled=args.compiled_decoding,
         rollout_dtype=torch.bfloat16 if args.precision == "bf16" else None,
     )
-    trainer.global_step = 0
-    if centralized is not None:
-        centralized.attach(trainer)
-    for part in trainer.all_parts:
-        part.attach(trainer, inputs)
+    rollout = Rollout(
+        backend,
+        agents,
+        agents.device,
+        sampling,
+        reward,
+        args.num_generations,
+        joint_indices,
+        num_turns=args.num_turns,
+        transition=transition,
+        prompt_passthrough=args.external_prompt_passthrough,
+        early_termination_threshold=args.early_termination_threshold,
+        written_prompts=not objective.actor_critic_reward_calls,
+    )
+    eval_hooks = EvalHooks(inputs.eval_logger, inputs.eval_aggregator)
+    collaboration = None if centralized is None else centralized.collaboration
+    if collaboration is not None:  # eval_logger sees each role's texts
+        eval_hooks = RoleEvalHooks(eval_hooks, collaboration)
+    run = Run(
+        config=user_config,
+        name=name,
+        agents=agents,
+        learners=learners,
+        parallel=parallel,
+        sampling=sampling,
+        backend=backend,
+        rollout=rollout,
+        train_prompts=train_prompts,
+        eval_prompts=eval_prompts,
+        reward=reward,
+        train_reward=train_reward,
+        make_reward=make_reward,
+        transition=transition,
+        joint_indices=joint_indices,
+        model_config=model_config,
+        eval_hooks=eval_hooks,
+        metrics_callback=objective.metrics_callback(MetricsCallback(inputs.metrics_callback)),
+        wandb_config=inputs.wandb_config,
+        collaboration=collaboration,
+        comparator_adapter=None if centralized else inputs.centralized_comparator_adapter,
+        models=RunModels(agents, learners, parallel, backend, objective, (parts.schedule, parts.reward_source)),
+        state=RunState(user_config.output_dir),
+    )
+    for part in (parts.schedule, parts.reward_source, objective):
+        part.attach(run, inputs)
+    return run

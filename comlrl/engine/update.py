@@ -6,7 +6,8 @@
         for each minibatch (train_batch_size rows and their subtrees, shuffled; default: all):
             token weights (loss_type over each turn, turn_weighting across turns, all ranks' counts)
             zero every gradient
-            per agent, micro-batch by micro-batch: log-probs (train mode) -> policy loss -> backward
+            per agent, micro-batch by micro-batch: log-probs (train mode) -> loss terms
+                (:func:`~comlrl.algorithms.micro_batch_policy_terms`) -> backward
             auxiliary losses (critics) -> backward
             per learner: gradients summed over ranks -> clipped -> optimizer and schedule step
 
@@ -26,13 +27,13 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from comlrl.algorithms import policy_gradient_loss, turn_token_weights
-from comlrl.algorithms.sampler_correction import sampler_logprob_gap, truncated_importance_weights
+from comlrl.algorithms import micro_batch_policy_terms, turn_token_weights
 from comlrl.engine import sharding
 from comlrl.engine.agents import Agents
 from comlrl.engine.config import TrainerConfig
 from comlrl.engine.distributed import DataParallel
 from comlrl.engine.optim import Learners
+from comlrl.metrics.update import UpdateTotals, agent_update_metrics
 from comlrl.models.forward import completion_logprobs
 from comlrl.models.placement import map_agents
 from comlrl.rollout import AgentRollout
@@ -274,8 +275,7 @@ class PolicyUpdate:
         args = self.args
         model = self.agents.trainable(agent)
         with_entropy = args.entropy_coef > 0
-        loss = clipped = kl = entropy = tokens = 0.0
-        gap = gap_tokens = capped = 0.0
+        totals = UpdateTotals()
         passes = sum(len(micro_batches(len(turn_weights), args.micro_batch_size)) for turn_weights in weights)
         sharding.pad_passes(model, passes, self.parallel.most)
         for t, rollout in enumerate(rollouts):
@@ -287,49 +287,32 @@ class PolicyUpdate:
                 else:
                     token_logps, token_entropy = self.logprobs(model, rollout, rows), None
                 mask = rollout.completion_mask[rows]
-                behaviour = token_logps if old_logps is None else old_logps[t][rows]  # the policy that sampled
-                sampler_weights = None
-                if rollout.sampler_logprobs is not None:
-                    sampler_logps = rollout.sampler_logprobs[rows].to(token_logps.device)
-                    gap_sum, gap_count = sampler_logprob_gap(behaviour, sampler_logps, mask)
-                    gap, gap_tokens = gap + gap_sum.item(), gap_tokens + gap_count.item()
-                    if args.sampler_ratio_cap is not None:
-                        sampler_weights = truncated_importance_weights(behaviour, sampler_logps, args.sampler_ratio_cap)
-                        capped += ((sampler_weights >= args.sampler_ratio_cap) & mask).sum().item()
-                out = policy_gradient_loss(
+                sampler = rollout.sampler_logprobs
+                terms = micro_batch_policy_terms(
                     token_logps,
                     advantages[t][rows].to(token_logps.device),
                     mask,
+                    weights[t][piece].to(token_logps.device),
                     old_logps=None if old_logps is None else old_logps[t][rows],
+                    sampler_logps=None if sampler is None else sampler[rows].to(token_logps.device),
+                    ref_logps=None if ref_logps is None else ref_logps[t][rows],
+                    entropy=token_entropy,
                     epsilon=args.epsilon,
                     epsilon_high=args.epsilon_high,
-                    ref_logps=None if ref_logps is None else ref_logps[t][rows],
                     beta=args.beta,
-                    entropy=token_entropy,
                     entropy_coef=args.entropy_coef,
-                    sequence_weights=weights[t][piece].to(token_logps.device),
-                    sampler_weights=sampler_weights,
+                    sampler_ratio_cap=args.sampler_ratio_cap,
                 )
-                out.loss.backward()
-                count = mask.sum().item()
-                loss += out.loss.item()
-                clipped += out.clip_fraction.item() * count
-                kl += out.kl.item() * count
-                entropy += out.entropy.item() * count
-                tokens += count
-        # The loss is a share of one normalised over every rank's tokens: ranks' shares add up.
-        metrics = {f"agent{agent}/loss": stats.total(loss)}
-        if old_logps is not None:
-            metrics[f"agent{agent}/clip_fraction"] = stats.mean(clipped, tokens)
-        if args.beta > 0:
-            metrics[f"agent{agent}/kl"] = stats.mean(kl, tokens)
-        if with_entropy:
-            metrics[f"agent{agent}/entropy"] = stats.mean(entropy, tokens)
-        if gap_tokens:
-            metrics[f"agent{agent}/sampler_logprob_gap"] = stats.mean(gap, gap_tokens)
-            if args.sampler_ratio_cap is not None:
-                metrics[f"agent{agent}/sampler_ratio_capped"] = stats.mean(capped, gap_tokens)
-        return metrics
+                terms.loss.loss.backward()
+                totals.add(terms, mask.sum().item())
+        return agent_update_metrics(
+            agent,
+            totals,
+            ratio=old_logps is not None,
+            kl=args.beta > 0,
+            entropy=with_entropy,
+            capped=args.sampler_ratio_cap is not None,
+        )
 
 
 def learner_key(name: str) -> str:

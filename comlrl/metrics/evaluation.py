@@ -101,7 +101,7 @@ def evaluation_metrics(
     metrics = {"eval/reward_mean": all_rewards.mean().item(), "eval/raw_reward_mean": torch.cat(raw).mean().item()}
     for t in range(num_turns):
         if rewards[t]:
-            # comlrl 1.4.3's names, which dashboards key on
+            # the names dashboards key on (the original library's)
             metrics[f"eval/turn_{t + 1}/reward_mean"] = torch.cat(rewards[t]).mean().item()
             metrics[f"eval/turn_{t + 1}/expected_return"] = torch.cat(returns[t]).mean().item()
     return metrics, paths

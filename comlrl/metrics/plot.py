@@ -13,10 +13,13 @@ import os
 import re
 import warnings
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from comlrl.metrics.rollout import reward_was_processed
 from comlrl.utils.text import short_repr
+
+if TYPE_CHECKING:  # matplotlib is an optional extra
+    from matplotlib.axes import Axes
 
 
 class Panel(NamedTuple):
@@ -164,7 +167,7 @@ def empty_note(panel: Panel, records: list[dict]) -> str:
     return f"no {panel.title} in the log yet"
 
 
-def _draw_panel(axes, panel: Panel, records: list[dict], bad: list[str]) -> None:
+def _draw_panel(axes: Axes, panel: Panel, records: list[dict], bad: list[str]) -> None:
     """One panel's curves, or the note saying why there are none. Where the reward processor
     changed the reward, the left axis says processed and the raw joint reward gets a
     right-hand axis of its own: a x100 scale leaves both curves readable."""

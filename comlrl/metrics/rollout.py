@@ -56,7 +56,7 @@ def rollout_metrics(
         metrics[f"reward/{name}/mean"] = stats.mean_of(values)
         metrics[f"reward/{name}/std"] = stats.std_of(values)
     for turn, turn_returns in zip(turns, returns):
-        # comlrl 1.4.3's names, which dashboards key on
+        # the names dashboards key on (the original library's)
         metrics[f"turn_{turn.number}/reward_mean"] = stats.mean_of(turn.rewards)
         metrics[f"turn_{turn.number}/expected_return"] = stats.mean_of(turn_returns)
         metrics[f"turn_{turn.number}/nodes"] = stats.total(turn.num_nodes)

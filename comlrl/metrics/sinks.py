@@ -65,7 +65,7 @@ def wandb_init_kwargs(wandb_config: dict[str, Any], run_config: dict[str, Any]) 
     if run_name is not None:
         if kwargs.get("name") not in (None, run_name):
             raise ValueError(
-                f"wandb_config has name={kwargs['name']!r} and run_name={run_name!r} (comlrl 1.4.3's name): keep one"
+                f"wandb_config has name={kwargs['name']!r} and run_name={run_name!r} (an older name of name): keep one"
             )
         kwargs["name"] = run_name
     sections = kwargs.pop("config_sections", None) or {}

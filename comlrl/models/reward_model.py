@@ -67,7 +67,7 @@ def check_tokenizer_argument(tokenizer: Any) -> None:
         return
     raise TypeError(
         f"JointRewardModel's second argument is the tokenizer, got {tokenizer!r}: the signature is "
-        "JointRewardModel(backbone, tokenizer, freeze_backbone=False, max_length=None) (comlrl 1.4.3's was "
+        "JointRewardModel(backbone, tokenizer, freeze_backbone=False, max_length=None) (the older one was "
         "(backbone, freeze_backbone)); write JointRewardModel(backbone, tokenizer, freeze_backbone=...) with "
         "the backbone's tokenizer (or None, loaded from the backbone's name_or_path)"
     )

@@ -12,14 +12,13 @@ original head file) is read too, through :mod:`comlrl.compat.actor_critic`.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
-from comlrl.compat.actor_critic import ORIGINAL_VALUE_HEAD_FILE, load_original_head, original_head_weights
 from comlrl.models.forward import padded_forward_kwargs
 
 VALUE_HEAD_FILE = "value_head.safetensors"
@@ -33,6 +32,22 @@ def hidden_size(model: nn.Module) -> int:
     if not isinstance(size, int):
         raise ValueError(f"cannot put a value head on {type(model).__name__}: its config has no hidden_size or n_embd")
     return size
+
+
+class HeadFormat(NamedTuple):
+    """A value head file of another layout than ours, read beside ours."""
+
+    file: str
+    """Its name in a folder."""
+    described: str
+    """How errors name it."""
+    read: Callable[[str, int], dict[str, Tensor]]
+    """Its weights under :class:`ValueHead`'s names, from its path and the head's output count."""
+
+
+OTHER_HEAD_FORMATS: list[HeadFormat] = []
+"""Other head files read beside ``value_head.safetensors``, registered by who knows them
+(:mod:`comlrl.compat.actor_critic` registers comlrl 1.4.3's ``value_head.pt``)."""
 
 
 class ValueHead(nn.Module):
@@ -74,9 +89,9 @@ class ValueHead(nn.Module):
         saved one is another width."""
         path = saved_head_file(folder)
         if path is None:
+            others = "".join(f", or {other.described}" for other in OTHER_HEAD_FORMATS)
             raise ValueError(
-                f"{folder} holds no value head ({VALUE_HEAD_FILE}, or comlrl 1.4.3's {ORIGINAL_VALUE_HEAD_FILE}): "
-                "it was written with another critic layout"
+                f"{folder} holds no value head ({VALUE_HEAD_FILE}{others}): it was written with another critic layout"
             )
         weights = read_head_weights(path, self.num_values)
         saved_width = weights["layers.0.weight"].shape[0] if "layers.2.weight" in weights else None
@@ -92,23 +107,28 @@ class ValueHead(nn.Module):
 
 
 def saved_head_file(folder: str) -> str | None:
-    """The value head file in ``folder`` (ours, or the original ``value_head.pt``), None when
-    there is none; a folder with both is an error, since which one is meant is unknowable."""
-    found = [os.path.join(folder, name) for name in (VALUE_HEAD_FILE, ORIGINAL_VALUE_HEAD_FILE)]
-    found = [path for path in found if os.path.isfile(path)]
+    """The value head file in ``folder`` (ours, or one of ``OTHER_HEAD_FORMATS``), None when
+    there is none; a folder with two is an error, since which one is meant is unknowable."""
+    names = [VALUE_HEAD_FILE] + [other.file for other in OTHER_HEAD_FORMATS]
+    found = [os.path.join(folder, name) for name in names if os.path.isfile(os.path.join(folder, name))]
     if len(found) > 1:
-        raise ValueError(f"{folder} holds two value heads ({VALUE_HEAD_FILE} and {ORIGINAL_VALUE_HEAD_FILE}): keep one")
+        raise ValueError(f"{folder} holds two value heads ({' and '.join(map(os.path.basename, found))}): keep one")
     return found[0] if found else None
 
 
 def read_head_weights(path: str, num_values: int) -> dict[str, Tensor]:
     """The weights of a saved head file under :class:`ValueHead`'s names."""
-    ours = path.endswith(VALUE_HEAD_FILE)
+    formats = [HeadFormat(VALUE_HEAD_FILE, VALUE_HEAD_FILE, read_our_head), *OTHER_HEAD_FORMATS]
+    read = next(other.read for other in formats if os.path.basename(path) == other.file)
+    return read(path, num_values)
+
+
+def read_our_head(path: str, num_values: int) -> dict[str, Tensor]:
+    """The weights of a ``value_head.safetensors``."""
     try:
-        state = load_file(path) if ours else load_original_head(path)
+        return load_file(path)
     except Exception as error:
         raise ValueError(f"{path} cannot be read ({type(error).__name__}: {error})") from error
-    return state if ours else original_head_weights(state, num_values, path)
 
 
 def last_token_hidden(model: nn.Module, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
@@ -156,6 +176,10 @@ class Critic:
     def width_setting(self) -> str:
         """The config field that sizes this critic's value head."""
         return "value_head_hidden_dim" if self.agent is not None else "critic_value_head_hidden_dim"
+
+    def use_head(self, head: ValueHead) -> None:
+        """Predict with ``head`` from now on (a value head given with the agent, checked to fit)."""
+        self.head = head
 
     def parameters(self) -> list[nn.Parameter]:
         """What the critic's optimizer trains: the head, and a separate backbone's weights (the

@@ -99,15 +99,15 @@ def to_float32(rows: list[list[float]], shape: tuple[int, int], row_ids: Sequenc
     return out
 
 
-def per_joint_action_hint(count: int) -> str:
-    """What a batch call's error adds when a comlrl 1.4.3 function may be its cause; with one
-    joint action both ways of calling are the same, and it adds nothing."""
-    if count <= 1:
-        return ""
-    return (
-        "; a reward function written for comlrl 1.4.3, which called it once per joint action with "
-        'one-element lists, needs reward_call="per_joint_action"'
-    )
+ERROR_HINTS: list[Callable[[int], str]] = []
+"""What a batch call's error adds, from the count of joint actions of the call: registered by
+who knows another way the function may have been meant to be called
+(:mod:`comlrl.compat.rewards`: comlrl 1.4.3's one call per joint action)."""
+
+
+def error_hint(count: int) -> str:
+    """Every registered hint for a failed batch call of ``count`` joint actions."""
+    return "".join(hint(count) for hint in ERROR_HINTS)
 
 
 def _is_vector(value: object) -> bool:
@@ -206,7 +206,7 @@ class BatchCall:
 
     def score(self, actions: JointActions) -> Tensor:
         """The ``(K, N)`` rewards of one call with all K joint actions."""
-        hint = per_joint_action_hint(len(actions.row_ids))
+        hint = error_hint(len(actions.row_ids))
         return self.check(self.call(actions, hint=hint), actions.row_ids, hint)
 
 

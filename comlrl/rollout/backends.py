@@ -50,9 +50,26 @@ class GenerationBackend(Protocol):
         ...
 
 
+class ServedAgents(Protocol):
+    """The agents a backend samples from, a sequence of models (:class:`~comlrl.engine.agents.Agents`)."""
+
+    tokenizers: Sequence[Any]
+    """One per agent."""
+    adapters: Sequence[str | None]
+    """Per agent, its adapter's name in a shared base model, or None."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, agent: int) -> torch.nn.Module: ...
+
+    def for_sampling(self, agent: int) -> None:
+        """Make agent ``agent`` ready to sample (its adapter active, its weights gathered if sharded)."""
+        ...
+
+
 def build_backend(
     name: str,
-    agents: Any,
+    agents: ServedAgents,
     vllm_gpu_memory_utilization: float,
     sampler_logprobs: bool = False,
     compiled: bool = False,

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -130,7 +131,7 @@ def generate_group(
     # Inference tensors cannot enter autograd; the ids are small, a copy is cheap.
     rollout = rollout_from_ids(tokenizer, prompt_ids, prompt_mask, completion_ids.clone(), eos_ids)
     if sampler_logprobs is not None:
-        rollout.sampler_logprobs = sampler_logprobs.clone()
+        rollout = dataclasses.replace(rollout, sampler_logprobs=sampler_logprobs.clone())
     return rollout
 
 

@@ -18,7 +18,7 @@ import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Protocol
 
 from comlrl.utils.text import number_string_error
 
@@ -186,6 +186,16 @@ def unknown_generation_key_error(key: str, agent: int) -> ValueError:
     )
 
 
+class SamplingSettings(Protocol):
+    """The sampling fields of a trainer config."""
+
+    temperature: float
+    top_p: float
+    top_k: int | None
+    max_new_tokens: int
+    generation_kwargs: Mapping[str, Any]
+
+
 @dataclass(frozen=True)
 class SamplingSpec:
     """How completions are sampled; what the log-probs and the loss assume about them."""
@@ -212,7 +222,7 @@ class SamplingSpec:
         object.__setattr__(self, "extra", MappingProxyType(dict(self.extra)))
 
     @classmethod
-    def from_config(cls, config: Any) -> SamplingSpec:
+    def from_config(cls, config: SamplingSettings) -> SamplingSpec:
         """The training sampling of a trainer config (its ``generation_kwargs`` are checked
         again, in ``__post_init__``: the config may have changed since its own check)."""
         return cls(

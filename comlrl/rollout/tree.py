@@ -154,7 +154,7 @@ def build_tree(
     rows = list(row_ids)
     turn_prompts = [prompts.agent_prompts(i, rows) for i in range(num_agents)]
     prompt_history = [[[turn_prompts[i][m]] for i in range(num_agents)] for m in range(len(rows))]
-    # The histories as comlrl 1.4.3 reported them (see written_prompts); the first turn's are formatted.
+    # The histories the rewards and the transition see (see written_prompts); the first turn's are formatted.
     stated_history = [[list(prompts) for prompts in history] for history in prompt_history]
     response_history: list[list[list[str]]] = [[[] for _ in range(num_agents)] for _ in rows]
     turns: list[Turn] = []
@@ -177,7 +177,7 @@ def build_tree(
             "prompt_history_per_agent": [prompt_history[m] for m in joint_nodes],
             "response_history_per_agent": joint_responses,
         }
-        # As comlrl 1.4.3: agent 0's prompt of this turn, and the dataset row, of each joint action.
+        # Agent 0's prompt of this turn, and the dataset row, of each joint action (the reward's ``prompts``).
         joint_prompts = [stated_history[m][0][-1] for m in joint_nodes]
         batch_items = [prompts.rows[row] for row in joint_rows]
         scored = reward(joint_prompts, completions, joint_rows, context, batch_items)
@@ -201,7 +201,7 @@ def build_tree(
                     row_id=row,
                     dataset=prompts.name,
                     row=prompts.rows[row],
-                    prompt=prompts.rows[row].get("prompt", ""),  # comlrl 1.4.3's, also without the column
+                    prompt=prompts.rows[row].get("prompt", ""),  # "" for a dataset without the column
                     agent_completions=[completions[i][k] for i in range(num_agents)],
                     prompt_history_per_agent=stated_history[m],
                     response_history_per_agent=joint_responses[k],

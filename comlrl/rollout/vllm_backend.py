@@ -35,6 +35,7 @@ the Hugging Face backend's, so the trainer cannot tell the two apart.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 import shutil
@@ -327,9 +328,8 @@ class VLLMBackend:
             for row, sample in enumerate(samples):
                 values = [position[token].logprob for token, position in zip(sample.token_ids, sample.logprobs)]
                 processed[row, : len(values)] = torch.tensor(values, dtype=torch.float32)
-            rollout.sampler_logprobs = (processed + self._support_log_mass(agent, rollout, kwargs)).to(
-                rollout.completion_ids.device
-            )
+            sampler_logprobs = processed + self._support_log_mass(agent, rollout, kwargs)
+            rollout = dataclasses.replace(rollout, sampler_logprobs=sampler_logprobs.to(rollout.completion_ids.device))
         return rollout
 
     def _support_log_mass(self, agent: int, rollout: AgentRollout, kwargs: dict[str, Any]) -> torch.Tensor:

@@ -244,6 +244,10 @@ class Program:
         self.pid, self.outbox, self.lines, self.calls = pid, outbox, Lines(inbox), 0
         self.deadline = None
 
+    def allow(self, seconds):
+        """The next answers must come within ``seconds`` from now."""
+        self.deadline = time.monotonic() + seconds
+
     def message(self):
         try:
             message = json.loads(self.lines.line(self.deadline))
@@ -297,7 +301,7 @@ def has_body(function):
     return bool(body)
 
 
-def judge(spec, program, tests, report):
+def judge(spec, program: Program, tests, report):
     """Report the program's stages and each test's verdict; the tests run here, never there."""
     try:
         tree = ast.parse(spec["program"])
@@ -308,7 +312,7 @@ def judge(spec, program, tests, report):
     functions = (n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))
     if any(n.name == entry and has_body(n) for n in functions):
         report("defined")
-    program.deadline = time.monotonic() + tests["test_timeout"]
+    program.allow(tests["test_timeout"])
     try:
         first = program.message()
     except (Gone, TestTimeout) as error:
@@ -324,7 +328,7 @@ def judge(spec, program, tests, report):
     stubs = {name: program.stub(name) for name in usable}
     for index, test in enumerate(tests["tests"]):
         scope = {"__builtins__": builtins, **stubs}
-        program.deadline = time.monotonic() + tests["test_timeout"]
+        program.allow(tests["test_timeout"])
         try:
             exec(compile(test, f"<test {index}>", "exec"), scope)
             scope["check"](stubs[entry])

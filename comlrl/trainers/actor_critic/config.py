@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from comlrl.compat.fields import renamed, warn_ignored
-from comlrl.compat.spellings import CRITIC_TYPE_SPELLINGS, respell
+from comlrl.compat.fields import warn_ignored
+from comlrl.compat.spellings import CRITIC_TYPE_SPELLINGS
 from comlrl.engine.config_checks import (
     check_bool,
     check_choice,
@@ -19,6 +19,7 @@ from comlrl.engine.config_checks import (
 )
 from comlrl.engine.policy_gradient_config import PolicyGradientConfig
 from comlrl.utils.checks import field_default, is_real
+from comlrl.utils.config_fields import renamed, respell
 
 CRITIC_TYPES = ("v", "q")
 

@@ -3,7 +3,7 @@ agents' models (IAC's default), or separate critic models from ``critic_model`` 
 ``critics``, each with a value head that continues the one saved in its folder, if any.
 
 :func:`build_critics` is the one entry point (and :func:`critic_learning_rates` their rates);
-it reads of the trainer only its agents, config, loading arguments and data parallelism, so
+it reads of the run only its agents, config, loading arguments and data parallelism, so
 any constructor can call it once the agents are built. comlrl 1.4.3's critic folders, value
 heads and ``model_config`` keys are read by :mod:`comlrl.compat.actor_critic`.
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -29,14 +29,12 @@ from comlrl.compat.fields import warn_ignored
 from comlrl.engine.agents import Agents, prepare_for_training
 from comlrl.engine.distributed import DataParallel
 from comlrl.engine.optim import per_agent_learning_rates
+from comlrl.engine.run import Run
 from comlrl.models.loading import check_agents, load_agents, resolve_tokenizers
 from comlrl.models.placement import same_device
 from comlrl.models.value import Critic, ValueHead, hidden_size, saved_head_file
 from comlrl.models.vocabulary import TokenizedModel, fit_embeddings
 from comlrl.trainers.actor_critic.config import ActorCriticConfig
-
-if TYPE_CHECKING:  # annotations only: the module that builds trainers may import this one
-    from comlrl.engine.base import MultiAgentTrainer
 
 CriticSource = str | os.PathLike[str] | torch.nn.Module
 """A critic model as given: a folder or hub id, or a causal LM instance."""
@@ -65,7 +63,8 @@ class _Setup:
 
 
 def build_critics(
-    trainer: MultiAgentTrainer,
+    run: Run,
+    trainer_name: str,
     critic_model: CriticSource | None,
     critics: Sequence[CriticSource] | None,
     critic_tokenizer: Any,
@@ -75,18 +74,19 @@ def build_critics(
     centralized: bool,
     config: ActorCriticConfig,
 ) -> list[Critic]:
-    """Value heads on ``trainer``'s agents (IAC), or separate critic models from
+    """Value heads on the ``run``'s agents (IAC), or separate critic models from
     ``critic_model`` / ``critics`` read with ``critic_tokenizer``; one critic for all agents
     when ``centralized`` (MAAC), else one per agent. ``critic_config`` holds ``model_config``'s
     critic keys, ``special_tokens`` its special tokens (which grew the agents' tokenizers);
-    ``config`` is the actor-critic config (the trainer's, or MARLHF's RL phase's)."""
+    ``config`` is the actor-critic config (the trainer's, or MARLHF's RL phase's);
+    ``trainer_name`` names the trainer in warnings."""
     setup = _Setup(
-        trainer.agents,
+        run.agents,
         config,
-        trainer.num_agents,
-        trainer.model_kwargs,
-        trainer.tokenizer_kwargs,
-        trainer.parallel,
+        run.num_agents,
+        run.model_config.model_kwargs,
+        run.model_config.tokenizer_kwargs,
+        run.parallel,
         centralized,
     )
     critic_model = critic_model_argument(critic_model, config)
@@ -96,7 +96,7 @@ def build_critics(
     width = critic_config.resolve_head_width(setup.args.value_head_width(separate, as_in_original), centralized)
     if critic_config.model_kwargs and not separate:
         warn_ignored(
-            type(trainer).__name__,
+            trainer_name,
             "model_config['critic_model_kwargs']",
             "model_config['critic_model_kwargs'] has no effect: no critic model is loaded (the value heads sit on "
             "the agents' models); drop it",
@@ -109,13 +109,11 @@ def build_critics(
     return built
 
 
-def critic_learning_rates(
-    trainer: MultiAgentTrainer, critics: Sequence[Critic], args: ActorCriticConfig
-) -> list[float]:
+def critic_learning_rates(num_agents: int, critics: Sequence[Critic], args: ActorCriticConfig) -> list[float]:
     """A value head on an agent trains at that agent's rate (and, as every learner, on the
     config's schedule), as comlrl 1.4.3 trained it inside the agent's optimizer; separate
     critics at ``critic_learning_rate`` (of ``args``, the actor-critic config)."""
-    agent_rates = per_agent_learning_rates(args.agent_learning_rate, trainer.num_agents)
+    agent_rates = per_agent_learning_rates(args.agent_learning_rate, num_agents)
     return [
         agent_rates[critic.agent] if critic.agent is not None else args.separate_critic_learning_rate()
         for critic in critics

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import Any
 
 import torch
 
@@ -26,11 +25,13 @@ from comlrl.algorithms.returns import tree_lambda_returns, tree_returns
 from comlrl.checkpoint import load_weights
 from comlrl.compat.actor_critic import CriticModelConfig, split_critic_model_config
 from comlrl.compat.value_heads import GivenHeads
-from comlrl.engine.parts import Writer
-from comlrl.engine.policy_gradient import PolicyGradient
-from comlrl.metrics.hooks import ActorCriticCallback, StepValues
+from comlrl.engine.inputs import TrainerInputs
+from comlrl.engine.run import Run
+from comlrl.engine.saving import Writer
+from comlrl.metrics.hooks import ActorCriticCallback, MetricsCallback, StepValues
 from comlrl.models.loading import split_model_config
 from comlrl.models.value import Critic, EncodedInputs
+from comlrl.rollout.prompts import PromptTable
 from comlrl.rollout.tree import RolloutTree, Turn
 from comlrl.trainers.actor_critic.config import ActorCriticConfig
 from comlrl.trainers.actor_critic.critic_setup import build_critics, critic_learning_rates
@@ -43,6 +44,7 @@ from comlrl.trainers.actor_critic.critics import (
     frozen_values,
     joint_critic_text,
 )
+from comlrl.trainers.reinforce.objective import PolicyGradient
 
 
 class ActorCritic(PolicyGradient):
@@ -61,9 +63,16 @@ class ActorCritic(PolicyGradient):
     """The critics, in the order of their learners (after the agents')."""
 
     def __init__(
-        self, config: ActorCriticConfig, centralized: bool, critic_config: CriticModelConfig, given_heads: GivenHeads
+        self,
+        config: ActorCriticConfig,
+        centralized: bool,
+        critic_config: CriticModelConfig,
+        given_heads: GivenHeads,
+        trainer_name: str,
     ):
         super().__init__(config)
+        self.trainer_name = trainer_name
+        """How errors about the critics name the trainer."""
         self.centralized = centralized
         self.critic_config = critic_config
         self.given_heads = given_heads
@@ -81,14 +90,15 @@ class ActorCritic(PolicyGradient):
     def passes(self) -> int:
         return self.config.ppo_epochs
 
-    def attach(self, trainer: Any, inputs: Any) -> None:
+    def attach(self, run: Run, inputs: TrainerInputs) -> None:
         """The critics from the inputs, their learners, and their loss in the update."""
-        super().attach(trainer, inputs)
+        super().attach(run, inputs)
         config = self.config
-        self.agents, self.parallel = trainer.agents, trainer.parallel
+        self.agents, self.parallel = run.agents, run.parallel
         special_tokens = split_model_config(inputs.model_config).special_tokens
         self.critics = build_critics(
-            trainer,
+            run,
+            self.trainer_name,
             inputs.critic_model,
             inputs.critics,
             inputs.critic_tokenizer,
@@ -97,34 +107,38 @@ class ActorCritic(PolicyGradient):
             centralized=self.centralized,
             config=config,
         )
-        self.given_heads.adopt(self.critics, type(trainer).__name__)
+        self.given_heads.adopt(self.critics, self.trainer_name)
         layout = CentralizedCritic if self.centralized else IndependentCritics
-        self.layout: CriticLayout = layout(trainer.num_agents, config.critic_type)
-        trainer.add_learners(
+        self.layout: CriticLayout = layout(run.num_agents, config.critic_type)
+        run.add_learners(
             [critic.name for critic in self.critics],
             [critic.parameters() for critic in self.critics],
-            critic_learning_rates(trainer, self.critics, config),
+            critic_learning_rates(run.num_agents, self.critics, config),
         )
         self.update.auxiliary.append(
             CriticLoss(
                 self.critics,
-                trainer.agents,
-                trainer.parallel,
+                run.agents,
+                run.parallel,
                 config.value_clip_range,
                 config.value_loss_coef,
                 config.micro_batch_size,
             )
         )
-        self.check_first_turn_inputs(trainer)
-        if trainer.metrics_callback.callback is not None:  # it sees comlrl 1.4.3's actor-critic samples
-            trainer.metrics_callback = ActorCriticCallback(trainer.metrics_callback.callback, self)
-            self.records_steps = True
+        self.check_first_turn_inputs(run.train_prompts)
 
-    def check_first_turn_inputs(self, trainer: Any) -> None:
-        """Encode every training row's first-turn prompts with each separate critic's
-        tokenizer, so a critic that cannot read them fails here, before any training."""
-        rows = list(range(len(trainer.train_prompts)))
-        prompts = [trainer.train_prompts.agent_prompts(i, rows) for i in range(trainer.num_agents)]
+    def metrics_callback(self, callback: MetricsCallback) -> MetricsCallback:
+        """A callback sees actor-critic samples (with values and log-probs), recorded by each step."""
+        if callback.callback is None:
+            return callback
+        self.records_steps = True
+        return ActorCriticCallback(callback.callback, self)
+
+    def check_first_turn_inputs(self, table: PromptTable) -> None:
+        """Encode every training row's first-turn prompts (of ``table``) with each separate
+        critic's tokenizer, so a critic that cannot read them fails here, before any training."""
+        rows = list(range(len(table)))
+        prompts = [table.agent_prompts(i, rows) for i in range(self.run.num_agents)]
         for c, critic in enumerate(self.critics):
             if critic.agent is None:
                 texts = [joint_critic_text(joint) for joint in zip(*prompts)] if self.centralized else prompts[c]
@@ -181,13 +195,13 @@ class ActorCritic(PolicyGradient):
     # ----------------------------------------------------------------------------------------
     # saving and loading
     # ----------------------------------------------------------------------------------------
-    def write_with_agent(self, trainer: Any, agent: int, folder: str) -> None:
+    def write_with_agent(self, agent: int, folder: str) -> None:
         """The value head of a critic that sits on agent ``agent``'s model (``value_head.safetensors``)."""
         for critic in self.critics:
             if critic.agent == agent:
                 critic.head.save(folder)
 
-    def writers(self, trainer: Any) -> list[Writer]:
+    def writers(self) -> list[Writer]:
         """Each separate critic's model, tokenizer and value head, in ``critic_{c}/``."""
         return [
             (f"critic_{c}", functools.partial(write_critic, critic))
@@ -195,7 +209,7 @@ class ActorCritic(PolicyGradient):
             if critic.agent is None
         ]
 
-    def load(self, trainer: Any, path: str) -> None:
+    def load(self, path: str) -> None:
         separate = [critic for critic in self.critics if critic.agent is None]
         load_weights(path, [critic.backbone for critic in separate], [None] * len(separate), prefix="critic")
         for c, critic in enumerate(self.critics):
@@ -216,10 +230,13 @@ def write_critic(critic: Critic, folder: str) -> None:
     critic.head.save(folder)
 
 
-def actor_critic_parts(config: ActorCriticConfig, inputs: Any, centralized: bool) -> tuple[ActorCritic, Any]:
-    """The objective of an actor-critic run, and the inputs as the engine reads them:
+def actor_critic_parts(
+    config: ActorCriticConfig, inputs: TrainerInputs, centralized: bool, trainer_name: str
+) -> tuple[ActorCritic, TrainerInputs]:
+    """The objective of an actor-critic run (of the trainer class ``trainer_name``), and the
+    inputs as the engine reads them:
     ``model_config`` without its critic keys, and plain models for comlrl 1.4.3's
     ``CausalLMWithValueHead`` wrappers, whose critic keys and value heads the objective keeps."""
     model_config, critic_config = split_critic_model_config(inputs.model_config)
     inputs, given_heads = GivenHeads.take(inputs.replace(model_config=model_config))
-    return ActorCritic(config, centralized, critic_config, given_heads), inputs
+    return ActorCritic(config, centralized, critic_config, given_heads, trainer_name), inputs

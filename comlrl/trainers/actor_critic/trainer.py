@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from comlrl.compat.arguments import ACTOR_CRITIC_ORDER
+from comlrl.compat.entry import OriginalCalls
 from comlrl.compat.trainer_attributes import IACAttributes, MAACAttributes
 from comlrl.engine.base import MultiAgentTrainer
 from comlrl.engine.inputs import CRITIC_INPUTS, TrainerInputs
@@ -16,7 +17,7 @@ from comlrl.trainers.actor_critic.critics import CriticEstimate, joint_critic_te
 from comlrl.trainers.actor_critic.objective import ActorCritic, actor_critic_parts
 
 
-class ActorCriticTrainer(MultiAgentTrainer):
+class ActorCriticTrainer(OriginalCalls, MultiAgentTrainer):
     """What IAC and MAAC share. Arguments: :class:`~comlrl.engine.inputs.TrainerInputs`,
     with ``critic_model``, ``critics`` and ``critic_tokenizer``, positionally in the order of
     :data:`~comlrl.compat.arguments.ACTOR_CRITIC_ORDER`; ``args`` is the trainer's config.
@@ -29,6 +30,7 @@ class ActorCriticTrainer(MultiAgentTrainer):
 
     config_class: type[ActorCriticConfig] = ActorCriticConfig
     positional_order = ACTOR_CRITIC_ORDER
+    takes_value_heads = True
     optional_inputs = CRITIC_INPUTS | {"train_reward_func"}
     args: ActorCriticConfig
     objective: ActorCritic
@@ -36,7 +38,7 @@ class ActorCriticTrainer(MultiAgentTrainer):
     """One critic for all agents (MAAC) instead of one per agent (IAC)."""
 
     def parts(self, args: Any, inputs: TrainerInputs) -> Parts:
-        objective, inputs = actor_critic_parts(args, inputs, self.centralized_critic)
+        objective, inputs = actor_critic_parts(args, inputs, self.centralized_critic, type(self).__name__)
         return Parts(objective, TaskReward(), Schedule(), inputs)
 
     @property

@@ -10,80 +10,33 @@ fewer than asked (DeepSeek ignores ``n``) still serves; a response with none is 
 The key never enters the config: it is read from the environment variable
 ``comparator_api_key_env`` each time a request is sent, kept nowhere, and scrubbed from every
 error message. A literal key, or a credential header in ``comparator_api_headers``, would be
-written into checkpoints, the W&B config and logs, and is refused (see :func:`secret_problem`).
+written into checkpoints, the W&B config and logs, and is refused when the config is made
+(:func:`comlrl.trainers.dpo.iterative_config.secret_problem`).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from http.client import HTTPException
 from typing import Any
 from urllib import error as urlerror
-from urllib import parse as urlparse
 from urllib import request as urlrequest
 
 import torch
 
+from comlrl.engine.agents import Agents
 from comlrl.rollout.generation import AgentRollout, rollout_from_texts
 from comlrl.rollout.prompt_fit import check_encodable
 from comlrl.trainers.dpo.api_formats import API_FORMATS, ApiFormat, ComparatorApiError, api_sampling, excerpt
-
-CREDENTIAL_HEADER_WORDS = ("auth", "key", "token", "secret", "password", "cookie")
-"""A header (or URL query parameter) whose name holds one of these (any case) carries a credential."""
-
-CREDENTIAL_BODY_WORDS = ("api_key", "apikey", "api-key", "secret", "password", "authorization")
-"""A ``comparator_api_extra_body`` name holding one of these carries a credential (not ``token``
-or ``key`` alone: ``max_tokens`` and ``prompt_cache_key`` are ordinary request fields)."""
-
-ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-"""What an environment variable's name looks like (a key, with its dashes, does not)."""
+from comlrl.trainers.dpo.iterative_config import MADPOIterConfig
 
 
 # ------------------------------------------------------------------------------------------
-# the config's secrets
+# the key
 # ------------------------------------------------------------------------------------------
-def credential_names(names: Any, words: Sequence[str]) -> list[str]:
-    """The names (headers, body fields, query parameters) that hold one of ``words``, any case."""
-    return [name for name in names if any(word in str(name).lower() for word in words)]
-
-
-def secret_problem(config: Any) -> str | None:
-    """Why ``config``'s ``comparator_api_*`` fields would put a secret where the config goes
-    (checkpoints, the W&B config, logs), or None. The message quotes no value, only names."""
-    instead = (
-        "put the key in an environment variable (export MY_API_KEY=...) and set comparator_api_key_env='MY_API_KEY' "
-        "(comparator_api_key_header and comparator_api_key_prefix say how it is sent)"
-    )
-    if config.comparator_api_key not in (None, ""):
-        return f"comparator_api_key would be saved with the config in checkpoints, the W&B config and logs: {instead}"
-    headers = config.comparator_api_headers
-    if isinstance(headers, Mapping) and credential_names(headers, CREDENTIAL_HEADER_WORDS):
-        named = credential_names(headers, CREDENTIAL_HEADER_WORDS)
-        return f"comparator_api_headers names credential headers {named} (their values are not shown): {instead}"
-    body = config.comparator_api_extra_body
-    if isinstance(body, Mapping) and credential_names(body, CREDENTIAL_BODY_WORDS):
-        named = credential_names(body, CREDENTIAL_BODY_WORDS)
-        return f"comparator_api_extra_body names credential fields {named} (their values are not shown): {instead}"
-    url = config.comparator_api_url
-    if isinstance(url, str):
-        parts = urlparse.urlsplit(url)
-        named = credential_names(dict(urlparse.parse_qsl(parts.query)), CREDENTIAL_HEADER_WORDS)
-        if parts.username or parts.password or named:
-            where = f"the query parameters {named}" if named else "a user name or password ('user:pass@')"
-            return f"comparator_api_url carries {where} (the address is not shown): {instead}"
-    key_env = config.comparator_api_key_env
-    if key_env is not None and not (isinstance(key_env, str) and ENV_NAME.fullmatch(key_env)):
-        return (
-            "comparator_api_key_env must be the NAME of an environment variable (letters, digits and _, such as "
-            "'OPENAI_API_KEY'), not the key itself (the value given is not shown, in case it is one)"
-        )
-    return None
-
-
 def read_key(key_env: str | None) -> str | None:
     """The key in the environment variable ``key_env`` (None: the endpoint takes no key), read
     at each request and never kept, so that nothing the trainer saves can hold it."""
@@ -124,7 +77,7 @@ class ApiClient:
     extra_body: dict[str, Any]
 
     @classmethod
-    def from_config(cls, args: Any) -> ApiClient:
+    def from_config(cls, args: MADPOIterConfig) -> ApiClient:
         """The endpoint of a checked MADPOIter / MARLHFIter config with ``comparator_policy='api'``."""
         return cls(
             url=args.comparator_api_url,
@@ -239,7 +192,7 @@ class ApiBackend:
     round's comparator candidates are not reproducible (a checkpoint keeps the round's pairs).
     """
 
-    def __init__(self, client: ApiClient, agents: Any):
+    def __init__(self, client: ApiClient, agents: Agents):
         self.client, self.agents = client, agents
         read_key(client.key_env)  # an unset variable fails now, not after round 1's own sampling
 

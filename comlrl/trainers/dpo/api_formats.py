@@ -42,7 +42,7 @@ def excerpt(text: str) -> str:
 
 
 def api_sampling(sampling: Mapping[str, Any]) -> dict[str, Any]:
-    """The trainer's sampling settings (Hugging Face ``generate`` keyword arguments) as the
+    """The run's sampling settings (Hugging Face ``generate`` keyword arguments) as the
     payloads name them: ``top_k`` 0 (Hugging Face's "no top-k filter") becomes None, and
     greedy decoding temperature 0. ``generation_kwargs`` extras are not sent (the endpoint
     has its own names: put them in ``comparator_api_extra_body``)."""

@@ -4,12 +4,11 @@ which its reward model is fitted to)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from tqdm.auto import tqdm
 
 from comlrl.algorithms import joint_action_indices
+from comlrl.engine.run import Run
 from comlrl.trainers.dpo.config import MADPOConfig
 from comlrl.trainers.dpo.pairs import PreferencePair, node_pairs, pair_statistics, select_pairs, shared_rewards
 from comlrl.utils import stats as metric_stats
@@ -29,24 +28,22 @@ def check_candidate_budget(config: MADPOConfig, num_agents: int) -> None:
         )
 
 
-def sample_preference_pairs(
-    trainer: Any, args: MADPOConfig, name: str
-) -> tuple[list[PreferencePair], dict[str, float]]:
-    """Sample ``preference_num_candidates`` joint actions per training prompt with
-    ``trainer``'s current policy, score them with its task reward and keep the pairs
-    ``pair_selection`` picks; returns them and what building them found. ``name`` (the
-    trainer's: MADPO, MARLHF) labels the progress bar and the error. For a centralized
-    trainer (one model writes every role), what was found includes the share of candidates
-    its collaboration could not split into roles.
+def sample_preference_pairs(run: Run, args: MADPOConfig, name: str) -> tuple[list[PreferencePair], dict[str, float]]:
+    """Sample ``preference_num_candidates`` joint actions per training prompt with ``run``'s
+    current policy, score them with its task reward and keep the pairs ``pair_selection``
+    picks; returns them and what building them found. ``name`` (the algorithm's: MADPO,
+    MARLHF) labels the progress bar and the error. For a centralized run (one model writes
+    every role), what was found includes the share of candidates its collaboration could not
+    split into roles.
 
     Under data parallelism each rank samples its share of the rows (and draws
     ``pair_selection="random"``'s order from its own stream, as it samples from its own);
     every rank returns all the pairs, in row order, and what was found over all of them."""
-    parallel, collaboration = trainer.parallel, trainer.collaboration
+    parallel, collaboration, table = run.parallel, run.collaboration, run.train_prompts
     count = args.preference_num_candidates
-    aligned = joint_action_indices(trainer.num_agents, count, "aligned")
+    aligned = joint_action_indices(run.num_agents, count, "aligned")
     order = torch.Generator().manual_seed(args.seed + parallel.rank)  # pair_selection="random"'s draws
-    rows = parallel.shard(list(range(len(trainer.train_prompts))))
+    rows = parallel.shard(list(range(len(table))))
     chunk = args.per_device_train_batch_size
     pairs: list[PreferencePair] = []
     candidate_rewards = []
@@ -55,13 +52,12 @@ def sample_preference_pairs(
         range(0, len(rows), chunk), desc=f"{name} pairs", unit="batch", dynamic_ncols=True, disable=not parallel.is_main
     )
     for first in chunks:
-        turn = trainer.rollout(
-            trainer.train_prompts, rows[first : first + chunk], num_generations=count, joint_indices=aligned
-        ).turns[0]
+        batch = rows[first : first + chunk]
+        turn = run.rollout(table, batch, num_generations=count, joint_indices=aligned).turns[0]
         rewards = shared_rewards(turn.rewards, turn.rows)  # (M, N)
         candidate_rewards.append(rewards)
         if collaboration is not None:
-            parse_failure_stats.append(collaboration.parse_failure_stats(turn, trainer.train_prompts))
+            parse_failure_stats.append(collaboration.parse_failure_stats(turn, table))
         for m, row in enumerate(turn.rows):
             ranked = select_pairs(rewards[m], args.pair_selection, args.preference_pairs_per_sample, order)
             prompts = [agent_prompts[m] for agent_prompts in turn.prompts]

@@ -12,8 +12,9 @@ samples the comparator's candidates, and what of it a checkpoint keeps.
                         answers tokenized with the agents' tokenizers       in the environment)
 
 Every comparator answers :meth:`Comparator.start_round` with the generation backend of that
-round's comparator candidates; the trainer samples them with the agents' tokenizers, so the
-pairs hold the tokens exactly as sampled (``api``: as its answers tokenize, EOS appended).
+round's comparator candidates; the rounds sample them with the run's rollout, through that
+backend and with the agents' tokenizers, so the pairs hold the tokens exactly as sampled
+(``api``: as its answers tokenize, EOS appended).
 """
 
 from __future__ import annotations
@@ -26,12 +27,14 @@ import torch
 from transformers import AutoTokenizer
 
 from comlrl.engine import sharding
+from comlrl.engine.agents import Agents
 from comlrl.models.folders import check_model_source
 from comlrl.models.loading import load_agents
 from comlrl.models.lora import fresh_model, is_peft_model, merged_copy
 from comlrl.models.placement import resolve_agent_devices
 from comlrl.rollout.backends import GenerationBackend, HFBackend
 from comlrl.trainers.dpo.api_comparator import ApiBackend, ApiClient
+from comlrl.trainers.dpo.iterative_config import MADPOIterConfig
 
 
 class Comparator(Protocol):
@@ -52,7 +55,7 @@ class Comparator(Protocol):
 # ------------------------------------------------------------------------------------------
 # copies of the policy
 # ------------------------------------------------------------------------------------------
-def comparator_devices(spec: str | Sequence[str] | None, agents: Any) -> list[torch.device]:
+def comparator_devices(spec: str | Sequence[str] | None, agents: Agents) -> list[torch.device]:
     """One device per agent for the comparator's models: ``spec`` as ``agent_devices`` reads
     it (``None``: each agent's own device)."""
     if spec is None:
@@ -60,7 +63,7 @@ def comparator_devices(spec: str | Sequence[str] | None, agents: Any) -> list[to
     return resolve_agent_devices(spec, len(agents), field="comparator_devices")
 
 
-def policy_copy(agents: Any, agent: int) -> torch.nn.Module:
+def policy_copy(agents: Agents, agent: int) -> torch.nn.Module:
     """Agent ``agent``'s policy as it is now, as a model of its own (an adapter is merged into
     the copy's weights; a sharded agent's whole weights are gathered: a collective)."""
     model, adapter = agents[agent], agents.adapters[agent]
@@ -70,12 +73,12 @@ def policy_copy(agents: Any, agent: int) -> torch.nn.Module:
     return merged_copy(model, adapter) if is_peft_model(model) else copy.deepcopy(model)
 
 
-def frozen_copy(agents: Any, agent: int, device: torch.device) -> torch.nn.Module:
+def frozen_copy(agents: Agents, agent: int, device: torch.device) -> torch.nn.Module:
     """:func:`policy_copy` on ``device``, frozen."""
     return policy_copy(agents, agent).to(device).eval().requires_grad_(False)
 
 
-def policy_weights(agents: Any, agent: int) -> dict[str, torch.Tensor]:
+def policy_weights(agents: Agents, agent: int) -> dict[str, torch.Tensor]:
     """The weights :func:`frozen_copy` would give agent ``agent``'s copy now, on the CPU."""
     model = agents[agent]
     if is_peft_model(model):
@@ -88,7 +91,7 @@ def policy_weights(agents: Any, agent: int) -> dict[str, torch.Tensor]:
     return {name: tensor.detach().to("cpu", copy=True) for name, tensor in state.items()}
 
 
-def frozen_backend(models: Sequence[torch.nn.Module], agents: Any) -> HFBackend:
+def frozen_backend(models: Sequence[torch.nn.Module], agents: Agents) -> HFBackend:
     """Sampling with ``models`` (one per agent, frozen, no adapters) and the agents' tokenizers."""
     return HFBackend(models, agents.tokenizers, lambda agent: None)
 
@@ -107,10 +110,10 @@ class Stateless:
 
 
 class LiveAgents(Stateless):
-    """``current``: the agents themselves; the trainer draws their comparator candidates from a
+    """``current``: the agents themselves; the rounds draw their comparator candidates from a
     random stream of their own, so they are not the current candidates again."""
 
-    def __init__(self, agents: Any, backend: GenerationBackend, args: Any, model_kwargs: dict[str, Any]):
+    def __init__(self, agents: Agents, backend: GenerationBackend, args: MADPOIterConfig, model_kwargs: dict[str, Any]):
         self.backend = backend
 
     def start_round(self, round_index: int) -> GenerationBackend:
@@ -122,7 +125,7 @@ class RoundCopy(Stateless):
     ``comparator_devices``; it stays as it was while the agents train, until the next round
     replaces it."""
 
-    def __init__(self, agents: Any, backend: GenerationBackend, args: Any, model_kwargs: dict[str, Any]):
+    def __init__(self, agents: Agents, backend: GenerationBackend, args: MADPOIterConfig, model_kwargs: dict[str, Any]):
         self.agents = agents
         self.devices = comparator_devices(args.comparator_devices, agents)
         self.models: list[torch.nn.Module] = []
@@ -138,7 +141,7 @@ class ExternalModels(Stateless):
     agent, one shared model, or ``comparator_agents``, one per agent). They sample with the
     agents' tokenizers, so each must share its agent's vocabulary."""
 
-    def __init__(self, agents: Any, backend: GenerationBackend, args: Any, model_kwargs: dict[str, Any]):
+    def __init__(self, agents: Agents, backend: GenerationBackend, args: MADPOIterConfig, model_kwargs: dict[str, Any]):
         names = args.comparator_agents or [args.comparator_model_name] * len(agents)
         if len(names) != len(agents):
             raise ValueError(
@@ -192,7 +195,7 @@ class History:
     rounds will need are kept on the CPU (``comparator_history_k`` snapshots at most) and
     loaded into one frozen model per agent on ``comparator_devices`` when a round starts."""
 
-    def __init__(self, agents: Any, backend: GenerationBackend, args: Any, model_kwargs: dict[str, Any]):
+    def __init__(self, agents: Agents, backend: GenerationBackend, args: MADPOIterConfig, model_kwargs: dict[str, Any]):
         self.agents = agents
         self.k, self.num_rounds = args.history_k, args.num_iterations
         self.devices = comparator_devices(args.comparator_devices, agents)
@@ -224,7 +227,7 @@ class HttpEndpoint(Stateless):
     fields; :mod:`comlrl.trainers.dpo.api_comparator`). A checkpoint keeps nothing of
     it, and above all not its key, which is read from the environment at each request."""
 
-    def __init__(self, agents: Any, backend: GenerationBackend, args: Any, model_kwargs: dict[str, Any]):
+    def __init__(self, agents: Agents, backend: GenerationBackend, args: MADPOIterConfig, model_kwargs: dict[str, Any]):
         self.backend = ApiBackend(ApiClient.from_config(args), agents)
 
     def start_round(self, round_index: int) -> GenerationBackend:
@@ -239,11 +242,12 @@ COMPARATORS: dict[str, type] = {
     "api": HttpEndpoint,
 }
 """``comparator_policy`` -> its class; each is built from ``(agents, the agents' generation
-backend, the config, from_pretrained keyword arguments)``."""
+backend, the config, from_pretrained keyword arguments)``. Its keys are the config's
+:data:`~comlrl.trainers.dpo.iterative_config.COMPARATOR_POLICIES`."""
 
 
 def build_comparator(
-    policy: str, agents: Any, backend: GenerationBackend, args: Any, model_kwargs: dict[str, Any]
+    policy: str, agents: Agents, backend: GenerationBackend, args: MADPOIterConfig, model_kwargs: dict[str, Any]
 ) -> Comparator:
     """The comparator ``policy`` (a key of ``COMPARATORS``)."""
     if policy not in COMPARATORS:

@@ -6,11 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from comlrl.compat.fields import inert, warn_inert_fields
+from comlrl.compat.fields import warn_inert_fields
 from comlrl.engine.config import TrainerConfig
 from comlrl.engine.config_checks import MAX_COEFFICIENT, check_choice, check_int, check_scalar
 from comlrl.trainers.dpo.pairs import PAIR_SELECTIONS
 from comlrl.utils.checks import field_default
+from comlrl.utils.config_fields import inert
 
 DPO_REFERENCES = ("none", "initial")
 """The DPO loss's reference policy: none (reference-free, comlrl 1.4.3's loss), or the policy

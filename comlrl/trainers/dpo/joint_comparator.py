@@ -14,8 +14,6 @@ HTTP endpoint) is the round's, so every comparator policy can answer this way.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -23,7 +21,9 @@ import torch
 from comlrl.algorithms import joint_action_indices
 from comlrl.engine.centralized import CentralizedComparatorAdapter, CentralizedComparatorParseError
 from comlrl.engine.distributed import DataParallel
+from comlrl.engine.run import Run
 from comlrl.rewards import JointReward
+from comlrl.rollout.episodes import Rollout
 from comlrl.rollout.generation import AgentRollout, rollout_from_texts
 from comlrl.rollout.prompt_fit import check_encodable
 from comlrl.rollout.tree import Turn
@@ -50,17 +50,6 @@ class PrebuiltAnswers:
 
     def sync_weights(self, agent: int) -> None:
         pass
-
-
-@contextlib.contextmanager
-def using_backend(trainer: Any, backend: Any) -> Iterator[None]:
-    """``trainer``'s rollouts inside sample with ``backend``."""
-    live = trainer.backend
-    trainer.backend = backend
-    try:
-        yield
-    finally:
-        trainer.backend = live
 
 
 def split_answer(
@@ -102,10 +91,11 @@ class JointComparator:
         self.answers = self.unsplit = 0
         return unsplit / answers if answers else 0.0
 
-    def candidates(self, trainer: Any, rows: list[int], count: int, reward: JointReward | None) -> Turn:
-        """``count`` joint actions per row, from ``trainer``'s current backend (the round's
-        comparator), scored by ``reward`` (default: the task reward)."""
-        table, num_agents = trainer.train_prompts, trainer.num_agents
+    def candidates(self, run: Run, rollout: Rollout, rows: list[int], count: int, reward: JointReward | None) -> Turn:
+        """``count`` joint actions per row of ``run``'s training prompts, answered through
+        ``rollout``'s backend (the round's comparator) and played out by ``rollout``, scored by
+        ``reward`` (default: the task reward)."""
+        table, num_agents = run.train_prompts, run.num_agents
         agent_prompts = [[table.prompts[agent][row] for row in rows] for agent in range(num_agents)]
         joint_prompts = [
             self.adapter.build_prompt(table.rows[row], [prompts[k] for prompts in agent_prompts])
@@ -115,10 +105,10 @@ class JointComparator:
             check_encodable(
                 prompt, f"the prompt centralized_comparator_adapter.build_prompt wrote for {table.name} row {row}"
             )
-        sampling = trainer.sampling.generate_kwargs()
-        device = trainer.agents.device(self.agent_index)
+        sampling = run.sampling.generate_kwargs()
+        device = run.agents.device(self.agent_index)
         generator = torch.Generator(device).manual_seed(int(torch.randint(0, 2**63 - 1, (1,))))
-        answers = trainer.backend.generate(self.agent_index, joint_prompts, count, sampling, generator).texts
+        answers = rollout.backend.generate(self.agent_index, joint_prompts, count, sampling, generator).texts
         split = [
             split_answer(self.adapter, answer, table.rows[rows[k // count]], num_agents)
             for k, answer in enumerate(answers)
@@ -127,12 +117,10 @@ class JointComparator:
         self.unsplit += sum(parts is None for parts in split)
         parts = [[""] * num_agents if answer_parts is None else answer_parts for answer_parts in split]
         rollouts = [
-            rollout_from_texts(trainer.agents, agent, agent_prompts[agent], [p[agent] for p in parts], count, sampling)
+            rollout_from_texts(run.agents, agent, agent_prompts[agent], [p[agent] for p in parts], count, sampling)
             for agent in range(num_agents)
         ]
         aligned = joint_action_indices(num_agents, count, "aligned")
-        with using_backend(trainer, PrebuiltAnswers(rollouts)):
-            tree = trainer.rollout(
-                trainer.train_prompts, rows, num_generations=count, joint_indices=aligned, reward=reward
-            )
+        prebuilt = rollout.with_backend(PrebuiltAnswers(rollouts))
+        tree = prebuilt(table, rows, num_generations=count, joint_indices=aligned, reward=reward)
         return tree.turns[0]

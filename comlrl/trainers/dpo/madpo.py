@@ -18,8 +18,7 @@ trainer, by :class:`~comlrl.engine.centralized.CentralizedSetup`): the same step
 
 from __future__ import annotations
 
-from typing import Any
-
+from comlrl.compat.entry import OriginalCalls
 from comlrl.compat.trainer_attributes import PreferenceAttributes
 from comlrl.engine.base import MultiAgentTrainer
 from comlrl.engine.centralized import CentralizedCollaboration
@@ -37,7 +36,7 @@ ONCE = MadeOnce(
 """MADPO's pairs come from the policy before the first ``train()``; what to use for new ones."""
 
 
-class MADPOTrainer(PreferenceAttributes, MultiAgentTrainer):
+class MADPOTrainer(PreferenceAttributes, OriginalCalls, MultiAgentTrainer):
     """Multi-Agent Direct Preference Optimization: each agent learns from pairs of joint
     actions ranked by the task reward, through the joint policy's DPO loss.
 
@@ -88,7 +87,7 @@ class MADPOTrainer(PreferenceAttributes, MultiAgentTrainer):
     """Centralized mode: joins the roles' prompts and splits the one model's responses; None
     with one model per agent."""
 
-    def parts(self, args: Any, inputs: TrainerInputs) -> Parts:
+    def parts(self, args: MADPOConfig, inputs: TrainerInputs) -> Parts:
         return Parts(DirectPreference(args, ONCE), TaskReward(), Schedule(), inputs)
 
     @property

@@ -10,8 +10,10 @@ learns from, with earlier rounds' pairs as the replay mode says.
         ─pair_selection order, preference_pairs_per_sample─▶ the round's pairs (shard r)
         ─preference_replay_mode over the shards of every round so far─▶ the round's training pairs
 
-What a trainer does with the training pairs is its own: MADPOIter takes DPO steps on them,
-MARLHFIter fits a fresh reward model to them and runs RL on its scores. The comparator
+What a trainer does with the training pairs is its own (the rounds' consumer, to which
+:class:`~comlrl.trainers.dpo.schedule.Rounds` hands the rounds when one starts): MADPOIter's
+objective takes DPO steps on them, MARLHFIter's reward source fits a fresh reward model to
+them and the RL phase trains on its scores. The comparator
 policies are in :mod:`comlrl.trainers.dpo.comparators`, the replay rules in
 :mod:`comlrl.trainers.dpo.replay`, the pair order in :mod:`comlrl.trainers.dpo.pairs`.
 """
@@ -37,11 +39,14 @@ from comlrl.engine.centralized import (
     CentralizedComparatorAdapter,
     TaggedCentralizedComparatorAdapter,
 )
+from comlrl.engine.run import Run
 from comlrl.rewards import JointReward
 from comlrl.rollout.backends import GenerationBackend
+from comlrl.rollout.episodes import Rollout
 from comlrl.rollout.tree import Turn
 from comlrl.trainers.dpo.comparators import build_comparator
-from comlrl.trainers.dpo.joint_comparator import JointComparator, using_backend
+from comlrl.trainers.dpo.iterative_config import MADPOIterConfig
+from comlrl.trainers.dpo.joint_comparator import JointComparator
 from comlrl.trainers.dpo.pairs import (
     PreferencePair,
     comparison_pairs,
@@ -108,37 +113,38 @@ class PreferenceRounds:
     progress, the comparator; and how a round's pairs are made and chosen.
 
     Arguments:
-        trainer: the trainer whose agents, prompts, generation backend and task reward the
-            rounds sample with (it owns the agents; the comparator samples beside them).
+        run: the run whose agents, prompts, rollout and task reward the rounds sample with (it
+            owns the agents; the comparator samples beside them).
         args: the iterative config (MADPOIterConfig, MARLHFIterConfig): rounds, comparator,
             pair selection and replay fields.
         adapter: with ``comparator_generation_mode="centralized"`` and one model per agent,
             builds the comparator's joint prompt and splits its answers (default: tagged).
     """
 
-    def __init__(self, trainer: Any, args: Any, adapter: CentralizedComparatorAdapter | None = None):
+    def __init__(self, run: Run, args: MADPOIterConfig, adapter: CentralizedComparatorAdapter | None = None):
+        self.run = run
         self.args = args
-        self.reward_range = raw_reward_range(trainer.reward) if args.log_reward_distribution else None
+        self.reward_range = raw_reward_range(run.reward) if args.log_reward_distribution else None
         """The task reward's raw range, which the reward histograms' bins span (None: not logged)."""
-        sampled = args.per_device_train_batch_size * trainer.num_agents * args.comparator_candidates
+        sampled = args.per_device_train_batch_size * run.num_agents * args.comparator_candidates
         if sampled > args.max_generations_per_step:
             raise ValueError(
                 f"the comparator samples {sampled} completions at a time (per_device_train_batch_size="
-                f"{args.per_device_train_batch_size} rows x {trainer.num_agents} agents x comparator_num_candidates="
+                f"{args.per_device_train_batch_size} rows x {run.num_agents} agents x comparator_num_candidates="
                 f"{args.comparator_candidates}), above max_generations_per_step={args.max_generations_per_step}: "
                 "lower one of them, or raise max_generations_per_step"
             )
         self.comparator = build_comparator(
-            args.comparator_policy, trainer.agents, trainer.backend, args, trainer.model_kwargs
+            args.comparator_policy, run.agents, run.backend, args, run.model_config.model_kwargs
         )
         self.joint = None
         """With one model per agent, a comparator writing every agent's part in one answer."""
         if args.joint_comparator:
             index = args.comparator_centralized_agent_index
-            if index >= trainer.num_agents:
+            if index >= run.num_agents:
                 raise ValueError(
-                    f"comparator_centralized_agent_index={index}, but there are {trainer.num_agents} agents: "
-                    f"choose one of 0..{trainer.num_agents - 1}, whose comparator model answers the joint prompts"
+                    f"comparator_centralized_agent_index={index}, but there are {run.num_agents} agents: "
+                    f"choose one of 0..{run.num_agents - 1}, whose comparator model answers the joint prompts"
                 )
             self.joint = JointComparator(adapter or TaggedCentralizedComparatorAdapter(), index)
         self.round = -1
@@ -160,7 +166,6 @@ class PreferenceRounds:
 
     def start(
         self,
-        trainer: Any,
         round_index: int,
         reward: JointReward | None = None,
         annotate: Callable[[list[PreferencePair]], list[PreferencePair]] | None = None,
@@ -169,7 +174,7 @@ class PreferenceRounds:
         ``reward``, default the task reward), passed through ``annotate`` (MADPOIter: DPO's
         reference margins) and kept as its shard; returns the pairs the round learns from,
         chosen from every shard by the replay mode (none when every comparison tied and the
-        replay found none either: the trainer says what that means), and the round's metrics.
+        replay found none either: the consumer says what that means), and the round's metrics.
 
         Under torchrun every rank returns the same pairs and metrics: each makes its share of
         the comparisons and of the annotations (``annotate`` may be given an empty share), the
@@ -179,17 +184,15 @@ class PreferenceRounds:
             raise RuntimeError(f"round {round_index + 1} cannot start after {len(self.shards)} rounds")
         args = self.args
         if round_index == 0:
-            self.save_policy(trainer, "initial")
-        current, metrics, candidates_raw = self.compare(
-            trainer, round_index, self.comparator.start_round(round_index), reward
-        )
-        parallel = trainer.parallel
+            self.save_policy("initial")
+        current, metrics, candidates_raw = self.compare(round_index, self.comparator.start_round(round_index), reward)
+        parallel, output_dir = self.run.parallel, self.run.state.output_dir
         if annotate is not None and current:
             current = parallel.gather_lists(annotate(parallel.shard(current)))
         self.shards.append(current)
         self.round = round_index
         if parallel.is_main:
-            self.write_shard(trainer.output_dir, round_index, current)
+            self.write_shard(output_dir, round_index, current)
         chosen = replay_choice(
             args.preference_replay_mode,
             [len(shard) for shard in self.shards],
@@ -208,21 +211,21 @@ class PreferenceRounds:
             }
         )
         if self.reward_range is not None:
-            written_to = trainer.output_dir if parallel.is_main else None
+            written_to = output_dir if parallel.is_main else None
             metrics.update(log_reward_distribution(written_to, round_index, self.reward_range, candidates_raw, pairs))
         return pairs, metrics
 
-    def end(self, trainer: Any, round_index: int) -> None:
+    def end(self, round_index: int) -> None:
         """Round ``round_index`` has taken its last step."""
-        self.save_policy(trainer, f"iteration_{round_index:04d}")
+        self.save_policy(f"iteration_{round_index:04d}")
 
-    def save_policy(self, trainer: Any, label: str) -> None:
+    def save_policy(self, label: str) -> None:
         """The agents (as ``save_model`` writes them: rank 0 only) to ``policy_checkpoint_dir/label``, if set."""
         if self.args.policy_checkpoint_dir is not None:
-            trainer.save_model(os.path.join(self.args.policy_checkpoint_dir, label))
+            self.run.models.save(os.path.join(self.args.policy_checkpoint_dir, label))
 
     def compare(
-        self, trainer: Any, round_index: int, comparator: GenerationBackend, reward: JointReward | None
+        self, round_index: int, comparator: GenerationBackend, reward: JointReward | None
     ) -> tuple[list[PreferencePair], dict[str, float], tuple[Tensor, Tensor]]:
         """Round ``round_index``'s pairs: for every training prompt, the current policy's N
         candidates against the ``comparator``'s M, candidate j against candidate j; with the
@@ -233,16 +236,16 @@ class PreferenceRounds:
         ``pair_selection="random"``'s order from its own streams of the round (the current
         candidates from its own training stream, as one process does); every rank returns all
         the pairs in row order, the rewards of every row and the metrics over all of them."""
-        args, parallel = self.args, trainer.parallel
+        run, args, parallel = self.run, self.args, self.run.parallel
         count, comparator_count = args.preference_num_candidates, args.comparator_candidates
         order = round_generator(args.seed, round_index, Stream.PAIR_ORDER, parallel.rank)  # pair_selection="random"
         comparator_stream = round_generator(args.seed, round_index, Stream.COMPARATOR, parallel.rank)
-        rows = parallel.shard(list(range(len(trainer.train_prompts))))
+        rows = parallel.shard(list(range(len(run.train_prompts))))
         chunk = args.per_device_train_batch_size
         pairs: list[PreferencePair] = []
         current_rewards, comparator_rewards = [], []
         current_raw, comparator_raw = [], []
-        collaboration = trainer.collaboration  # centralized: one model's answers, split into roles
+        collaboration = run.collaboration  # centralized: one model's answers, split into roles
         unsplit: tuple[list, list] = ([], [])  # per batch of rows, current and comparator candidates
         label = f"{args.trainer_name} round {round_index + 1} pairs"
         batches = tqdm(
@@ -250,12 +253,12 @@ class PreferenceRounds:
         )
         for first in batches:
             batch = rows[first : first + chunk]
-            mine = candidates(trainer, batch, count, reward)
-            with sampling_with(trainer, comparator, comparator_stream):
+            mine = candidates(run, batch, count, reward)
+            with sampling_with(run.rollout, comparator, comparator_stream) as comparator_rollout:
                 if self.joint is None:
-                    theirs = candidates(trainer, batch, comparator_count, reward)
+                    theirs = candidates(run, batch, comparator_count, reward, comparator_rollout)
                 else:  # one model writes every agent's part
-                    theirs = self.joint.candidates(trainer, batch, comparator_count, reward)
+                    theirs = self.joint.candidates(run, comparator_rollout, batch, comparator_count, reward)
             mine_rewards, their_rewards = (
                 shared_rewards(mine.rewards, mine.rows),
                 shared_rewards(theirs.rewards, theirs.rows),
@@ -278,7 +281,7 @@ class PreferenceRounds:
             comparator_raw.append(their_raw)
             if collaboration is not None:
                 for side, turn in zip(unsplit, (mine, theirs)):
-                    side.append(collaboration.parse_failure_stats(turn, trainer.train_prompts))
+                    side.append(collaboration.parse_failure_stats(turn, run.train_prompts))
         pairs = parallel.gather_lists(pairs)
         current_rewards, comparator_rewards, current_raw, comparator_raw = (
             torch.cat(parallel.gather_lists(per_batch))
@@ -338,19 +341,22 @@ class PreferenceRounds:
         self.comparator.load_state(comparator_state)
 
 
-def candidates(trainer: Any, rows: list[int], count: int, reward: JointReward | None = None) -> Turn:
-    """``count`` aligned joint actions per row, sampled by ``trainer``'s backend and scored
-    by ``reward`` (default: its task reward)."""
-    aligned = joint_action_indices(trainer.num_agents, count, "aligned")
-    return trainer.rollout(
-        trainer.train_prompts, rows, num_generations=count, joint_indices=aligned, reward=reward
-    ).turns[0]
+def candidates(
+    run: Run, rows: list[int], count: int, reward: JointReward | None = None, rollout: Rollout | None = None
+) -> Turn:
+    """``count`` aligned joint actions per row of ``run``'s training prompts, played out by
+    ``rollout`` (default: the run's own, with the agents' backend) and scored by ``reward``
+    (default: the task reward)."""
+    aligned = joint_action_indices(run.num_agents, count, "aligned")
+    play = run.rollout if rollout is None else rollout
+    return play(run.train_prompts, rows, num_generations=count, joint_indices=aligned, reward=reward).turns[0]
 
 
 @contextlib.contextmanager
-def sampling_with(trainer: Any, backend: GenerationBackend, stream: torch.Generator) -> Iterator[None]:
-    """``trainer``'s rollouts inside sample with ``backend``, from a seed drawn from
-    ``stream``; torch's generators (the training's random stream) are left as they were."""
-    with torch.random.fork_rng(devices=seeded_cuda_devices(), device_type="cuda"), using_backend(trainer, backend):
+def sampling_with(rollout: Rollout, backend: GenerationBackend, stream: torch.Generator) -> Iterator[Rollout]:
+    """``rollout`` sampling with ``backend`` instead (a copy: nothing is changed on ``rollout``),
+    inside from a seed drawn from ``stream``; torch's generators (the training's random
+    stream) are left as they were."""
+    with torch.random.fork_rng(devices=seeded_cuda_devices(), device_type="cuda"):
         torch.manual_seed(int(torch.randint(0, 2**62, (1,), generator=stream)))
-        yield
+        yield rollout.with_backend(backend)

@@ -10,7 +10,7 @@ from typing import ClassVar
 
 import torch
 
-from comlrl.compat.spellings import RL_ALGORITHM_ALIASES, respell
+from comlrl.compat.spellings import RL_ALGORITHM_ALIASES
 from comlrl.engine.config import TrainerConfig
 from comlrl.engine.config_checks import check_bool, check_choice, check_int, check_learning_rate
 from comlrl.engine.policy_gradient_config import PolicyGradientConfig
@@ -20,6 +20,7 @@ from comlrl.trainers.reinforce.centralized import CentralizedMAGRPOConfig
 from comlrl.trainers.reinforce.config import MAGRPOConfig
 from comlrl.trainers.reinforce.variants import MAREINFORCEConfig, MAReMaxConfig, MARLOOConfig
 from comlrl.utils.checks import field_default, is_real
+from comlrl.utils.config_fields import respell
 
 __all__ = ["MARLHFConfig"]
 

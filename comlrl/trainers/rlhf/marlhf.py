@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from comlrl.compat.entry import OriginalCalls
 from comlrl.compat.trainer_attributes import MARLHFAttributes, PreferenceAttributes
 from comlrl.engine.base import MultiAgentTrainer
 from comlrl.engine.inputs import CRITIC_INPUTS, TrainerInputs
@@ -27,7 +28,7 @@ from comlrl.trainers.rlhf.reward_model import FittedRewardModel
 __all__ = ["JointRewardModel", "MARLHFConfig", "MARLHFTrainer"]
 
 
-class MARLHFTrainer(PreferenceAttributes, MARLHFAttributes, MultiAgentTrainer):
+class MARLHFTrainer(PreferenceAttributes, MARLHFAttributes, OriginalCalls, MultiAgentTrainer):
     """Multi-Agent RLHF: a joint reward model fitted to preference pairs of the agents' own
     joint actions, then online RL on its scores (module docstring: the four phases).
 
@@ -76,17 +77,22 @@ class MARLHFTrainer(PreferenceAttributes, MARLHFAttributes, MultiAgentTrainer):
     args: MARLHFConfig
     reward_source: FittedRewardModel
 
-    def parts(self, args: Any, inputs: TrainerInputs) -> Parts:
+    def keeps_value_heads(self, args: Any) -> bool:
+        """An actor-critic ``rl_algorithm`` takes the value heads of 1.4.3's wrapped agents."""
+        config = self.config_class() if args is None else args
+        return getattr(config, "rl_algorithm", None) in ("iac", "maac")
+
+    def parts(self, args: MARLHFConfig, inputs: TrainerInputs) -> Parts:
         self.algorithm_name = f"{args.trainer_name}-{args.rl_algorithm.upper()}"
         source = model_name(args.reward_model_name, inputs.agent_model, inputs.agents, "reward_model_name")
         reward = self.reward_source_class(
             args, check_model_source(source, "reward_model_name"), split_model_config(inputs.model_config).model_kwargs
         )
-        objective, inputs = rl_objective(args, inputs)
-        return Parts(objective, reward, self.schedule_of(reward), inputs)
+        objective, inputs = rl_objective(args, inputs, type(self).__name__)
+        return Parts(objective, reward, self.schedule_of(args, reward), inputs)
 
-    def schedule_of(self, reward: FittedRewardModel) -> Schedule:
-        """One run of the RL phase (MARLHFIter: rounds, each fitting ``reward`` anew)."""
+    def schedule_of(self, args: MARLHFConfig, reward: FittedRewardModel) -> Schedule:
+        """One run of the RL phase for config ``args`` (MARLHFIter: rounds, each fitting ``reward`` anew)."""
         return Schedule()
 
     @property
@@ -100,10 +106,11 @@ class MARLHFTrainer(PreferenceAttributes, MARLHFAttributes, MultiAgentTrainer):
         return self.reward_source.pairs
 
 
-def rl_objective(args: MARLHFConfig, inputs: TrainerInputs) -> tuple[Objective, TrainerInputs]:
+def rl_objective(args: MARLHFConfig, inputs: TrainerInputs, trainer_name: str) -> tuple[Objective, TrainerInputs]:
     """The RL phase's objective (with ``rl_config()``) and the inputs as it reads them: the
     critics' for iac / maac (named by the inputs, ``critic_model_name``, or the agents' model),
-    refused for the MAGRPO family, which has none."""
+    refused for the MAGRPO family, which has none. ``trainer_name`` (the trainer class's)
+    names it in the critics' warnings."""
     if args.rl_algorithm in MAGRPO_BASELINES:
         for name in ("critic_model", "critics", "critic_tokenizer"):
             if getattr(inputs, name) is not None:
@@ -113,7 +120,8 @@ def rl_objective(args: MARLHFConfig, inputs: TrainerInputs) -> tuple[Objective, 
                 )
         return GroupAdvantages(args.rl_config()), inputs
     critic = critic_source(args, inputs.critic_model, inputs.critics, inputs.agent_model, inputs.agents)
-    return actor_critic_parts(args.rl_config(), inputs.replace(critic_model=critic), args.rl_algorithm == "maac")
+    config, centralized = args.rl_config(), args.rl_algorithm == "maac"
+    return actor_critic_parts(config, inputs.replace(critic_model=critic), centralized, trainer_name)
 
 
 def model_name(name: str | None, agent_model: Any, agents: Any, field: str, other_choice: str = "") -> str:

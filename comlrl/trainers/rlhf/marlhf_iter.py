@@ -16,18 +16,19 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
-from comlrl.compat.spellings import SCORING_REWARD_SPELLINGS, respell
+from comlrl.compat.spellings import SCORING_REWARD_SPELLINGS
 from comlrl.compat.trainer_attributes import IterativeAttributes
 from comlrl.engine.config_checks import check_choice
 from comlrl.engine.parts import MadeOnce, Schedule
-from comlrl.trainers.dpo.iterative import MADPOIterConfig
+from comlrl.trainers.dpo.iterative_config import MADPOIterConfig
 from comlrl.trainers.dpo.rounds import PreferenceRounds, Stream, round_generator
 from comlrl.trainers.dpo.schedule import Rounds
 from comlrl.trainers.rlhf.config import MARLHFConfig
 from comlrl.trainers.rlhf.marlhf import MARLHFTrainer
 from comlrl.trainers.rlhf.reward_model import FittedRewardModel
+from comlrl.utils.config_fields import respell
 
 __all__ = ["MARLHFIterConfig", "MARLHFIterTrainer"]
 
@@ -73,29 +74,28 @@ class RoundsRewardModel(FittedRewardModel):
         "more rounds in one run (a larger num_iterations; each round fits a reward model to fresh pairs)",
     )
 
-    def prepare(self, trainer: Any, checkpoint: str | None) -> dict[str, float]:
+    def prepare(self, checkpoint: str | None) -> dict[str, float]:
         """Resuming: the reward model read back from ``checkpoint``; a new run's first round
         (the schedule's ``prepare``, before this) has fitted one."""
-        return super().prepare(trainer, checkpoint) if checkpoint is not None else {}
+        return super().prepare(checkpoint) if checkpoint is not None else {}
 
-    def start_round(self, trainer: Any, round_index: int) -> dict[str, float]:
-        """Round ``round_index``'s pairs and a fresh reward model fitted to its training pairs.
-        A round without any keeps the previous round's reward model (comlrl 1.4.3 skipped the
-        round's RL instead); round 1 without any is an error."""
+    def start_round(self, rounds: PreferenceRounds, round_index: int) -> dict[str, float]:
+        """Round ``round_index`` of ``rounds``: its pairs, and a fresh reward model fitted to
+        its training pairs. A round without any keeps the previous round's reward model
+        (comlrl 1.4.3 skipped the round's RL instead); round 1 without any is an error."""
         args = self.args
         if round_index == 0:  # a new run
-            self.function.model, self.pairs = None, None
+            self.function.use(None)
+            self.pairs = None
         by_reward_model = args.preference_scoring_reward == "reward_model" and round_index > 0
-        pairs, metrics = trainer.schedule.rounds.start(
-            trainer, round_index, reward=trainer.train_reward if by_reward_model else None
-        )
+        pairs, metrics = rounds.start(round_index, reward=self.run.train_reward if by_reward_model else None)
         if pairs:
-            self.function.model = None  # the previous round's: fitting the next beside it would hold two
+            self.function.use(None)  # the previous round's: fitting the next beside it would hold two
             held_out, order = (
                 round_generator(args.seed, round_index, stream)
                 for stream in (Stream.REWARD_MODEL_HELD_OUT, Stream.REWARD_MODEL_ORDER)
             )
-            return {**metrics, **self.fit_pairs(trainer, pairs, held_out, order)}
+            return {**metrics, **self.fit_pairs(pairs, held_out, order)}
         if round_index == 0:
             raise ValueError(
                 "MARLHFIter round 1 found no preference pairs: every comparison of the current policy's candidates "
@@ -144,8 +144,8 @@ class MARLHFIterTrainer(IterativeAttributes, MARLHFTrainer):
     args: MARLHFIterConfig
     schedule: Rounds
 
-    def schedule_of(self, reward: FittedRewardModel) -> Schedule:
-        return Rounds(reward, schedule_per_round=False)
+    def schedule_of(self, args: MARLHFIterConfig, reward: FittedRewardModel) -> Schedule:
+        return Rounds(reward, args, schedule_per_round=False)
 
     @property
     def rounds(self) -> PreferenceRounds:

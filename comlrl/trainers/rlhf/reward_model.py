@@ -24,11 +24,15 @@ from tqdm.auto import tqdm
 from comlrl.algorithms.reward_model import bradley_terry_loss, pair_accuracy
 from comlrl.checkpoint import write_folders
 from comlrl.engine.distributed import DataParallel
+from comlrl.engine.inputs import TrainerInputs
 from comlrl.engine.parts import MadeOnce, RewardSource, Writer
+from comlrl.engine.run import RewardMaker, Run
 from comlrl.models.modes import disable_dropout
 from comlrl.models.reward_model import JointRewardModel, RewardModelFunction, joint_reward_text
+from comlrl.rewards import JointReward
 from comlrl.trainers.dpo.candidates import check_candidate_budget, sample_preference_pairs
 from comlrl.trainers.dpo.pairs import PreferencePair
+from comlrl.trainers.rlhf.config import MARLHFConfig
 
 REWARD_MODEL_FOLDER = "reward_model"
 """Where the fitted reward model goes: in ``output_dir``, in every checkpoint, in ``save_model``'s folder."""
@@ -137,11 +141,20 @@ def score_pairs(
     return PairScores(*parallel.sum_values([loss.item(), accuracy]))
 
 
+class ServedRewardModel(RewardModelFunction):
+    """The reward function of the RL phase: whichever reward model the reward source has
+    fitted or read back, swapped in place (the training reward holds this one function)."""
+
+    def use(self, model: JointRewardModel | None) -> None:
+        """Score with ``model`` from now on (None: no reward model, as before the first fit)."""
+        self.model = model
+
+
 class FittedRewardModel(RewardSource):
     """MARLHF's reward source: phases 1-3, run when ``train()`` starts (``prepare``), give the
     reward function of the training rollouts (``function``, raw reward-model scores; no
     ``reward_processor``, no ``reward_weights``). Under data parallelism every rank fits the
-    same reward model together (the trainer's ranks).
+    same reward model together (the run's ranks).
 
     Args:
         args: the MARLHF config (pairs and reward-model fields).
@@ -154,11 +167,14 @@ class FittedRewardModel(RewardSource):
         "MARLHFIterTrainer (a reward model fitted to fresh pairs of the current policy every round)",
     )
 
-    def __init__(self, args: Any, source: str, model_kwargs: dict[str, Any]):
+    run: Run
+    """The run whose policy makes the pairs (from :meth:`attach`)."""
+
+    def __init__(self, args: MARLHFConfig, source: str, model_kwargs: dict[str, Any]):
         self.args = args
         self.source = source
         self.model_kwargs = model_kwargs
-        self.function = RewardModelFunction(None, args.micro_batch_size)
+        self.function = ServedRewardModel(None, args.micro_batch_size)
         """Scores the RL phase's joint actions once a reward model is fitted or read back."""
         self.pairs: list[PreferencePair] | None = None
         """The pairs the reward model was fitted to (None: not fitted in this process)."""
@@ -167,13 +183,14 @@ class FittedRewardModel(RewardSource):
     def reward_model(self) -> JointRewardModel | None:
         return self.function.model
 
-    def attach(self, trainer: Any, inputs: Any) -> None:
-        check_candidate_budget(self.args, trainer.num_agents)
+    def attach(self, run: Run, inputs: TrainerInputs) -> None:
+        self.run = run
+        check_candidate_budget(self.args, run.num_agents)
 
-    def training_reward(self, trainer: Any, inputs: Any) -> Any:
-        return trainer.joint_reward(self.function, call="batch")
+    def training_reward(self, inputs: TrainerInputs, task_reward: JointReward, make_reward: RewardMaker) -> JointReward:
+        return make_reward(self.function, call="batch")
 
-    def prepare(self, trainer: Any, checkpoint: str | None) -> dict[str, float]:
+    def prepare(self, checkpoint: str | None) -> dict[str, float]:
         """The reward model: read from ``checkpoint`` when resuming (by every rank), else
         fitted now; returns the metrics of pairs and fit."""
         if checkpoint is not None:
@@ -182,25 +199,24 @@ class FittedRewardModel(RewardSource):
                 raise ValueError(
                     f"checkpoint {checkpoint} holds no {REWARD_MODEL_FOLDER}/: it was not written by MARLHFTrainer"
                 )
-            model = JointRewardModel.load(folder, self.device(trainer), self.model_kwargs)
-            self.function.model = frozen_model(model)
+            model = JointRewardModel.load(folder, self.device(), self.model_kwargs)
+            self.function.use(frozen_model(model))
             return {}
-        return self.fit(trainer)
+        return self.fit()
 
-    def device(self, trainer: Any) -> str | torch.device:
-        """Where the reward model lives: ``reward_model_device``, else with ``trainer``'s agent 0."""
-        return self.args.reward_model_device or trainer.agents.device(0)
+    def device(self) -> str | torch.device:
+        """Where the reward model lives: ``reward_model_device``, else with the run's agent 0."""
+        return self.args.reward_model_device or self.run.agents.device(0)
 
-    def fit(self, trainer: Any) -> dict[str, float]:
-        """Phases 1-3: pairs from ``trainer``'s policy and task reward, a fresh reward model
+    def fit(self) -> dict[str, float]:
+        """Phases 1-3: pairs from the run's policy and task reward, a fresh reward model
         fitted to them (less the held-out prompts'), frozen and written to ``output_dir``."""
-        pairs, metrics = sample_preference_pairs(trainer, self.args, "MARLHF")
+        pairs, metrics = sample_preference_pairs(self.run, self.args, "MARLHF")
         seed = self.args.seed
-        return {**metrics, **self.fit_pairs(trainer, pairs, seeded(seed), seeded(seed + 1))}
+        return {**metrics, **self.fit_pairs(pairs, seeded(seed), seeded(seed + 1))}
 
     def fit_pairs(
         self,
-        trainer: Any,
         pairs: list[PreferencePair],
         held_out_draw: torch.Generator,
         batch_order: torch.Generator,
@@ -208,16 +224,16 @@ class FittedRewardModel(RewardSource):
         """A fresh reward model fitted to ``pairs`` less those of the prompts held out (drawn
         from ``held_out_draw``; batches in an order drawn from ``batch_order``), frozen, used
         by ``function`` and written to ``output_dir`` (by rank 0); returns the fit's metrics.
-        Every rank of ``trainer`` holds the same ``pairs`` and generators, and they fit one
+        Every rank of the run holds the same ``pairs`` and generators, and they fit one
         model together."""
-        args, parallel = self.args, trainer.parallel
+        args, parallel = self.args, self.run.parallel
         self.pairs = pairs
         metrics: dict[str, float] = {}
         started = time.perf_counter()
         held_out = held_out_rows([pair.row for pair in self.pairs], args.reward_eval_fraction, held_out_draw)
         train_pairs = [pair for pair in self.pairs if pair.row not in held_out]
         eval_pairs = [pair for pair in self.pairs if pair.row in held_out]
-        model = self.fresh_reward_model(self.device(trainer))
+        model = self.fresh_reward_model(self.device())
         fitted = fit_reward_model(
             model,
             train_pairs,
@@ -228,7 +244,7 @@ class FittedRewardModel(RewardSource):
             batch_order,
             parallel,
         )
-        self.function.model = frozen_model(model)
+        self.function.use(frozen_model(model))
         metrics.update(
             {
                 "reward_model/loss": fitted.loss,
@@ -242,7 +258,7 @@ class FittedRewardModel(RewardSource):
             metrics.update({"reward_model/eval_loss": held.loss, "reward_model/eval_accuracy": held.accuracy})
         metrics["time/reward_model_s"] = time.perf_counter() - started
         if parallel.is_main:
-            write_folders(trainer.output_dir, [(REWARD_MODEL_FOLDER, model.save)])
+            write_folders(self.run.state.output_dir, [(REWARD_MODEL_FOLDER, model.save)])
         return metrics
 
     def fresh_reward_model(self, device: str | torch.device) -> JointRewardModel:
@@ -256,7 +272,7 @@ class FittedRewardModel(RewardSource):
             disable_dropout(model)
         return model
 
-    def writers(self, trainer: Any) -> list[Writer]:
+    def writers(self) -> list[Writer]:
         """``reward_model/`` beside the agents, once fitted."""
         return [] if self.reward_model is None else [(REWARD_MODEL_FOLDER, self.reward_model.save)]
 

@@ -1,7 +1,15 @@
-"""The policy-gradient objective, which the MAGRPO family and the actor-critic trainers share:
-rollouts scored by the training reward, an advantage for every sample (the algorithm's
-``estimate``), and the clipped policy-gradient loss over ``passes`` passes. One training step
-reads top to bottom in :meth:`PolicyGradient.step`.
+"""MAGRPO's objective and its step: rollouts scored by the training reward, an advantage for
+every sample, and the clipped policy-gradient loss over ``passes`` passes. One training step
+reads top to bottom in :meth:`PolicyGradient.step`; the MAGRPO family's advantages are
+:class:`GroupAdvantages`' (the actor-critic trainers give theirs from critics, on the same step).
+
+    rows ─formatters─▶ prompts per agent ─generate─▶ G completions per prompt and agent
+    ─joint actions─▶ reward_func ─reward_processor─▶ joint rewards (nodes, J)
+    [multi-turn: ─external_transition─▶ next turn's prompts, one child node per joint action;
+     the same again one turn (tree level) at a time]
+    ─returns (r + discount * mean of the child's returns)─▶ credit per agent (N, nodes, G)
+    ─group baseline per node─▶ advantages
+    ─masked batched forwards (micro-batches)─▶ loss terms ─▶ one optimizer step per agent
 """
 
 from __future__ import annotations
@@ -13,12 +21,17 @@ from typing import Any, NamedTuple
 
 import torch
 
+from comlrl.algorithms.returns import TreeAdvantages, tree_advantages
 from comlrl.algorithms.shaping import kl_shaped_rewards, sequence_kl
+from comlrl.engine.inputs import TrainerInputs
 from comlrl.engine.parts import Objective
+from comlrl.engine.run import Run
 from comlrl.engine.update import Estimate, FrozenLogprobs, PolicyUpdate, minibatch_count
 from comlrl.metrics.hooks import rollout_samples
 from comlrl.metrics.rollout import completion_samples, rollout_metrics
+from comlrl.metrics.update import step_time_metrics
 from comlrl.rollout.tree import RolloutTree
+from comlrl.trainers.reinforce.config import MAGRPOConfig
 from comlrl.utils import stats as metric_stats
 
 
@@ -56,20 +69,20 @@ class PolicyGradient(Objective):
     def estimate(self, tree: RolloutTree) -> Estimate:
         """The returns, per-agent credits and advantages of a step's rollout tree."""
 
-    def attach(self, trainer: Any, inputs: Any) -> None:
-        self.update = PolicyUpdate(
-            trainer.agents, trainer.learners, self.config, trainer.sampling, trainer.parallel, self.passes
-        )
+    def attach(self, run: Run, inputs: TrainerInputs) -> None:
+        super().attach(run, inputs)
+        self.update = PolicyUpdate(run.agents, run.learners, self.config, run.sampling, run.parallel, self.passes)
 
-    def optimizer_steps_per_step(self, trainer: Any) -> int:
-        config = trainer.args
+    def optimizer_steps_per_step(self) -> int:
+        config = self.run.config
         return self.passes * minibatch_count(config.per_device_train_batch_size, config.train_batch_size)
 
-    def step(self, trainer: Any, row_ids: list[int]) -> StepResult:
+    def step(self, row_ids: list[int], step_number: int) -> StepResult:
         """Sample, score and update every agent on this rank's dataset rows ``row_ids``."""
+        run = self.run
         started = time.perf_counter()
         # The rollout tree: completions, each turn scored by the training reward as it is played.
-        tree = trainer.rollout(trainer.train_prompts, row_ids, reward=trainer.train_reward)
+        tree = run.rollout(run.train_prompts, row_ids, reward=run.train_reward)
         generated = time.perf_counter()
         frozen = self.update.frozen(tree)  # sampling-time and reference log-probs, before any change
         estimated, shaping_metrics = (
@@ -78,29 +91,52 @@ class PolicyGradient(Objective):
             else (tree, {})
         )
         estimate = self.estimate(estimated)  # returns, credits and advantages
-        stats = self.update(tree, estimate, frozen, trainer.global_step + 1)  # losses, backward, optimizer steps
+        stats = self.update(tree, estimate, frozen, step_number)  # losses, backward, optimizer steps
         # Once, after the last pass: nothing samples between the passes.
-        for i in range(trainer.num_agents):
-            trainer.backend.sync_weights(i)
+        run.sync_weights()
         updated = time.perf_counter()
         stats.update(rollout_metrics(tree, estimate.returns, estimate.credits, estimate.advantages))
         stats.update(shaping_metrics)
-        if trainer.collaboration is not None:  # one model writing every role: its unsplittable answers
-            stats.update(trainer.collaboration.parse_failure_stats(tree.turns[0], trainer.train_prompts))
-        if trainer.metrics_callback.callback is not None:
-            samples = rollout_samples(tree, estimate.credits, estimate.advantages, trainer.train_prompts)
-            stats.update({key: metric_stats.mean(value, 1) for key, value in trainer.metrics_callback(samples).items()})
+        if run.collaboration is not None:  # one model writing every role: its unsplittable answers
+            stats.update(run.collaboration.parse_failure_stats(tree.turns[0], run.train_prompts))
+        if run.metrics_callback.callback is not None:
+            samples = rollout_samples(tree, estimate.credits, estimate.advantages, run.train_prompts)
+            stats.update({key: metric_stats.mean(value, 1) for key, value in run.metrics_callback(samples).items()})
         generated_tokens = sum(agent.lengths.sum().item() for turn in tree.turns for agent in turn.agents)
-        # Ranks work side by side: a step lasts as long as the slowest, their throughputs add.
-        stats["time/generate_s"] = metric_stats.maximum(generated - started)
-        stats["time/update_s"] = metric_stats.maximum(updated - generated)
-        stats["time/step_s"] = metric_stats.maximum(updated - started)
-        stats["time/generated_tokens_per_s"] = metric_stats.total(generated_tokens / max(generated - started, 1e-9))
-        return StepResult(trainer.parallel.reduce_metrics(stats), tree, estimate.returns)
+        stats.update(step_time_metrics(started, generated, updated, generated_tokens))
+        return StepResult(run.parallel.reduce_metrics(stats), tree, estimate.returns)
 
-    def step_samples(self, trainer: Any, result: StepResult, count: int) -> list[dict[str, Any]]:
+    def step_samples(self, result: StepResult, count: int) -> list[dict[str, Any]]:
         """The step's first ``count`` joint actions per turn."""
-        return completion_samples(result.tree, result.returns, trainer.train_prompts, count)
+        return completion_samples(result.tree, result.returns, self.run.train_prompts, count)
+
+
+class GroupAdvantages(PolicyGradient):
+    """Each agent's sample is scored against the other samples of its group (same prompt,
+    same agent): the MAGRPO family's objective, its baseline the config's ``advantage_mode``."""
+
+    config: MAGRPOConfig
+
+    @property
+    def discount(self) -> float:
+        return self.config.discount
+
+    @property
+    def passes(self) -> int:
+        return self.config.num_iterations
+
+    def estimate(self, tree: RolloutTree) -> TreeAdvantages:
+        config = self.config
+        return tree_advantages(
+            [turn.rewards for turn in tree.turns],
+            [turn.children for turn in tree.turns],
+            tree.joint_indices,
+            config.num_generations,
+            config.discount,
+            config.advantage_mode,
+            config.advantage_normalization,
+            std_floor=config.advantage_std_floor,
+        )
 
 
 def reference_kl_shaped(
