@@ -4,7 +4,8 @@
     .venv-vllm/bin/python benchmarks/bench_vllm.py --steps 4 --max-new-tokens 16   # quicker
 
 Run with ``PYTHONPATH=.`` from the checkout (the vllm environment does not install comlrl).
-Four runs of ``--steps`` training steps each on the embedded model (fp32): two full-model
+Four runs, each in a process of its own, of ``--steps`` training steps on the embedded model
+(fp32): two full-model
 agents, then two LoRA agents on one base (one engine serves both), each with
 ``generation_backend="vllm"`` (vLLM's CPU build) and ``"hf"``; the tutorial's first prompts,
 G = 4, the length-ratio reward of benchmarks/workload.py. Prints one JSON line per run:
@@ -21,6 +22,7 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -132,13 +134,26 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=10, help="training steps per run (one prompt each)")
     parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser.add_argument("--one", nargs=2, metavar=("BACKEND", "LORA"), help="one run in this process (internal)")
     args = parser.parse_args()
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    torch.manual_seed(wl.SEED)
-    for lora in (False, True):
+    if args.one:
+        torch.manual_seed(wl.SEED)
+        print(json.dumps(run(args.one[0], args.one[1] == "1", args.steps, args.max_new_tokens)), flush=True)
+        return
+    # Each run in a fresh process: the peak RSS is then the run's own.
+    for lora in ("0", "1"):
         for backend in ("vllm", "hf"):
-            print(json.dumps(run(backend, lora, args.steps, args.max_new_tokens)), flush=True)
-    sys.stdout.flush()
+            command = [
+                sys.executable,
+                __file__,
+                "--steps",
+                str(args.steps),
+                "--max-new-tokens",
+                str(args.max_new_tokens),
+            ]
+            done = subprocess.run([*command, "--one", backend, lora], capture_output=True, text=True, check=True)
+            print(*[line for line in done.stdout.splitlines() if line.startswith("{")], sep="\n", flush=True)
 
 
 if __name__ == "__main__":

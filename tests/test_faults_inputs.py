@@ -16,7 +16,7 @@ import comlrl.trainers.reinforce.centralized
 import comlrl.trainers.reinforce.variants  # noqa: F401  (every config class defined)
 from comlrl.engine.config import TrainerConfig
 from comlrl.rollout.sampling import SHADOWED
-from comlrl.rollout.vllm_backend import SUPPORTED_SAMPLING
+from comlrl.rollout.vllm_sampling import SUPPORTED_SAMPLING
 from comlrl.trainers.dpo.joint_comparator import split_answer
 from comlrl.trainers.reinforce import MAGRPOConfig
 
