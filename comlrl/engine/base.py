@@ -8,7 +8,7 @@ The set-up (:func:`comlrl.engine.setup.build_run`) builds one frozen :class:`~co
 that the parts keep what they use of; the trainer holds it, its parts, their counts
 (:class:`~comlrl.engine.plan.StepPlan`) and nothing else.
 
-One training step of the MAGRPO family (:meth:`comlrl.engine.policy_gradient.PolicyGradient.step`):
+One training step of the MAGRPO family (:meth:`comlrl.trainers.reinforce.objective.PolicyGradient.step`):
 
     rows ─formatters─▶ prompts ─generate (one call per agent and turn)─▶ completions
     ─joint actions─▶ rewards [─transition─▶ next turn's prompts ...] = rollout tree

@@ -7,10 +7,11 @@ wires; a trainer class only says which (its ``parts``):
   reward model fitted when training starts);
 - a **schedule**: one run of ``num_train_epochs`` epochs, or rounds of them.
 
-Each part's hooks are called by the engine at fixed points: ``attach`` at the end of the
-trainer's set-up, ``prepare`` when ``train()`` starts (after seeding, or with the checkpoint
-it resumes), ``writers`` / ``load`` with the trainer's models (checkpoints, ``save_model``),
-``write_checkpoint`` with a checkpoint's other files.
+Each part's hooks are called by the engine at fixed points: ``attach(run, inputs)`` at the end
+of the set-up, with the frozen :class:`~comlrl.engine.run.Run` (a part keeps what it uses of
+it, and never sees the trainer), ``prepare`` when ``train()`` starts (after seeding, or with
+the checkpoint it resumes), ``writers`` / ``load`` with the run's models (checkpoints,
+``save_model``), ``write_checkpoint`` with a checkpoint's other files.
 The defaults here do nothing, so a part says only what it adds.
 """
 
