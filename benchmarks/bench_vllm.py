@@ -2,6 +2,8 @@
 
     .venv-vllm/bin/python benchmarks/bench_vllm.py               # `make test-vllm` builds .venv-vllm
     .venv-vllm/bin/python benchmarks/bench_vllm.py --steps 4 --max-new-tokens 16   # quicker
+    .venv-vllm/bin/python benchmarks/bench_vllm.py --precision bf16 --full-only    # bf16 agents and engines
+    .venv-vllm/bin/python benchmarks/bench_vllm.py --agents 4 --lora-only          # four adapters, one engine
 
 Run with ``PYTHONPATH=.`` from the checkout (the vllm environment does not install comlrl).
 Four runs, each in a process of its own, of ``--steps`` training steps on the embedded model
@@ -62,7 +64,14 @@ def children(pid: int) -> list[int]:
     return found
 
 
-def run(backend: str, lora: bool, steps: int, max_new_tokens: int) -> dict:
+def chained_length_ratio(*completions: list[str]) -> list[float]:
+    """The fixed workload's length-ratio reward of each agent against the one before it, averaged
+    (two agents: the workload's own reward)."""
+    pairs = [wl.length_ratio_reward(first, second) for first, second in zip(completions, completions[1:])]
+    return [sum(values) / len(values) for values in zip(*pairs)]
+
+
+def run(backend: str, lora: bool, steps: int, max_new_tokens: int, num_agents: int, precision: str) -> dict:
     path = default_model_path()
     tokenizer = AutoTokenizer.from_pretrained(path)
     prompts = [{"prompt": p} for p in (wl.ALL_PROMPTS * 4)[:steps]]
@@ -72,7 +81,7 @@ def run(backend: str, lora: bool, steps: int, max_new_tokens: int) -> dict:
         from peft import LoraConfig
 
         base = AutoModelForCausalLM.from_pretrained(path)
-        agents = [base, base]
+        agents = [base] * num_agents
         peft_config = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as folder:
@@ -82,10 +91,11 @@ def run(backend: str, lora: bool, steps: int, max_new_tokens: int) -> dict:
             tokenizer=tokenizer,
             peft_config=peft_config,
             train_dataset=prompts,
-            reward_func=wl.length_ratio_reward,
+            reward_func=chained_length_ratio,
             reward_processor=wl.scale_reward,
             args=MAGRPOConfig(
-                num_agents=2,
+                num_agents=num_agents,
+                precision=precision,
                 num_train_epochs=1,
                 num_generations=4,
                 max_new_tokens=max_new_tokens,
@@ -108,7 +118,8 @@ def run(backend: str, lora: bool, steps: int, max_new_tokens: int) -> dict:
     tokens = [line["time/generated_tokens_per_s"] for line in lines]
     figures = {
         "backend": backend,
-        "agents": "2 LoRA on one base" if lora else "2 full models",
+        "agents": f"{num_agents} LoRA on one base" if lora else f"{num_agents} full models",
+        "precision": precision,
         "steps": len(lines),
         "construction_s": round(built, 1),
         "step_s_median": round(statistics.median(steps_s), 2),
@@ -116,7 +127,7 @@ def run(backend: str, lora: bool, steps: int, max_new_tokens: int) -> dict:
         "peak_rss_mib": round(rss_mib(os.getpid())),
         "engine_processes_peak_rss_mib": round(engine_rss),
     }
-    for agent in range(2):
+    for agent in range(num_agents):
         gaps = [line.get(f"agent{agent}/sampler_logprob_gap") for line in lines]
         if None in gaps:  # the hf backend in fp32 samples with the learner: no gap to measure
             continue
@@ -134,24 +145,24 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=10, help="training steps per run (one prompt each)")
     parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser.add_argument("--agents", type=int, default=2, help="agents per run")
+    parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
+    parser.add_argument("--lora-only", action="store_true", help="only the LoRA runs")
+    parser.add_argument("--full-only", action="store_true", help="only the full-model runs")
     parser.add_argument("--one", nargs=2, metavar=("BACKEND", "LORA"), help="one run in this process (internal)")
     args = parser.parse_args()
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     if args.one:
         torch.manual_seed(wl.SEED)
-        print(json.dumps(run(args.one[0], args.one[1] == "1", args.steps, args.max_new_tokens)), flush=True)
+        lora = args.one[1] == "1"
+        figures = run(args.one[0], lora, args.steps, args.max_new_tokens, args.agents, args.precision)
+        print(json.dumps(figures), flush=True)
         return
     # Each run in a fresh process: the peak RSS is then the run's own.
-    for lora in ("0", "1"):
+    command = [sys.executable, __file__, "--steps", str(args.steps), "--max-new-tokens", str(args.max_new_tokens)]
+    command += ["--agents", str(args.agents), "--precision", args.precision]
+    for lora in ("0",) * (not args.lora_only) + ("1",) * (not args.full_only):
         for backend in ("vllm", "hf"):
-            command = [
-                sys.executable,
-                __file__,
-                "--steps",
-                str(args.steps),
-                "--max-new-tokens",
-                str(args.max_new_tokens),
-            ]
             done = subprocess.run([*command, "--one", backend, lora], capture_output=True, text=True, check=True)
             print(*[line for line in done.stdout.splitlines() if line.startswith("{")], sep="\n", flush=True)
 
