@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from comlrl.compat.config_advice import actor_critic_renamed_advice, heads_learning_rate_message
 from comlrl.compat.fields import warn_ignored
 from comlrl.compat.spellings import CRITIC_TYPE_SPELLINGS
 from comlrl.engine.config_checks import (
@@ -86,7 +87,7 @@ class ActorCriticConfig(PolicyGradientConfig):
     turn. A step with one sample per agent (a short last batch) keeps its advantage ``r - V``,
     as in 1.4.3."""
 
-    # --- comlrl 1.4.3's names (accepted with a one-time warning) ---------------------------
+    # --- older names (accepted with a one-time warning) ---------------------------------------
     discount: float | None = renamed("gamma")
     """comlrl 1.4.3's name of ``gamma``."""
     critic_model_name_or_path: str | None = None
@@ -120,39 +121,11 @@ class ActorCriticConfig(PolicyGradientConfig):
             )
 
     def renamed_advice(self, old_name: str, value: object) -> str | None:
-        """1.4.3's ``rollout_buffer_size`` counted samples, and its ``discount`` came with a
-        one-step target: the plain rename would change what either meant, so the warning says
-        what to write for 1.4.3's meaning."""
-        if old_name == "rollout_buffer_size":
-            return self._buffer_advice(value)
-        if old_name == "discount" and self.gae_lambda != 0:
-            return (
-                f"write gamma={value!r} and gae_lambda=0: 1.4.3's critic target (and advantage) was the one-step "
-                f"r + discount * V(next turn), which is gae_lambda=0 here; gae_lambda={self.gae_lambda!r} mixes in "
-                "the Monte-Carlo return (only matters with num_turns > 1)"
-            )
-        return None
-
-    def _buffer_advice(self, size: object) -> str | None:
-        """1.4.3's actor-critic buffer held ``rollout_buffer_size`` samples per agent (each
-        dataset row adds num_generations x num_turns) and its ``train_batch_size`` counted the
-        samples of one turn; here both count dataset rows. None where the two units agree."""
-        generations, turns, minibatch = self.num_generations, self.num_turns, self.train_batch_size
-        if not all(isinstance(n, int) and n >= 1 for n in (size, generations, turns)) or generations * turns == 1:
-            return None
-        per_row = generations * turns
-        advice = (
-            f"1.4.3 counted samples per agent (num_generations={generations} x num_turns={turns} per dataset row), "
-            f"here it counts dataset rows: rollout_buffer_size={size} is taken as {size} rows ({size * per_row} "
-            f"samples per agent and step); for 1.4.3's buffer write per_device_train_batch_size="
-            f"{max(1, size // per_row)} (rollout_buffer_size // {per_row}, about: ended branches add fewer)"
+        """What the warning for an old field name tells the user to write where the plain
+        rename would change its meaning (:func:`~comlrl.compat.config_advice.actor_critic_renamed_advice`)."""
+        return actor_critic_renamed_advice(
+            old_name, value, self.gae_lambda, self.num_generations, self.num_turns, self.train_batch_size
         )
-        if isinstance(minibatch, int) and minibatch >= 1 and generations > 1:
-            advice += (
-                f"; train_batch_size too counted samples (of one turn) there and counts rows here: for 1.4.3's "
-                f"minibatches write train_batch_size={max(1, minibatch // generations)}"
-            )
-        return advice
 
     def _resolve_critic_learning_rate(self) -> None:
         """``None`` takes ``agent_learning_rate`` (comlrl 1.4.3's IAC meaning). A list of rates
@@ -184,11 +157,7 @@ class ActorCriticConfig(PolicyGradientConfig):
         rate = self.critic_learning_rate
         if rate is None or rate in (field_default(self, "critic_learning_rate"), self.agent_learning_rate):
             return
-        message = (
-            f"critic_learning_rate={rate!r} has no effect with value heads on the agents ({layout}): the heads "
-            "train with their agent at agent_learning_rate, as in comlrl 1.4.3; drop critic_learning_rate (set "
-            "agent_learning_rate for both), or give separate critics (critic_model=... or critics=[...])"
-        )
+        message = heads_learning_rate_message(rate, layout)
         if not as_in_original:
             raise ValueError(message)
         warn_ignored(type(self).__name__, "critic_learning_rate", message)

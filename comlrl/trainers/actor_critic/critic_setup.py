@@ -91,7 +91,7 @@ def build_critics(
     )
     critic_model = critic_model_argument(critic_model, config)
     separate = _uses_separate_critics(setup, critic_model is not None or critics is not None)
-    # IAC's two layouts had both head widths in comlrl 1.4.3, which ignored the one not in use.
+    # IAC's two layouts had both head widths in the original library, which ignored the one not in use.
     as_in_original = not centralized and (separate or config.use_separate_critic is False)
     width = critic_config.resolve_head_width(setup.args.value_head_width(separate, as_in_original), centralized)
     if critic_config.model_kwargs and not separate:
@@ -305,7 +305,7 @@ def _check_critic_devices(setup: _Setup, critics: list[Critic]) -> None:
     asked = critic_device_list(spec, len(critics), setup.parallel.local_rank if setup.parallel.enabled else None)
     for critic, device in zip(critics, asked):
         actual = next(critic.backbone.parameters()).device
-        if not same_device(device, actual) and setup.args.use_separate_critic is False:  # as 1.4.3 ignored it
+        if not same_device(device, actual) and setup.args.use_separate_critic is False:  # ignored there
             warn_ignored(
                 type(setup.args).__name__,
                 "critic_devices",

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from comlrl.compat.config_advice import REFERENCE_KL_ON_PAIRS
 from comlrl.compat.fields import warn_inert_fields
 from comlrl.engine.config import TrainerConfig
 from comlrl.engine.config_checks import MAX_COEFFICIENT, check_choice, check_int, check_scalar
@@ -28,8 +29,7 @@ default is an error (it would otherwise be silently ignored)."""
 
 POLICY_GRADIENT_FIELDS = {
     "beta": "the DPO loss's temperature is dpo_beta, and its reference policy dpo_reference",
-    "reference_kl_enabled": "there are no rewards to shape while training on pairs (comlrl 1.4.3 ignored it "
-    "too); for a reference policy in the DPO loss set dpo_reference='initial'",
+    "reference_kl_enabled": REFERENCE_KL_ON_PAIRS,
     "reference_kl_coef": "there are no rewards to shape while training on pairs; for a reference policy in "
     "the DPO loss set dpo_reference='initial'",
     "reference_devices": "MADPO keeps no reference model: dpo_reference='initial' takes the sampling policy's "
@@ -82,7 +82,7 @@ class MADPOConfig(TrainerConfig):
     one response (the trainer's ``centralized_comparator_adapter`` joins the prompts and splits
     the response), and ``num_agents`` counts the roles (default 2)."""
 
-    # --- comlrl 1.4.3's fields that have no effect here (accepted with a one-time warning) ---
+    # --- older fields that have no effect here (accepted with a one-time warning) -------------
     use_environment_step: bool | None = inert()
     """comlrl 1.4.3's W&B x-axis switch; here every metric is logged against the optimizer step."""
     environment_steps_per_pair: int | None = inert()

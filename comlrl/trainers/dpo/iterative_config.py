@@ -242,7 +242,7 @@ class MADPOIterConfig(MADPOConfig):
         respell(self, "comparator_generation_mode", GENERATION_MODE_SPELLINGS, strip=True)
         check_choice(self, "comparator_generation_mode", ("decentralized", "centralized"))
         if self.collaboration_mode == "centralized":
-            # The one model writes every role, and so does its comparator (1.4.3 forced this too).
+            # The one model writes every role, and so does its comparator (the original forced this too).
             self.comparator_generation_mode = "centralized"
         check_int(self, "comparator_centralized_agent_index", minimum=0)
         if self.comparator_centralized_agent_index and not self.joint_comparator:

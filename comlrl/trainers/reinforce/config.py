@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from comlrl.algorithms import BASELINES
+from comlrl.compat.config_advice import discount_meaning
 from comlrl.engine.config_checks import check_bool, check_choice, check_fraction, check_int
 from comlrl.engine.policy_gradient_config import PolicyGradientConfig
 from comlrl.utils.caller import warn_once
@@ -39,11 +40,10 @@ class MAGRPOConfig(PolicyGradientConfig):
         if self.discount != 1 and self.num_turns > 1:
             warn_once(
                 (type(self).__name__, "discount"),
-                f"{type(self).__name__}: discount={self.discount!r} discounts each next turn's return here; comlrl "
-                "1.4.3 ignored discount (undiscounted returns): for its meaning write discount=1.0",
+                discount_meaning(type(self).__name__, self.discount),
                 UserWarning,
             )
-        if isinstance(self.advantage_mode, str):  # comlrl 1.4.3 took any letter case
+        if isinstance(self.advantage_mode, str):  # any letter case, as the original library took
             self.advantage_mode = self.advantage_mode.lower()
         check_choice(self, "advantage_mode", BASELINES)
         check_bool(self, "advantage_normalization")

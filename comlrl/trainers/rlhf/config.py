@@ -127,7 +127,7 @@ class MARLHFConfig(MADPOConfig, PolicyGradientConfig):
     trainer_name: ClassVar[str] = "MARLHF"
 
     def __post_init__(self):
-        if isinstance(self.rl_algorithm, str):  # comlrl 1.4.3 took any letter case
+        if isinstance(self.rl_algorithm, str):  # any letter case, as the original library took
             self.rl_algorithm = self.rl_algorithm.strip().lower()
         respell(self, "rl_algorithm", RL_ALGORITHM_ALIASES)
         super().__post_init__()
