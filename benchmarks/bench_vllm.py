@@ -29,6 +29,7 @@ import sys
 import tempfile
 import time
 
+import measure
 import torch
 import workload as wl
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -124,7 +125,7 @@ def run(backend: str, lora: bool, steps: int, max_new_tokens: int, num_agents: i
         "construction_s": round(built, 1),
         "step_s_median": round(statistics.median(steps_s), 2),
         "generated_tokens_per_s_median": round(statistics.median(tokens), 1),
-        "peak_rss_mib": round(rss_mib(os.getpid())),
+        "peak_rss_mib": round(measure.peak_rss_mib()),
         "engine_processes_peak_rss_mib": round(engine_rss),
     }
     for agent in range(num_agents):

@@ -31,8 +31,8 @@ class OriginalCalls(TrainerAttributes):
 
     def __init__(self, *positional: Any, **named: Any):
         named = named_arguments(type(self).__name__, self.positional_order, positional, named)
-        if not self.keeps_value_heads(named.get("args")):
-            args = named.get("args")
+        args = named.get("args")
+        if not self.keeps_value_heads(args):
             owner = type(args).__name__ if args is not None else self.config_class.__name__
             named["agents"] = plain_agents(named.get("agents"), owner.removesuffix("Config"))
         super().__init__(**named)

@@ -83,8 +83,10 @@ class Learners:
         learning_rates: Sequence[float],
         modules: Modules = None,
     ) -> None:
-        """Named parameter sets whose AdamW and schedule :meth:`add_waiting` builds once the
-        run's length is known; every rank takes rank 0's weights now."""
+        """One AdamW and one learning-rate schedule (the config's) for each named parameter set,
+        built by :meth:`add_waiting` once the run's length is known (at the end of the set-up;
+        MADPO's pairs: when ``train()`` starts); every update pass steps them all, after
+        clipping each set's gradient on its own. Every rank takes rank 0's weights now."""
         self.parallel.broadcast_parameters(p for group in parameters for p in group)
         self.waiting.append((names, parameters, learning_rates, modules))
 

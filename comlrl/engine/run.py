@@ -7,7 +7,6 @@ trainer is built (their ``attach``) and keep what they use; no part sees the tra
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +22,7 @@ from comlrl.metrics.evaluation import EvalHooks
 from comlrl.metrics.hooks import MetricsCallback
 from comlrl.models.loading import ModelConfig
 from comlrl.rewards import JointReward
-from comlrl.rollout.backends import GenerationBackend
+from comlrl.rollout.backends import GenerationBackend, sync_every_agent
 from comlrl.rollout.episodes import Rollout
 from comlrl.rollout.prompts import PromptTable
 from comlrl.rollout.sampling import SamplingSpec
@@ -128,20 +127,6 @@ class Run:
     def num_agents(self) -> int:
         return len(self.agents)
 
-    def add_learners(
-        self,
-        names: Sequence[str],
-        parameters: Sequence[Sequence[torch.nn.Parameter]],
-        learning_rates: Sequence[float],
-        modules: Sequence[torch.nn.Module | None] | None = None,
-    ) -> None:
-        """One AdamW and one learning-rate schedule (the config's) for each named parameter set,
-        built when the run's length is known (at the end of the set-up; MADPO's pairs: when
-        ``train()`` starts); every update pass steps them all, after clipping each set's
-        gradient on its own."""
-        self.learners.wait(names, parameters, learning_rates, modules)
-
     def sync_weights(self) -> None:
-        """Every agent's weights into the generation backend (after an update, or a load)."""
-        for i in range(self.num_agents):
-            self.backend.sync_weights(i)
+        """Every agent's weights into the generation backend (after an update)."""
+        sync_every_agent(self.backend, self.num_agents)

@@ -12,7 +12,7 @@ from comlrl.checkpoint import write_folders
 from comlrl.engine.agents import Agents
 from comlrl.engine.distributed import DataParallel
 from comlrl.engine.optim import Learners
-from comlrl.rollout.backends import GenerationBackend
+from comlrl.rollout.backends import GenerationBackend, sync_every_agent
 
 Writer = tuple[str, Callable[[str], None]]
 """A folder name in a checkpoint (or ``save_model``'s folder) and what writes it."""
@@ -86,5 +86,4 @@ class RunModels:
         self.agents.load(path)
         for part in (self.objective, *self.others):
             part.load(path)
-        for i in range(len(self.agents)):
-            self.backend.sync_weights(i)
+        sync_every_agent(self.backend, len(self.agents))

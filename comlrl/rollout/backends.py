@@ -90,6 +90,12 @@ def build_backend(
     return HFBackend(agents, agents.tokenizers, agents.for_sampling, sampler_logprobs, compiled)
 
 
+def sync_every_agent(backend: GenerationBackend, num_agents: int) -> None:
+    """Every agent's weights into ``backend`` (after an update, or a load)."""
+    for agent in range(num_agents):
+        backend.sync_weights(agent)
+
+
 def generate_agents(
     backend: GenerationBackend,
     agents: Sequence[torch.nn.Module],

@@ -110,7 +110,7 @@ class ActorCritic(PolicyGradient):
         self.given_heads.adopt(self.critics, self.trainer_name)
         layout = CentralizedCritic if self.centralized else IndependentCritics
         self.layout: CriticLayout = layout(run.num_agents, config.critic_type)
-        run.add_learners(
+        run.learners.wait(
             [critic.name for critic in self.critics],
             [critic.parameters() for critic in self.critics],
             critic_learning_rates(run.num_agents, self.critics, config),

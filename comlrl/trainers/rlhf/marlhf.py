@@ -79,7 +79,7 @@ class MARLHFTrainer(PreferenceAttributes, MARLHFAttributes, OriginalCalls, Multi
 
     def keeps_value_heads(self, args: Any) -> bool:
         """An actor-critic ``rl_algorithm`` takes the value heads of 1.4.3's wrapped agents."""
-        config = self.config_class() if args is None else args
+        config = self.config_class if args is None else args  # the class holds the field's default
         return getattr(config, "rl_algorithm", None) in ("iac", "maac")
 
     def parts(self, args: MARLHFConfig, inputs: TrainerInputs) -> Parts:
