@@ -14,6 +14,8 @@ from comlrl.algorithms.losses import (
     turn_token_weights,
 )
 from comlrl.algorithms.policy_terms import micro_batch_policy_terms
+from comlrl.algorithms.sampler_correction import SamplerCorrection
+from comlrl.algorithms.surrogates import PolicyObjective
 from comlrl.trainers.reinforce import MAGRPOConfig
 
 # S = 2 sequences, T = 3 tokens; the third token of sequence 0 is padding.
@@ -115,8 +117,7 @@ def clipped(logps, **kwargs):
         torch.ones(2, 2, dtype=torch.bool),
         weights_of(torch.ones(2, 2), "dapo"),  # 1 / 4 tokens each
         old_logps=torch.zeros(2, 2),
-        epsilon=0.2,
-        **kwargs,
+        objective=PolicyObjective(epsilon=0.2, **kwargs),
     )
 
 
@@ -355,20 +356,29 @@ def test_micro_batch_terms_weight_each_token_by_the_capped_sampler_ratio_by_hand
     sampler = torch.log(torch.tensor([[0.25, 0.5]]))
     mask = torch.tensor([[True, True]])
     terms = micro_batch_policy_terms(
-        token_logps, torch.tensor([2.0]), mask, torch.ones(1), sampler_logps=sampler, sampler_ratio_cap=1.5
+        token_logps,
+        torch.tensor([2.0]),
+        mask,
+        torch.ones(1),
+        sampler_logps=sampler,
+        sampler_correction=SamplerCorrection(cap=1.5),
     )
     terms.loss.loss.backward()
     assert terms.loss.loss.item() == pytest.approx(-4.0)
     assert token_logps.grad[0].tolist() == pytest.approx([-3.0, -1.0])
     assert terms.sampler_gap.item() == pytest.approx(2 * math.log(2))
-    assert (terms.sampler_tokens.item(), terms.capped.item()) == (2, 1)
+    assert (terms.sampler_tokens.item(), terms.corrected.item()) == (2, 1)
 
 
 def test_micro_batch_terms_without_sampler_logprobs_are_the_plain_loss_and_no_gap():
     """Without the sampler's log-probs nothing is weighted (loss -2 per token) and the gap's sums are 0."""
     token_logps = torch.log(torch.tensor([[0.5, 0.25]]))
     terms = micro_batch_policy_terms(
-        token_logps, torch.tensor([2.0]), torch.tensor([[True, True]]), torch.ones(1), sampler_ratio_cap=1.5
+        token_logps,
+        torch.tensor([2.0]),
+        torch.tensor([[True, True]]),
+        torch.ones(1),
+        sampler_correction=SamplerCorrection(cap=1.5),
     )
     assert terms.loss.loss.item() == pytest.approx(-4.0)
-    assert (terms.sampler_gap.item(), terms.sampler_tokens.item(), terms.capped.item()) == (0.0, 0.0, 0.0)
+    assert (terms.sampler_gap.item(), terms.sampler_tokens.item(), terms.corrected.item()) == (0.0, 0.0, 0.0)

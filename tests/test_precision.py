@@ -6,8 +6,8 @@ import math
 import pytest
 import torch
 
-from comlrl.algorithms import policy_gradient_loss, token_weights
-from comlrl.algorithms.sampler_correction import sampler_logprob_gap, truncated_importance_weights
+from comlrl.algorithms import SAMPLER_CORRECTIONS, policy_gradient_loss, token_weights
+from comlrl.algorithms.sampler_correction import SamplerCorrection, sampler_importance_weights, sampler_logprob_gap
 from comlrl.engine.master_weights import MasterWeights
 from comlrl.models.forward import completion_logprobs
 from comlrl.models.precision import cast_parameters
@@ -30,14 +30,19 @@ from .helpers import (
 def test_truncated_importance_weights_by_hand():
     learner = torch.tensor([[-1.0, -2.0, -0.5]])
     sampler = torch.tensor([[-1.5, -1.0, -0.5]])
-    weights = truncated_importance_weights(learner, sampler, cap=1.5)
+    mask = torch.ones(1, 3, dtype=torch.bool)
+    weights, capped = sampler_importance_weights(learner, sampler, mask, SamplerCorrection(cap=1.5))
     torch.testing.assert_close(weights, torch.tensor([[1.5, math.exp(-1.0), 1.0]]))  # exp(0.5) = 1.65 is capped
-    assert not weights.requires_grad
+    assert capped.tolist() == [[True, False, False]] and not weights.requires_grad
 
 
 def test_weights_are_exactly_one_when_sampler_and_learner_agree():
     logps = torch.randn(3, 5, requires_grad=True)
-    assert torch.equal(truncated_importance_weights(logps, logps.detach().clone(), cap=2.0), torch.ones(3, 5))
+    mask = torch.ones(3, 5, dtype=torch.bool)
+    for mode in SAMPLER_CORRECTIONS:
+        correction = SamplerCorrection(mode, cap=2.0, floor=0.5)
+        weights, corrected = sampler_importance_weights(logps, logps.detach().clone(), mask, correction)
+        assert torch.equal(weights, torch.ones(3, 5)) and not corrected.any(), mode
 
 
 def test_logprob_gap_by_hand():
@@ -54,12 +59,12 @@ def test_sampler_weights_scale_each_tokens_policy_gradient_term():
     advantages = torch.tensor([2.0])
     weights = torch.tensor([[0.5, 1.5]])
     dapo = token_weights(mask.sum(dim=1), "dapo", 2)  # 1 / 2 tokens
-    out = policy_gradient_loss(logps, advantages, mask, dapo, sampler_weights=weights)
+    out = policy_gradient_loss(logps, advantages, mask, dapo, pg_weights=weights)
     out.loss.backward()
     # dapo: mean over the 2 tokens of -w_t * A * logp_t -> d/dlogp_t = -w_t * A / 2
     torch.testing.assert_close(logps.grad, torch.tensor([[-0.5, -1.5]]))
     plain = torch.tensor([[-1.0, -2.0]], requires_grad=True)
-    policy_gradient_loss(plain, advantages, mask, dapo, sampler_weights=torch.ones(1, 2)).loss.backward()
+    policy_gradient_loss(plain, advantages, mask, dapo, pg_weights=torch.ones(1, 2)).loss.backward()
     torch.testing.assert_close(plain.grad, torch.tensor([[-1.0, -1.0]]))
 
 

@@ -14,18 +14,37 @@ from comlrl.algorithms.losses import (
     token_weights,
     turn_token_weights,
 )
-from comlrl.algorithms.masks import completion_mask
+from comlrl.algorithms.masks import completion_mask, top_entropy_mask
 from comlrl.algorithms.policy_terms import PolicyTerms, micro_batch_policy_terms
 from comlrl.algorithms.reward_model import bradley_terry_loss, pair_accuracy
+from comlrl.algorithms.sampler_correction import (
+    SAMPLER_CORRECTIONS,
+    SamplerCorrection,
+    sampler_importance_weights,
+    sampler_logprob_gap,
+)
+from comlrl.algorithms.surrogates import (
+    IMPORTANCE_SAMPLING_LEVELS,
+    POLICY_LOSSES,
+    PolicyObjective,
+    Surrogate,
+    policy_surrogate,
+)
 
 __all__ = [
     "BASELINES",
+    "IMPORTANCE_SAMPLING_LEVELS",
     "JOINT_MODES",
-    "JointPreference",
     "LOSS_AGGREGATIONS",
+    "POLICY_LOSSES",
+    "SAMPLER_CORRECTIONS",
     "TURN_WEIGHTINGS",
+    "JointPreference",
     "PolicyLoss",
+    "PolicyObjective",
     "PolicyTerms",
+    "SamplerCorrection",
+    "Surrogate",
     "agent_dpo_losses",
     "bradley_terry_loss",
     "completion_mask",
@@ -38,8 +57,12 @@ __all__ = [
     "pair_accuracy",
     "per_agent_returns",
     "policy_gradient_loss",
+    "policy_surrogate",
     "preference_deltas",
+    "sampler_importance_weights",
+    "sampler_logprob_gap",
     "selective_log_softmax",
     "token_weights",
+    "top_entropy_mask",
     "turn_token_weights",
 ]

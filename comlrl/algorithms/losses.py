@@ -1,5 +1,5 @@
-"""Policy-gradient loss (clipped, with an optional KL term) and the ways to normalise it
-over tokens.
+"""Policy-gradient loss (a surrogate of :mod:`~comlrl.algorithms.surrogates`, with an
+optional KL term) and the ways to normalise it over tokens.
 
 Every aggregation takes the completion lengths ``(S,)``, ``max_new_tokens`` and the batch's
 totals (sequences and tokens, which may span several processes) and gives the weight of each
@@ -15,6 +15,8 @@ from typing import NamedTuple
 
 import torch
 from torch import Tensor
+
+from comlrl.algorithms.surrogates import PolicyObjective, policy_surrogate
 
 
 def sequence_mean(lengths: Tensor, max_new_tokens: int, num_sequences: float, num_tokens: float) -> Tensor:
@@ -177,7 +179,8 @@ class PolicyLoss(NamedTuple):
     loss: Tensor
     """Scalar to minimise."""
     clip_fraction: Tensor
-    """Fraction of completion tokens whose ratio was clipped (the clipped term was active)."""
+    """Fraction of completion tokens the surrogate held back (their ratio clipped, their
+    weight capped, or their gradient halved by a soft gate)."""
     kl: Tensor
     """Mean k3 KL to the reference over completion tokens (0 without a reference)."""
     entropy: Tensor
@@ -197,20 +200,21 @@ def policy_gradient_loss(
     mask: Tensor,
     sequence_weights: Tensor,
     old_logps: Tensor | None = None,
-    epsilon: float = 0.2,
-    epsilon_high: float | None = None,
+    objective: PolicyObjective | None = None,
     ref_logps: Tensor | None = None,
     beta: float = 0.0,
     entropy: Tensor | None = None,
     entropy_coef: float = 0.0,
-    sampler_weights: Tensor | None = None,
+    pg_weights: Tensor | None = None,
 ) -> PolicyLoss:
-    """Clipped policy-gradient loss over the completion tokens (PPO / GRPO surrogate).
+    """Policy-gradient loss over the completion tokens (the PPO / GRPO surrogate by default).
 
-    Per token: ``-min(r * A, clip(r, 1 - epsilon, 1 + epsilon_high) * A) + beta * KL
-    - entropy_coef * H`` with ``r = exp(logp - old_logp)``. Without ``old_logps`` the ratio is taken against the
-    detached current log-probs: r = 1, nothing is clipped, and the gradient is exactly that of
-    REINFORCE, ``-A * grad log pi``.
+    Per token: ``s(r, A) * w + beta * KL - entropy_coef * H``, where ``s`` is the surrogate
+    ``objective`` names (:func:`~comlrl.algorithms.surrogates.policy_surrogate`; by default
+    ``-min(r * A, clip(r, 1 - epsilon, 1 + epsilon_high) * A)`` with ``r = exp(logp - old_logp)``)
+    and ``w`` the token's ``pg_weights`` (1 without). Without ``old_logps`` the ratio is taken
+    against the detached current log-probs: r = 1, nothing is clipped, and every surrogate's
+    gradient is exactly that of REINFORCE, ``-A * grad log pi``.
 
     Args:
         token_logps: ``(S, T)`` log-probabilities of the generated tokens under the policy
@@ -222,27 +226,24 @@ def policy_gradient_loss(
             applies the ``loss_type``; ``token_weights(mask.sum(dim=1), loss_type,
             max_new_tokens)`` for this batch alone.
         old_logps: ``(S, T)`` log-probs recorded when the completions were sampled.
-        epsilon: lower clip range (and upper one unless ``epsilon_high`` is given).
-        epsilon_high: upper clip range (DAPO's "clip-higher"); defaults to ``epsilon``.
+        objective: the surrogate, its importance-sampling level and its ranges (None: ``PolicyObjective()``,
+            PPO's clip).
         ref_logps: ``(S, T)`` log-probs under the frozen reference model, for the KL term.
         beta: weight of the KL term.
         entropy: ``(S, T)`` entropy of the policy at each completion token (with gradient),
             for the entropy bonus.
         entropy_coef: weight of the entropy bonus.
-        sampler_weights: ``(S, T)`` weights of each token's policy-gradient term (not of the
-            KL or entropy terms), without gradient: the truncated importance weights of a
-            sampler that is not the learner (see ``sampler_correction``).
+        pg_weights: ``(S, T)`` weights of each token's policy-gradient term (not of the KL or
+            entropy terms, nor of the normalisation), without gradient: the sampler
+            correction's importance weights (:mod:`~comlrl.algorithms.sampler_correction`), 0
+            on tokens below the entropy quantile (:func:`~comlrl.algorithms.masks.top_entropy_mask`).
     """
     weights = mask.to(token_logps.dtype)
     old_logps = token_logps.detach() if old_logps is None else old_logps
-    ratio = torch.exp(token_logps - old_logps)
-    adv = advantages.unsqueeze(1)
-    upper = epsilon if epsilon_high is None else epsilon_high
-    unclipped = ratio * adv
-    clipped = torch.clamp(ratio, 1 - epsilon, 1 + upper) * adv
-    per_token_loss = -torch.minimum(unclipped, clipped)
-    if sampler_weights is not None:
-        per_token_loss = per_token_loss * sampler_weights
+    surrogate = policy_surrogate(token_logps, old_logps, advantages, mask, objective or PolicyObjective())
+    per_token_loss = surrogate.loss
+    if pg_weights is not None:
+        per_token_loss = per_token_loss * pg_weights
     kl = torch.zeros_like(token_logps) if ref_logps is None else k3_kl(token_logps, ref_logps)
     if beta:
         per_token_loss = per_token_loss + beta * kl
@@ -252,6 +253,6 @@ def policy_gradient_loss(
         per_token_loss = per_token_loss - entropy_coef * entropy
     loss = (per_token_loss * weights * sequence_weights.to(weights.dtype).unsqueeze(1)).sum()
     tokens = weights.sum().clamp(min=1)
-    clip_fraction = ((clipped < unclipped).to(weights.dtype) * weights).sum() / tokens
+    clip_fraction = (surrogate.held.to(weights.dtype) * weights).sum() / tokens
     mean_entropy = torch.zeros(()) if entropy is None else ((entropy * weights).sum() / tokens).detach()
     return PolicyLoss(loss, clip_fraction.detach(), ((kl * weights).sum() / tokens).detach(), mean_entropy)

@@ -27,7 +27,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from comlrl.algorithms import micro_batch_policy_terms, turn_token_weights
+from comlrl.algorithms import PolicyObjective, SamplerCorrection, micro_batch_policy_terms, turn_token_weights
 from comlrl.engine import sharding
 from comlrl.engine.agents import Agents
 from comlrl.engine.config import TrainerConfig
@@ -125,6 +125,19 @@ class PolicyUpdate:
         self.agents, self.learners, self.args = agents, learners, args
         self.sampling, self.parallel, self.passes = sampling, parallel, passes
         self.auxiliary: list[AuxiliaryLoss] = []
+        self.objective = PolicyObjective(
+            policy_loss=args.policy_loss,
+            importance_sampling_level=args.importance_sampling_level,
+            epsilon=args.epsilon,
+            epsilon_high=args.epsilon_high,
+            delta=args.delta,
+            sapo_temperature_pos=args.sapo_temperature_pos,
+            sapo_temperature_neg=args.sapo_temperature_neg,
+        )
+        cap = args.sampler_ratio_cap
+        self.sampler_correction = (
+            None if cap is None else SamplerCorrection(args.sampler_correction, cap, args.sampler_ratio_floor)
+        )
 
     def frozen(self, tree: RolloutTree) -> FrozenLogprobs:
         """The log-probs this step's update and KL shaping need, before either changes anything."""
@@ -206,7 +219,7 @@ class PolicyUpdate:
         micro-batches' losses (and ranks' gradients) add up to the loss of the whole batch.
         Turns no branch reached count as empty (every rank then passes ``num_turns`` turns,
         and the scale does not depend on where branches ended)."""
-        lengths = [turn.agents[agent].lengths for turn in tree.turns]
+        lengths = [self.loss_mask(turn.agents[agent]).sum(dim=1) for turn in tree.turns]
         nodes = [turn.num_nodes for turn in tree.turns]
         if sequences is not None:
             lengths = [turn_lengths[rows] for turn_lengths, rows in zip(lengths, sequences)]
@@ -239,6 +252,13 @@ class PolicyUpdate:
                 ]
 
         return map_agents(self.agents, agent_logprobs)
+
+    def loss_mask(self, rollout: AgentRollout) -> Tensor:
+        """``(S, T)`` bool: the completion tokens the loss counts (with
+        ``mask_truncated_completions``, none of a completion cut at ``max_new_tokens``)."""
+        if not self.args.mask_truncated_completions:
+            return rollout.completion_mask
+        return rollout.completion_mask & ~rollout.truncated.to(rollout.completion_mask.device).unsqueeze(1)
 
     def micro_batches(self, rollout: AgentRollout) -> list[slice]:
         return micro_batches(len(rollout.texts), self.args.micro_batch_size)
@@ -274,19 +294,20 @@ class PolicyUpdate:
         are), accumulated micro-batch by micro-batch; returns its metrics."""
         args = self.args
         model = self.agents.trainable(agent)
-        with_entropy = args.entropy_coef > 0
+        with_entropy = args.entropy_coef > 0 or args.top_entropy_quantile < 1
         totals = UpdateTotals()
         passes = sum(len(micro_batches(len(turn_weights), args.micro_batch_size)) for turn_weights in weights)
         sharding.pad_passes(model, passes, self.parallel.most)
         for t, rollout in enumerate(rollouts):
             selected = None if sequences is None else sequences[t]
+            loss_mask = self.loss_mask(rollout)
             for piece in micro_batches(len(weights[t]), args.micro_batch_size):
                 rows = piece if selected is None else selected[piece]
                 if with_entropy:
                     token_logps, token_entropy = self.logprobs(model, rollout, rows, with_entropy=True)
                 else:
                     token_logps, token_entropy = self.logprobs(model, rollout, rows), None
-                mask = rollout.completion_mask[rows]
+                mask = loss_mask[rows]
                 sampler = rollout.sampler_logprobs
                 terms = micro_batch_policy_terms(
                     token_logps,
@@ -297,11 +318,11 @@ class PolicyUpdate:
                     sampler_logps=None if sampler is None else sampler[rows].to(token_logps.device),
                     ref_logps=None if ref_logps is None else ref_logps[t][rows],
                     entropy=token_entropy,
-                    epsilon=args.epsilon,
-                    epsilon_high=args.epsilon_high,
+                    objective=self.objective,
                     beta=args.beta,
                     entropy_coef=args.entropy_coef,
-                    sampler_ratio_cap=args.sampler_ratio_cap,
+                    sampler_correction=self.sampler_correction,
+                    top_entropy_quantile=args.top_entropy_quantile,
                 )
                 terms.loss.loss.backward()
                 totals.add(terms, mask.sum().item())
@@ -311,7 +332,8 @@ class PolicyUpdate:
             ratio=old_logps is not None,
             kl=args.beta > 0,
             entropy=with_entropy,
-            capped=args.sampler_ratio_cap is not None,
+            correction=None if self.sampler_correction is None else self.sampler_correction.mode,
+            entropy_quantile=args.top_entropy_quantile < 1,
         )
 
 

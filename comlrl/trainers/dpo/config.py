@@ -40,6 +40,15 @@ POLICY_GRADIENT_FIELDS = {
     "loss_type": "the DPO loss sums each completion's token log-probs",
     "turn_weighting": "MADPO is single-turn",
     "sampler_ratio_cap": "the DPO loss has no sampling ratio to correct",
+    "sampler_correction": "the DPO loss has no sampling ratio to correct",
+    "sampler_ratio_floor": "the DPO loss has no sampling ratio to correct",
+    "policy_loss": "the DPO loss is a logistic loss of log-prob differences, not a policy-gradient surrogate",
+    "importance_sampling_level": "the DPO loss has no importance ratio",
+    "delta": "the DPO loss has no ratio to clip",
+    "sapo_temperature_pos": "the DPO loss has no ratio to gate",
+    "sapo_temperature_neg": "the DPO loss has no ratio to gate",
+    "mask_truncated_completions": "MADPO's pairs are ranked by reward, truncated or not",
+    "top_entropy_quantile": "the DPO loss sums each completion's token log-probs",
 }
 """The policy-gradient trainers' fields (:class:`~comlrl.engine.policy_gradient_config.PolicyGradientConfig`),
 which MADPO's config does not have, and why."""
