@@ -7,6 +7,7 @@
     .venv/bin/python benchmarks/bench_ours.py --max-grad-norm none   # no gradient clipping (the original's)
     .venv/bin/python benchmarks/bench_ours.py --agents 1         # one agent (benchmarks/compare_trl.py)
     .venv/bin/python benchmarks/bench_ours.py --compiled-decoding   # the compiled decoding step
+    .venv/bin/python benchmarks/bench_ours.py --learning-seed 0 --config policy_loss=cispo --config num_iterations=2
 
 Config: one epoch, 2 dataset rows per step (``per_device_train_batch_size=2``: one optimizer
 step per agent per 2 prompts, as the original's rollout buffer of 2), rows in dataset order (the
@@ -50,8 +51,10 @@ def build_trainer(
     reward: object = wl.length_ratio_reward,
     max_grad_norm: float | None = MAGRPOConfig.max_grad_norm,
     compiled_decoding: bool = False,
+    overrides: dict | None = None,
 ) -> MAGRPOTrainer:
-    """The timed run, or with ``learning_seed`` the learning run (free lengths, its epochs and seed)."""
+    """The timed run, or with ``learning_seed`` the learning run (free lengths, its epochs and
+    seed); ``overrides``: more config fields (``--config``)."""
     learning = learning_seed is not None
     config = MAGRPOConfig(
         precision=precision,
@@ -70,6 +73,7 @@ def build_trainer(
         compiled_decoding=compiled_decoding,
         logging_steps=1,
         output_dir=output_dir,
+        **(overrides or {}),
     )
     return MAGRPOTrainer(args=config, **measure.trainer_inputs(model, work, reward=reward))
 
@@ -84,6 +88,15 @@ def prompt_tokens(trainer: MAGRPOTrainer, work: wl.Workload) -> int:
     """Prompt tokens of every trained sequence (each prompt once per completion and agent)."""
     lengths = [len(trainer.agents.tokenizers[0](prompt)["input_ids"]) for prompt in work.prompts]
     return sum(lengths) * work.num_generations * work.num_agents
+
+
+def config_override(item: str) -> tuple[str, object]:
+    """``FIELD=VALUE`` -> (field, value): JSON where it parses (numbers, true, null), else the string."""
+    field, _, value = item.partition("=")
+    try:
+        return field, json.loads(value)
+    except json.JSONDecodeError:
+        return field, value
 
 
 def main(argv=None) -> None:
@@ -108,9 +121,17 @@ def main(argv=None) -> None:
         action="store_true",
         help="the config's compiled_decoding=True (its compile, once per process, inside train())",
     )
+    parser.add_argument(
+        "--config",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="another MAGRPOConfig field, the value read as JSON when it parses (else a string); repeatable",
+    )
     measure.add_learning_arg(parser)
     measure.add_common_args(parser)
     args = parser.parse_args(argv)
+    overrides = dict(config_override(item) for item in args.config)
     if args.compiled_decoding and args.learning_seed is not None:
         parser.error("--compiled-decoding times the timed run; the learning run (--learning-seed) decodes eagerly")
     measure.set_threads(args.threads)
@@ -124,9 +145,17 @@ def main(argv=None) -> None:
         recorder = wl.RecordedReward()
         with tempfile.TemporaryDirectory(prefix="learn_ours_") as output_dir:
             trainer = build_trainer(
-                args.model, work, output_dir, args.precision, args.learning_seed, recorder, args.max_grad_norm
+                args.model,
+                work,
+                output_dir,
+                args.precision,
+                args.learning_seed,
+                recorder,
+                args.max_grad_norm,
+                overrides=overrides,
             )
-            measure.run_learning(f"ours-{args.precision}", args.learning_seed, recorder, trainer.train)
+            metrics = os.path.join(output_dir, "metrics.jsonl")
+            measure.run_learning(f"ours-{args.precision}", args.learning_seed, recorder, trainer.train, metrics)
         return
     with tempfile.TemporaryDirectory(prefix="bench_ours_") as output_dir:
         trainer = build_trainer(
@@ -137,6 +166,7 @@ def main(argv=None) -> None:
             reward=reward,
             max_grad_norm=args.max_grad_norm,
             compiled_decoding=args.compiled_decoding,
+            overrides=overrides,
         )
         gflops = measure.matmul_gflops()
         with contextlib.redirect_stdout(sys.stderr):

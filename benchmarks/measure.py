@@ -61,15 +61,30 @@ def add_learning_arg(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def run_learning(side: str, seed: int, recorder: wl.RecordedReward, train: Any) -> None:
+UPDATE_FIGURES = ("clip_fraction", "sampler_ratio_capped", "sampler_ratio_masked", "entropy_kept", "truncated_frac")
+"""Per-agent metrics that a learning run averages over its steps and agents (where logged)."""
+
+
+def run_learning(
+    side: str, seed: int, recorder: wl.RecordedReward, train: Any, metrics_file: str | None = None
+) -> None:
     """Run ``train()`` of a trainer whose reward is ``recorder`` and print one JSON line: the
-    side, the seed, the wall time and each epoch's mean reward x100."""
+    side, the seed, the wall time and each epoch's mean reward x100; with ``metrics_file`` (a
+    run's metrics.jsonl), also the mean over steps and agents of each of ``UPDATE_FIGURES`` it logged."""
     started = time.perf_counter()
     with contextlib.redirect_stdout(sys.stderr):
         train()
     train_s = time.perf_counter() - started
     means = recorder.epoch_means(wl.LEARNING_EPOCHS)
-    print(json.dumps({"side": side, "seed": seed, "train_s": train_s, "epoch_reward_means": means}), flush=True)
+    line = {"side": side, "seed": seed, "train_s": train_s, "epoch_reward_means": means}
+    if metrics_file is not None:
+        with open(metrics_file, encoding="utf-8") as f:
+            rows = [json.loads(row) for row in f]
+        for figure in UPDATE_FIGURES:
+            values = [value for row in rows for key, value in row.items() if key.endswith(f"/{figure}")]
+            if values:
+                line[figure] = sum(values) / len(values)
+    print(json.dumps(line), flush=True)
 
 
 def workload_from_args(args: argparse.Namespace) -> wl.Workload:

@@ -90,7 +90,11 @@ def test_top_k_none_leaves_it_to_the_models_generation_config_as_143(model_top_k
         ("loss_type", "bnpo", r"loss_type='bnpo' is TRL's: write loss_type='dapo'"),
         ("loss_type", "cispo", r"loss_type='cispo' is TRL's: here the surrogate is policy_loss='cispo'"),
         ("policy_loss", "ppo", r"policy_loss='ppo'; expected one of \['cispo', 'clip', 'sapo'\]"),
-        ("importance_sampling_level", "seq", r"importance_sampling_level='seq'; expected one of \['sequence', 'token'\]"),
+        (
+            "importance_sampling_level",
+            "seq",
+            r"importance_sampling_level='seq'; expected one of \['sequence', 'token'\]",
+        ),
         ("sampler_correction", "mask", r"sampler_correction='mask'; expected one of"),
         ("top_entropy_quantile", 0, r"top_entropy_quantile must be a finite number in \(0, 1\]"),
         ("delta", 1.1, r"delta must be a finite number in \(1.2, 1000\] \(above 1 \+ epsilon_high"),

@@ -9,7 +9,7 @@ import warnings
 import pytest
 import torch
 
-from comlrl.algorithms.shaping import kl_shaped_rewards, sequence_kl
+from comlrl.algorithms.shaping import penalized_rewards, sequence_kl
 from comlrl.checkpoint.run_folder import earlier_run
 from comlrl.compat.moved import MOVED_MODULES, MOVED_NAMES, MovedNameError
 from comlrl.compat.paths import PATHS
@@ -17,7 +17,7 @@ from comlrl.engine.update import node_sequences, subtree_nodes
 from comlrl.metrics.sinks import wandb_init_kwargs
 from comlrl.models.forward import completion_logprobs
 from comlrl.trainers import IACConfig, MAGRPOConfig, MAGRPOTrainer, MAReMaxTrainer, MARLOOConfig, MARLOOTrainer
-from comlrl.trainers.reinforce.objective import reference_kl_shaped
+from comlrl.trainers.reinforce.objective import shaped_rewards
 from tests.helpers import (
     DATA,
     char_tokenizer,
@@ -203,7 +203,7 @@ def test_sequence_kl_and_shaped_rewards_by_hand():
     torch.testing.assert_close(kl, torch.stack([k3(-0.5) + k3(0.0), k3(0.0) + k3(-1.0)]))
     # 1 node, G=2, aligned joint actions (j, j) of 2 agents; agent 1's KLs are 0.1 and 0.3
     rewards = torch.tensor([[[1.0, 1.0], [2.0, 2.0]]])
-    shaped = kl_shaped_rewards(rewards, [kl, torch.tensor([0.1, 0.3])], torch.tensor([[0, 0], [1, 1]]), 2, 0.5)
+    shaped = penalized_rewards(rewards, [kl, torch.tensor([0.1, 0.3])], torch.tensor([[0, 0], [1, 1]]), 2, 0.5)
     expected = torch.tensor([[[1 - 0.5 * kl[0], 1 - 0.05], [2 - 0.5 * kl[1], 2 - 0.15]]])
     torch.testing.assert_close(shaped, expected)
 
@@ -217,7 +217,7 @@ def test_reference_kl_lowers_each_agents_rewards_by_coef_times_its_k3_sum(tmp_pa
                 p.add_(0.05 * torch.randn_like(p))
     tree = trainer.rollout(trainer.train_prompts, [0, 1])
     frozen = trainer.objective.update.frozen(tree)
-    shaped, metrics = reference_kl_shaped(tree, frozen, trainer.args.reference_kl_coef)
+    shaped, metrics = shaped_rewards(tree, frozen, trainer.args, trainer.args.max_new_tokens)
     turn = tree.turns[0]
     for i, agent in enumerate(turn.agents):
         by_hand = []

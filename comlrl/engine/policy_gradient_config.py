@@ -19,6 +19,7 @@ from comlrl.engine.config_checks import (
     check_choice,
     check_coefficient,
     check_devices,
+    check_int,
     check_scalar,
 )
 from comlrl.utils.checks import is_real
@@ -71,6 +72,12 @@ class PolicyGradientConfig(TrainerConfig):
     a frozen copy of the agent, at sampling time; advantages are computed from the shaped rewards."""
     reference_kl_coef: float = 0.1
     """Weight of the shaping KL (only with ``reference_kl_enabled``)."""
+    overlong_buffer: int | None = None
+    """DAPO's soft overlong punishment as reward shaping: each agent's reward of a joint action
+    loses ``overlong_penalty_factor`` times a penalty rising linearly from 0 at
+    ``max_new_tokens - overlong_buffer`` generated tokens to 1 at ``max_new_tokens`` (None: off)."""
+    overlong_penalty_factor: float = 1.0
+    """The overlong penalty of a completion cut at ``max_new_tokens``, in the reward's unit."""
     entropy_coef: float = 0.0
     """Weight of an entropy bonus on each agent's token distributions (0: off; above 0 the
     update computes a softmax over the whole vocabulary at every completion token)."""
@@ -129,6 +136,7 @@ class PolicyGradientConfig(TrainerConfig):
         check_choice(self, "loss_type", LOSS_AGGREGATIONS)
         check_choice(self, "turn_weighting", TURN_WEIGHTINGS)
         check_bool(self, "mask_truncated_completions")
+        self._check_overlong()
         check_scalar(self.top_entropy_quantile, "top_entropy_quantile", 0, 1, low_open=True)
         self._check_sampler_correction()
 
@@ -148,6 +156,19 @@ class PolicyGradientConfig(TrainerConfig):
         upper = 1 + (self.epsilon if self.epsilon_high is None else self.epsilon_high)
         why = " (above 1 + epsilon_high, the clip's upper bound)"
         check_scalar(self.delta, "delta", upper, MAX_COEFFICIENT, low_open=True, why=why)
+
+    def _check_overlong(self) -> None:
+        check_coefficient(self, "overlong_penalty_factor")
+        if self.overlong_buffer is None:
+            if self.overlong_penalty_factor != type(self).__dataclass_fields__["overlong_penalty_factor"].default:
+                raise ValueError("overlong_penalty_factor weighs the overlong penalty: set overlong_buffer too")
+            return
+        check_int(self, "overlong_buffer")
+        if self.overlong_buffer > self.max_new_tokens:
+            raise ValueError(
+                f"overlong_buffer={self.overlong_buffer} is more than max_new_tokens={self.max_new_tokens}: "
+                "the penalty would start before the first token"
+            )
 
     def _check_sampler_correction(self) -> None:
         check_choice(self, "sampler_correction", SAMPLER_CORRECTIONS)

@@ -49,6 +49,8 @@ POLICY_GRADIENT_FIELDS = {
     "sapo_temperature_neg": "the DPO loss has no ratio to gate",
     "mask_truncated_completions": "MADPO's pairs are ranked by reward, truncated or not",
     "top_entropy_quantile": "the DPO loss sums each completion's token log-probs",
+    "overlong_buffer": "MADPO's pairs are ranked by the task reward; put a length penalty in reward_func",
+    "overlong_penalty_factor": "MADPO's pairs are ranked by the task reward; put a length penalty in reward_func",
 }
 """The policy-gradient trainers' fields (:class:`~comlrl.engine.policy_gradient_config.PolicyGradientConfig`),
 which MADPO's config does not have, and why."""

@@ -22,9 +22,10 @@ from typing import Any, NamedTuple
 import torch
 
 from comlrl.algorithms.returns import TreeAdvantages, tree_advantages
-from comlrl.algorithms.shaping import kl_shaped_rewards, sequence_kl
+from comlrl.algorithms.shaping import overlong_penalty, penalized_rewards, sequence_kl
 from comlrl.engine.inputs import TrainerInputs
 from comlrl.engine.parts import Objective
+from comlrl.engine.policy_gradient_config import PolicyGradientConfig
 from comlrl.engine.run import Run
 from comlrl.engine.update import Estimate, FrozenLogprobs, PolicyUpdate, minibatch_count
 from comlrl.metrics.hooks import rollout_samples
@@ -85,12 +86,10 @@ class PolicyGradient(Objective):
         tree = run.rollout(run.train_prompts, row_ids, reward=run.train_reward)
         generated = time.perf_counter()
         frozen = self.update.frozen(tree)  # sampling-time and reference log-probs, before any change
-        estimated, shaping_metrics = (
-            reference_kl_shaped(tree, frozen, self.config.reference_kl_coef)
-            if self.config.reference_kl_enabled
-            else (tree, {})
-        )
-        estimate = self.estimate(estimated)  # returns, credits and advantages
+        # Per-agent reward shaping (KL to the reference, overlong completions), then returns,
+        # credits and advantages.
+        estimated, shaping_metrics = shaped_rewards(tree, frozen, self.config, run.sampling.max_new_tokens)
+        estimate = self.estimate(estimated)
         stats = self.update(tree, estimate, frozen, step_number)  # losses, backward, optimizer steps
         # Once, after the last pass: nothing samples between the passes.
         run.sync_weights()
@@ -139,21 +138,38 @@ class GroupAdvantages(PolicyGradient):
         )
 
 
-def reference_kl_shaped(
-    tree: RolloutTree, frozen: FrozenLogprobs, coef: float
+def shaped_rewards(
+    tree: RolloutTree, frozen: FrozenLogprobs, config: PolicyGradientConfig, max_new_tokens: int
 ) -> tuple[RolloutTree, dict[str, metric_stats.Stat]]:
-    """``tree`` with each agent's rewards lowered by ``coef`` times the KL of its completion to
-    its frozen reference (``reference_kl_enabled``: KL as reward shaping), and the KL's metrics
-    per turn; the tree itself keeps the task rewards (logged as such)."""
+    """``tree`` with each agent's rewards lowered by ``reference_kl_coef`` times the KL of its
+    completion to its frozen reference (``reference_kl_enabled``: KL as reward shaping) and by
+    ``overlong_penalty_factor`` times DAPO's overlong penalty of its completion
+    (``overlong_buffer``), and the penalties' metrics per turn; the tree given keeps the task
+    rewards (logged as such). Without either, ``tree`` itself."""
+    if not config.reference_kl_enabled and config.overlong_buffer is None:
+        return tree, {}
     turns, metrics = [], {}
     for t, turn in enumerate(tree.turns):
-        kls = [
-            sequence_kl(frozen.sampling[i][t], frozen.reference[i][t], agent.completion_mask.to(frozen.sampling[i][t]))
-            for i, agent in enumerate(turn.agents)
-        ]
-        shaped = kl_shaped_rewards(turn.rewards, kls, tree.joint_indices, tree.num_generations, coef)
-        turns.append(dataclasses.replace(turn, rewards=shaped))
-        all_kls = torch.cat([kl.cpu() for kl in kls])
-        metrics[f"turn_{turn.number}/reference_kl_mean"] = metric_stats.mean_of(all_kls)
-        metrics[f"turn_{turn.number}/reference_kl_penalty_mean"] = metric_stats.mean_of(coef * all_kls)
+        rewards, prefix = turn.rewards, f"turn_{turn.number}"
+        if config.reference_kl_enabled:
+            kls = [
+                sequence_kl(
+                    frozen.sampling[i][t], frozen.reference[i][t], agent.completion_mask.to(frozen.sampling[i][t])
+                )
+                for i, agent in enumerate(turn.agents)
+            ]
+            rewards = penalized_rewards(
+                rewards, kls, tree.joint_indices, tree.num_generations, config.reference_kl_coef
+            )
+            all_kls = torch.cat([kl.cpu() for kl in kls])
+            metrics[f"{prefix}/reference_kl_mean"] = metric_stats.mean_of(all_kls)
+            metrics[f"{prefix}/reference_kl_penalty_mean"] = metric_stats.mean_of(config.reference_kl_coef * all_kls)
+        if config.overlong_buffer is not None:
+            penalties = [
+                overlong_penalty(agent.lengths, max_new_tokens, config.overlong_buffer) for agent in turn.agents
+            ]
+            factor = config.overlong_penalty_factor
+            rewards = penalized_rewards(rewards, penalties, tree.joint_indices, tree.num_generations, factor)
+            metrics[f"{prefix}/overlong_penalty_mean"] = metric_stats.mean_of(factor * torch.cat(penalties).cpu())
+        turns.append(dataclasses.replace(turn, rewards=rewards))
     return dataclasses.replace(tree, turns=turns), metrics
