@@ -6,8 +6,9 @@ import math
 import pytest
 import torch
 
-from comlrl.algorithms.advantages import BASELINES, group_advantages
+from comlrl.algorithms.advantages import BASELINES, batch_scaled, group_advantages
 from comlrl.trainers.reinforce import MAGRPOConfig
+from tests.helpers import content_score, make_trainer, small_config, snapshot, unchanged
 
 MODES = ["mean", "rloo", "max", "raw"]
 
@@ -222,3 +223,59 @@ def test_config_std_floor_must_be_a_positive_number(value):
 def test_config_std_floor_default():
     assert MAGRPOConfig().advantage_std_floor == 1e-2
     assert MAGRPOConfig(advantage_std_floor=0.5).advantage_std_floor == 0.5
+
+
+# ------------------------------------------------------------------------------ batch scaling
+def test_batch_scaling_divides_by_the_std_of_every_return_of_the_step():
+    # one agent, one turn, 2 nodes x G = 2, returns (1, 3) and (5, 5): mean-baseline advantages
+    # (-1, 1), (0, 0); the batch's returns 1, 3, 5, 5 have mean 3.5 and unbiased variance
+    # (6.25 + 0.25 + 2.25 + 2.25) / 3 = 11 / 3
+    credits = [torch.tensor([[[1.0, 3.0], [5.0, 5.0]]])]
+    advantages = [[torch.tensor([-1.0, 1.0, 0.0, 0.0])]]
+    scaled = batch_scaled(advantages, credits)
+    std = math.sqrt(11 / 3)
+    torch.testing.assert_close(scaled[0][0], torch.tensor([-1 / std, 1 / std, 0.0, 0.0]))
+
+
+def test_batch_scaling_over_two_processes_is_the_one_process_figure():
+    """Each process holds one node; ``totals`` sums their counts: the same std as one process."""
+    first, second = [torch.tensor([[[1.0, 3.0]]])], [torch.tensor([[[5.0, 5.0]]])]
+    advantages = [[torch.tensor([-1.0, 1.0])]]
+    sent = []  # what the second process gives the all-reduce
+    batch_scaled([[torch.zeros(2)]], second, totals=lambda local: sent.append(local) or local)
+    scaled = batch_scaled(advantages, first, totals=lambda local: [a + b for a, b in zip(local, sent[0])])
+    std = math.sqrt(11 / 3)  # the std of 1, 3, 5, 5, as in the one-process test
+    torch.testing.assert_close(scaled[0][0], torch.tensor([-1 / std, 1 / std]))
+
+
+def test_batch_scaling_leaves_a_constant_batch_and_pads_missing_turns():
+    credits = [torch.full((1, 2, 2), 4.0)]
+    advantages = [[torch.zeros(4)]]
+    seen = []
+    scaled = batch_scaled(advantages, credits, num_turns=3, totals=lambda local: seen.append(len(local)) or local)
+    assert torch.equal(scaled[0][0], torch.zeros(4)) and seen == [9]  # 3 numbers for each of the 3 turns
+
+
+def test_scale_rewards_batch_changes_a_magrpo_run_and_group_is_the_default(tmp_path):
+    trained = {}
+    for scale in ("group", "batch"):
+        torch.manual_seed(0)
+        args = small_config(tmp_path / scale, seed=3, scale_rewards=scale)
+        trainer = make_trainer(tmp_path / scale, args=args, reward_func=content_score)
+        trainer.train()
+        trained[scale] = trainer
+    assert MAGRPOConfig().scale_rewards == "group"
+    assert not unchanged(snapshot(trained["group"].agents), trained["batch"].agents)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"scale_rewards": "none"}, "scale_rewards='none' is TRL's: write advantage_normalization=False"),
+        ({"scale_rewards": "batch", "advantage_normalization": False}, "advantage_normalization is False"),
+        ({"scale_rewards": "global"}, r"scale_rewards='global'; expected one of \['batch', 'group'\]"),
+    ],
+)
+def test_bad_scale_rewards_are_named(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        MAGRPOConfig(**overrides)

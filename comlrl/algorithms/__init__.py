@@ -1,7 +1,7 @@
 """Pure tensor functions of the trainers' objectives (MAGRPO's and its family's, the critics',
 MADPO's, the reward model's): no models, no trainers, no config objects."""
 
-from comlrl.algorithms.advantages import BASELINES, group_advantages
+from comlrl.algorithms.advantages import BASELINES, batch_scaled, group_advantages
 from comlrl.algorithms.dpo import JointPreference, agent_dpo_losses, joint_preference, others_deltas, preference_deltas
 from comlrl.algorithms.joint import JOINT_MODES, joint_action_indices, per_agent_returns
 from comlrl.algorithms.logprobs import selective_log_softmax
@@ -46,6 +46,7 @@ __all__ = [
     "SamplerCorrection",
     "Surrogate",
     "agent_dpo_losses",
+    "batch_scaled",
     "bradley_terry_loss",
     "completion_mask",
     "group_advantages",

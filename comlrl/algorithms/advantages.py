@@ -6,6 +6,9 @@ Every baseline takes the same argument, the returns of a batch of groups with sh
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable, Sequence
+
 import torch
 from torch import Tensor
 
@@ -79,3 +82,44 @@ def group_advantages(returns: Tensor, mode: str = "mean", normalize: bool = True
         # 1 / std_floor; with no spread at all there is nothing to normalise, so it stays unscaled.
         advantages = advantages / torch.where(std > 0, std.clamp(min=std_floor), torch.ones_like(std))
     return advantages
+
+
+def batch_scaled(
+    advantages: Sequence[Sequence[Tensor]],
+    credits: Sequence[Tensor],
+    std_floor: float = 1e-2,
+    num_turns: int | None = None,
+    totals: Callable[[list[float]], list[float]] | None = None,
+) -> list[list[Tensor]]:
+    """Advantages divided by the std of the whole batch's returns instead of each group's (TRL's
+    ``scale_rewards="batch"``): per agent and turn, the unbiased std of every sample's return of
+    the step (over every process, with ``totals``), floored at ``std_floor``; a batch whose
+    returns are all equal is left unscaled. A group's spread then keeps its size next to the
+    others', where group scaling makes every non-constant group's spread 1.
+
+    Args:
+        advantages: ``[agent][turn]`` ``(M_t * G,)`` advantages with a baseline and no scaling.
+        credits: per turn, ``(N, M_t, G)`` each agent's sample's return.
+        std_floor: the smallest std the advantages are divided by.
+        num_turns: turns of the run; a turn this process never reached counts as empty, so
+            every process passes ``totals`` a list of the same length (default: ``len(credits)``).
+        totals: sums a list of numbers over the processes of a data-parallel run (None: this process only).
+    """
+    num_turns = len(credits) if num_turns is None else num_turns
+    num_agents = len(advantages)
+    local = []
+    for i in range(num_agents):
+        for t in range(num_turns):
+            values = credits[t][i].double() if t < len(credits) else torch.zeros(0, dtype=torch.float64)
+            local += [values.sum().item(), values.square().sum().item(), float(values.numel())]
+    summed = list(totals(local)) if totals is not None else local
+    scaled = []
+    for i in range(num_agents):
+        agent = []
+        for t, turn_advantages in enumerate(advantages[i]):
+            total, squares, count = summed[3 * (i * num_turns + t) : 3 * (i * num_turns + t) + 3]
+            variance = (squares - total * total / count) / (count - 1) if count > 1 else 0.0
+            std = math.sqrt(max(variance, 0.0))
+            agent.append(turn_advantages / max(std, std_floor) if std > 0 else turn_advantages)
+        scaled.append(agent)
+    return scaled

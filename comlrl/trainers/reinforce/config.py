@@ -13,6 +13,9 @@ from comlrl.engine.policy_gradient_config import PolicyGradientConfig
 from comlrl.utils.caller import warn_once
 from comlrl.utils.checks import is_real
 
+SCALE_REWARDS = ("group", "batch")
+"""Whose reward std normalised advantages are divided by."""
+
 
 @dataclass
 class MAGRPOConfig(PolicyGradientConfig):
@@ -28,6 +31,10 @@ class MAGRPOConfig(PolicyGradientConfig):
     """Group baseline: ``mean`` (GRPO), ``rloo`` (leave-one-out), ``max`` (ReMax-style), ``raw`` (none)."""
     advantage_normalization: bool = True
     """Divide advantages by the group's reward std (never re-centres)."""
+    scale_rewards: str = "group"
+    """With ``advantage_normalization``, whose std the advantages are divided by: each group's
+    (``group``) or the whole step's, per agent and turn over every process (``batch``), as TRL's
+    setting of this name; TRL's ``none`` is ``advantage_normalization=False`` here."""
     advantage_std_floor: float = 1e-2
     """Normalisation divides by ``max(group std, this)``, in the reward's unit: scale-up at most ``1 / this``."""
     num_iterations: int = 1
@@ -47,6 +54,16 @@ class MAGRPOConfig(PolicyGradientConfig):
             self.advantage_mode = self.advantage_mode.lower()
         check_choice(self, "advantage_mode", BASELINES)
         check_bool(self, "advantage_normalization")
+        if self.scale_rewards in ("none", False):
+            raise ValueError(
+                f"scale_rewards={self.scale_rewards!r} is TRL's: write advantage_normalization=False (no std scaling)"
+            )
+        check_choice(self, "scale_rewards", SCALE_REWARDS)
+        if self.scale_rewards != "group" and not self.advantage_normalization:
+            raise ValueError(
+                f"scale_rewards={self.scale_rewards!r} chooses the std that advantage_normalization divides by; "
+                "advantage_normalization is False"
+            )
         floor = self.advantage_std_floor
         if not (is_real(floor) and math.isfinite(floor) and floor > 0):
             raise ValueError(f"advantage_std_floor must be a finite number > 0 (reward units), got {floor!r}")

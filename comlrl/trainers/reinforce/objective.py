@@ -21,6 +21,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from comlrl.algorithms.advantages import batch_scaled
 from comlrl.algorithms.returns import TreeAdvantages, tree_advantages
 from comlrl.algorithms.shaping import overlong_penalty, penalized_rewards, sequence_kl
 from comlrl.engine.inputs import TrainerInputs
@@ -126,16 +127,27 @@ class GroupAdvantages(PolicyGradient):
 
     def estimate(self, tree: RolloutTree) -> TreeAdvantages:
         config = self.config
-        return tree_advantages(
+        by_batch = config.advantage_normalization and config.scale_rewards == "batch"
+        estimate = tree_advantages(
             [turn.rewards for turn in tree.turns],
             [turn.children for turn in tree.turns],
             tree.joint_indices,
             config.num_generations,
             config.discount,
             config.advantage_mode,
-            config.advantage_normalization,
+            config.advantage_normalization and not by_batch,
             std_floor=config.advantage_std_floor,
         )
+        if not by_batch:
+            return estimate
+        scaled = batch_scaled(
+            estimate.advantages,
+            estimate.credits,
+            config.advantage_std_floor,
+            config.num_turns,
+            self.run.parallel.sum_values,
+        )
+        return estimate._replace(advantages=scaled)
 
 
 def shaped_rewards(
