@@ -58,6 +58,13 @@ def add_common_flags(parser: argparse.ArgumentParser, models: str, writes: str =
         "core); on a machine shared with other jobs, fewer threads (often 1) avoid a many-fold slowdown",
     )
     parser.add_argument("--seed", type=int, default=42, help="random seed (default: %(default)s)")
+    parser.add_argument(
+        "--generation-backend",
+        choices=["hf", "vllm"],
+        default="hf",
+        help="what samples the completions: the training models (hf, default) or vLLM engines (vllm: pip install "
+        "'comlrl[vllm]', or the CPU build, see docs/guides/distributed.md)",
+    )
     parser.add_argument("--wandb", action="store_true", help="log to Weights & Biases (off by default)")
     parser.add_argument("--wandb-project", default="comlrl", help="W&B project (with --wandb; default: %(default)s)")
     parser.add_argument("--wandb-entity", default=None, help="W&B entity (with --wandb; default: your default entity)")
@@ -100,7 +107,12 @@ def model_source(args: argparse.Namespace) -> str:
 
 def run_config(args: argparse.Namespace) -> dict[str, Any]:
     """The config fields the common flags set."""
-    return {"seed": args.seed, "output_dir": args.output_dir, "overwrite_output_dir": args.overwrite}
+    return {
+        "seed": args.seed,
+        "output_dir": args.output_dir,
+        "overwrite_output_dir": args.overwrite,
+        "generation_backend": args.generation_backend,
+    }
 
 
 def wandb_config(args: argparse.Namespace, name: str) -> dict[str, Any] | None:

@@ -1,12 +1,15 @@
 """The compiled decoding loop against the eager one: the same tokens for the same generator
 (greedy and sampled, left padding, rows finishing early, min_new_tokens), log-probs equal up to
-float rounding, one compile per bucket, and the eager loop for models it cannot serve.
+float rounding, one compile per bucket, one static cache kept per (model, bucket) (the least
+recently used dropped past ``HELD_CACHES``), and the eager loop for models it cannot serve.
 
 Every call here lands in one bucket per model (3 or 4 rows -> 4, prompt + new tokens <= 64),
 so the file compiles the step three times (Llama, GPT-2, Llama under LoRA): both classes are built before the first
 compile (see :func:`both_model_classes_built`)."""
 
+import gc
 import logging
+import weakref
 from unittest import mock
 
 import pytest
@@ -118,6 +121,68 @@ def test_a_second_call_of_a_bucket_does_not_compile_again():
         eager, compiled = both_loops(other, ids, mask, settings, [], tok.pad_token_id, seed=3)
     assert torch.equal(compiled.ids, eager.ids)
     assert compile_seconds()[bucket] == compiles
+
+
+def eager_step(monkeypatch):
+    """The compiled loop with its step run eagerly (no compile): for tests of its caches."""
+    monkeypatch.setattr(compiled_decoding, "compiled_step", lambda device_type: compiled_decoding._forward_step)
+
+
+def test_alternating_two_buckets_reuses_each_buckets_cache(monkeypatch):
+    eager_step(monkeypatch)
+    tok = char_tokenizer(MIXED)
+    model = tiny_llama(tok)
+    taken, take = [], compiled_decoding._take_cache
+    monkeypatch.setattr(compiled_decoding, "_take_cache", lambda *args: taken.append(take(*args)) or taken[-1])
+    # Two rounds of two buckets (3 rows -> 4, 1 row -> 1), other prompts in the second round.
+    rounds = [[PROMPTS, PROMPTS[:1]], [["four", "other", "prompts, in all"], ["xyz"]]]
+    settings = DecodingSettings(max_new_tokens=6)
+    with torch.inference_mode():
+        for prompts in (prompts for groups in rounds for prompts in groups):
+            ids, mask = left_padded(tok, prompts)
+            compiled = decode_compiled(model, ids, mask, settings, [], tok.pad_token_id)
+            # A cache taken again was emptied: the same tokens as the eager loop.
+            assert torch.equal(compiled.ids, decode(model, ids, mask, settings, [], tok.pad_token_id).ids)
+    assert len(taken) == 4 and taken[0] is not taken[1]
+    assert taken[2] is taken[0] and taken[3] is taken[1]  # the second alternation allocated nothing
+
+
+def used(model, shape):
+    """The cache a call of ``shape`` decodes with, given back after it."""
+    cache = compiled_decoding._take_cache(model, shape)
+    compiled_decoding._give_back(model, shape, cache)
+    return cache
+
+
+def test_held_caches_per_model_are_bounded_dropping_the_least_recently_used():
+    model = tiny_llama(char_tokenizer(MIXED))
+    shapes = [(rows, 64, torch.float32, torch.device("cpu")) for rows in (1, 2, 4, 8, 16, 32)]
+    shapes = shapes[: compiled_decoding.HELD_CACHES + 1]
+    first = {shape: used(model, shape) for shape in shapes[:-1]}  # as many as are kept
+    assert used(model, shapes[0]) is first[shapes[0]]  # the oldest, used again: now the most recent
+    used(model, shapes[-1])  # one bucket too many: shapes[1], now the least recently used, is dropped
+    held = compiled_decoding._HELD[model]
+    assert list(held) == [*shapes[2:-1], shapes[0], shapes[-1]]
+    assert all(held[shape] is first[shape] for shape in [*shapes[2:-1], shapes[0]])
+    assert used(model, shapes[1]) is not first[shapes[1]]
+    # The caches do not keep their model alive.
+    model_ref = weakref.ref(model)
+    del model, held
+    gc.collect()
+    assert model_ref() is None
+
+
+def test_two_takes_at_once_on_one_model_get_their_own_caches():
+    model, other = (tiny_llama(char_tokenizer(MIXED)) for _ in range(2))
+    shape = (4, 64, torch.float32, torch.device("cpu"))
+    held = used(model, shape)
+    # A second thread decoding the same model and bucket while the first one is: a cache of its own.
+    first, second = (compiled_decoding._take_cache(model, shape) for _ in range(2))
+    assert first is held and second is not held
+    assert compiled_decoding._take_cache(other, shape) is not held  # another model: not this one's
+    compiled_decoding._give_back(model, shape, first)
+    compiled_decoding._give_back(model, shape, second)
+    assert compiled_decoding._HELD[model][shape] is second  # one held per bucket: the last given back
 
 
 def test_generate_group_uses_the_compiled_loop_when_asked_and_draws_the_same():

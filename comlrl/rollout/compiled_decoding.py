@@ -15,8 +15,9 @@ graph (models of one class, config and dtype share a graph); :func:`compile_seco
 which compiled and what it cost, and each compile logs one info line. One more compile each
 can come later: the forward reads a transformers registry of model classes, so building a
 model of a class not built before makes the graphs compiled earlier compile again, once.
-Each model keeps its last cache for its next call of that shape (see ``_HELD``): memory of one
-KV cache per model between calls.
+Each model keeps one cache per shape bucket for its next call of that bucket (see ``_HELD``),
+at most :data:`HELD_CACHES` of them, the least recently used dropped past that: memory of up to
+that many KV caches per model between calls.
 
 The prompt's prefill stays eager (prompt lengths vary call to call; one forward). So does the
 sampler, which is :func:`comlrl.rollout.decoding.sampling_loop` itself: ``torch.multinomial``
@@ -32,6 +33,7 @@ import logging
 import threading
 import time
 import weakref
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -50,6 +52,10 @@ share one compiled graph."""
 RECOMPILE_LIMIT = 64
 """Graphs dynamo may keep for the compiled step (its default, 8, counts every model, dtype and
 bucket of the process together; past the limit it would silently run the step eagerly)."""
+HELD_CACHES = 2
+"""Static caches kept per model between calls, one per shape bucket (two: training and evaluation
+alternate two shapes); past it, the least recently used is dropped. Each is a whole KV cache of its
+bucket, so a large model on long buckets holds that memory between calls."""
 _ATTENTION = ("sdpa", "eager")
 """Attention implementations whose masks were checked with a static cache (a 2D mask over
 the whole cache length, the causal part from the cache's own fill count)."""
@@ -68,10 +74,13 @@ class Bucket(NamedTuple):
 
 
 _COMPILES: dict[Bucket, list[float]] = {}
-# One cache per model, reused by its next call of the same shape: CUDA graphs replay on fixed
-# addresses, and a fresh cache each call would make them record again. Taken out while in use,
-# so a second thread decoding the same model at once allocates its own.
-_HELD: weakref.WeakKeyDictionary[torch.nn.Module, tuple[tuple[Any, ...], StaticCache]] = weakref.WeakKeyDictionary()
+# Per model, one cache per shape (rows, length, dtype, device), reused by its next call of that
+# shape: CUDA graphs replay on fixed addresses, and a fresh cache each call (or each alternation
+# of two shapes) would make them record again. Least recently used first, at most HELD_CACHES.
+# Taken out while in use, so a second thread decoding the same model and shape at once allocates its own.
+_HELD: weakref.WeakKeyDictionary[torch.nn.Module, OrderedDict[tuple[Any, ...], StaticCache]] = (
+    weakref.WeakKeyDictionary()
+)
 _HELD_LOCK = threading.Lock()
 
 
@@ -183,19 +192,26 @@ def _record(bucket: Bucket, seconds: float) -> None:
 
 
 def _take_cache(model: torch.nn.Module, shape: tuple[Any, ...]) -> StaticCache:
-    """The model's held cache, emptied, if it has ``shape`` (rows, length, dtype, device);
-    otherwise a new one (allocated at its final length by the prefill's first write)."""
+    """The model's held cache of ``shape`` (rows, length, dtype, device), taken out and
+    emptied; without one, a new one (allocated at its final length by the prefill's first write)."""
     with _HELD_LOCK:
-        held = _HELD.pop(model, None)
-    if held is not None and held[0] == shape:
-        held[1].reset()
-        return held[1]
+        held = _HELD.get(model)
+        cache = held.pop(shape, None) if held is not None else None
+    if cache is not None:
+        cache.reset()
+        return cache
     return StaticCache(config=model.config, max_cache_len=shape[1])
 
 
 def _give_back(model: torch.nn.Module, shape: tuple[Any, ...], cache: StaticCache) -> None:
+    """Hold ``cache`` as the model's most recently used one of ``shape``, dropping the least
+    recently used past :data:`HELD_CACHES`."""
     with _HELD_LOCK:
-        _HELD[model] = (shape, cache)
+        held = _HELD.setdefault(model, OrderedDict())
+        held[shape] = cache
+        held.move_to_end(shape)
+        while len(held) > HELD_CACHES:
+            held.popitem(last=False)
 
 
 def _padded_rows(tensor: Tensor, rows: int) -> Tensor:
