@@ -14,7 +14,7 @@ from comlrl.models.folders import check_model_available
 
 from .helpers import TUTORIAL_FLAGS, char_tokenizer, help_text, load_example, tiny_llama
 
-RUN_FLAGS = ["--overwrite", "--no-save", "--threads"]
+RUN_FLAGS = ["--overwrite", "--no-save", "--threads", "--generation-backend"]
 """The flags examples/_common.py gives every example beside the tutorial's."""
 TWO_AGENTS_SAVED = "metrics.jsonl; curves in metrics.png; models in models/agent_0, models/agent_1"
 """The summary's list of what a run of two agents wrote into its folder."""
@@ -36,6 +36,8 @@ def test_defaults_are_the_tutorials(example):
     args = example.parse_args([])
     assert (args.epochs, args.num_generations, args.max_new_tokens, args.wandb) == (3, 8, 128, False)
     assert (args.output_dir, args.overwrite, args.no_save, args.threads) == (None, False, False, None)
+    assert example.run_config(args)["generation_backend"] == "hf"
+    assert example.run_config(example.parse_args(["--generation-backend", "vllm"]))["generation_backend"] == "vllm"
 
 
 def test_reward_by_hand(example):
