@@ -108,8 +108,8 @@ class TrainerConfig:
     that no ``generate`` argument, ``GenerationConfig`` field or input of the agents' models is."""
     generation_backend: str = "hf"
     """What samples completions: ``hf`` (the training model's own ``generate``) or ``vllm``
-    (a vLLM engine per agent on its GPU, weights copied in after every update; needs
-    ``pip install 'comlrl[vllm]'`` and a GPU)."""
+    (a vLLM engine per base model on its agent's device, weights copied in after every update;
+    needs ``pip install 'comlrl[vllm]'`` on GPUs, vLLM's CPU build on CPUs: docs/guides/distributed.md)."""
     vllm_gpu_memory_utilization: float = 0.3
     """Share in (0, 1) of each GPU's memory that the vLLM engines on it take together, split evenly
     between them (the rest is training's); checked against the free memory at start."""
