@@ -91,7 +91,6 @@ from typing import Any
 import torch
 from gpu_check_cases import DTYPES, Check, run_case
 from gpu_check_parts import LOGIT_PROMPT, LOGIT_STD, compile_backend, compiler_watch, environment, prepare, summary_line
-from gpu_check_parts import gap_figures as gap_figures  # benchmarks/vllm_check.py imports it from here
 
 REPORT_NAME = "gpu_check.json"
 
