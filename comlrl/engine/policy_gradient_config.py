@@ -22,7 +22,7 @@ from comlrl.engine.config_checks import (
     check_int,
     check_scalar,
 )
-from comlrl.utils.checks import is_real
+from comlrl.utils.checks import field_default, is_real
 
 TRL_LOSS_TYPES = {
     "cispo": "here the surrogate is policy_loss='cispo', and loss_type the token normalisation "
@@ -145,7 +145,7 @@ class PolicyGradientConfig(TrainerConfig):
         check_choice(self, "importance_sampling_level", IMPORTANCE_SAMPLING_LEVELS)
         for name in ("sapo_temperature_pos", "sapo_temperature_neg"):
             check_scalar(getattr(self, name), name, 0, MAX_COEFFICIENT, low_open=True)
-            if self.policy_loss != "sapo" and getattr(self, name) != type(self).__dataclass_fields__[name].default:
+            if self.policy_loss != "sapo" and getattr(self, name) != field_default(self, name):
                 raise ValueError(f"{name} is the temperature of policy_loss='sapo'; policy_loss={self.policy_loss!r}")
         if self.delta is None:
             return
@@ -160,7 +160,7 @@ class PolicyGradientConfig(TrainerConfig):
     def _check_overlong(self) -> None:
         check_coefficient(self, "overlong_penalty_factor")
         if self.overlong_buffer is None:
-            if self.overlong_penalty_factor != type(self).__dataclass_fields__["overlong_penalty_factor"].default:
+            if self.overlong_penalty_factor != field_default(self, "overlong_penalty_factor"):
                 raise ValueError("overlong_penalty_factor weighs the overlong penalty: set overlong_buffer too")
             return
         check_int(self, "overlong_buffer")
@@ -172,8 +172,7 @@ class PolicyGradientConfig(TrainerConfig):
 
     def _check_sampler_correction(self) -> None:
         check_choice(self, "sampler_correction", SAMPLER_CORRECTIONS)
-        defaults = type(self).__dataclass_fields__
-        if self.sampler_ratio_cap is None and self.sampler_correction != defaults["sampler_correction"].default:
+        if self.sampler_ratio_cap is None and self.sampler_correction != field_default(self, "sampler_correction"):
             raise ValueError(
                 f"sampler_correction={self.sampler_correction!r} needs a sampler_ratio_cap "
                 "(None turns the correction off)"
