@@ -35,7 +35,6 @@ Prints one JSON object (figures and checks); exits 1 when a check is outside its
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import platform
@@ -43,6 +42,7 @@ import sys
 import time
 
 import torch
+import workload as wl
 from gpu_check_parts import gap_figures  # the learner against the sampler's log-probs
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -54,11 +54,6 @@ from comlrl.rollout.vllm_backend import (
     VLLMBackend,
 )
 from comlrl.trainers.reinforce import MAGRPOConfig
-
-_EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "examples", "story-len-ratio.py")
-_spec = importlib.util.spec_from_file_location("story_len_ratio", _EXAMPLE)
-example = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(example)
 
 TOLERANCES = {
     "float32": {"greedy_identical_min": 0.75, "logprob_mean_abs_max": 1e-3, "logprob_max_abs_max": 5e-2},
@@ -79,7 +74,7 @@ over two minutes on two cores."""
 def prompts(count: int) -> list[str]:
     """``count`` distinct prompts from the tutorial example's (numbered past the first 10, so
     that vLLM's prefix cache cannot reuse whole prompts)."""
-    base = example.PROMPTS
+    base = wl.ALL_PROMPTS
     return [base[i % len(base)] + ("" if i < len(base) else f" ({i // len(base) + 1})") for i in range(count)]
 
 

@@ -45,12 +45,13 @@ one engine instead of two.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import subprocess
 import sys
 import tempfile
+
+import workload as wl
 
 LONG_CONTEXT = (
     "You are helping to write short pieces for a collection of stories for children and their parents. "
@@ -75,18 +76,9 @@ LONG_CONTEXT = (
 METRICS = ("vllm:prefix_cache_queries", "vllm:prefix_cache_hits")
 
 
-def story_prompts() -> list[str]:
-    """The tutorial's prompts (examples/story-len-ratio.py), read from the example itself."""
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples", "story-len-ratio.py")
-    spec = importlib.util.spec_from_file_location("story_len_ratio", path)
-    example = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(example)
-    return list(example.PROMPTS)
-
-
 def prompt_sets(tokenizer) -> dict[str, list[list[int]]]:
     """Each set's prompts as token ids, as the backend encodes them (``tokenizer(text)``)."""
-    story = story_prompts()
+    story = list(wl.ALL_PROMPTS)  # the tutorial's prompts
     chat = [
         tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
         for p in story

@@ -27,7 +27,7 @@ from .helpers import (
 
 
 # ---------------------------------------------------------------- the formulas, by hand
-def test_truncated_importance_weights_by_hand():
+def test_token_truncate_weights_by_hand():
     learner = torch.tensor([[-1.0, -2.0, -0.5]])
     sampler = torch.tensor([[-1.5, -1.0, -0.5]])
     mask = torch.ones(1, 3, dtype=torch.bool)
