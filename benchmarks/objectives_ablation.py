@@ -42,7 +42,8 @@ VARIANTS = {
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seeds", type=int, default=3, help="seeds per variant, 0..N-1 (default: %(default)s)")
+    parser.add_argument("--seeds", type=int, default=3, help="seeds per variant (default: %(default)s)")
+    parser.add_argument("--first-seed", type=int, default=0, help="first seed (default: %(default)s)")
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     parser.add_argument("--model", default=None, help="model folder (default: the embedded SmolLM2-135M-Instruct)")
     parser.add_argument("--python", default=sys.executable, help="Python that runs bench_ours.py (default: this one)")
@@ -54,7 +55,7 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     common = ["--model", args.model] if args.model else []
     runs: dict[str, list[dict]] = {name: [] for name in args.variants}
-    for seed in range(args.seeds):
+    for seed in range(args.first_seed, args.first_seed + args.seeds):
         for name in args.variants:
             options = [f"--config={field}={json.dumps(value)}" for field, value in VARIANTS[name].items()]
             run = run_script(args.python, "bench_ours.py", [*common, *options, "--learning-seed", str(seed)])

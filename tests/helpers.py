@@ -288,6 +288,28 @@ def ranged_distinct_score(prompts, a, b):
 
 ranged_distinct_score.reward_range = (0.0, 100003.0)
 
+
+def rank_flat_score(prompts, a, b):
+    """On rank 0 the odd-length prompts give every sample 1 (flat groups: dynamic sampling
+    refills them); everything else scores :func:`distinct_score` (groups never flat)."""
+    rank = int(os.environ.get("RANK", "0"))
+    return [1.0 if rank == 0 and len(p) % 2 else s for p, s in zip(prompts, distinct_score(prompts, a, b))]
+
+
+class RecordedRefill:
+    """A dynamic sampler that appends each step's rounds and this rank's refill to a JSONL file."""
+
+    def __init__(self, refill, path: Path):
+        self.refill, self.path = refill, path
+
+    def __call__(self, tree, step):
+        tree, metrics = self.refill(tree, step)
+        record = {"step": step, **{key.split("/")[1]: stat.value() for key, stat in metrics.items()}}
+        with self.path.open("a") as file:
+            file.write(json.dumps(record) + "\n")
+        return tree, metrics
+
+
 MADPO_ROWS = ROWS[:7]
 """3 candidates per row that never tie give each row its 3 pairs: 21, so with 2 ranks x 2
 pairs per step the last step of an epoch holds 1 pair and leaves rank 1 without one."""
@@ -413,6 +435,15 @@ def build_trainer(algorithm: str, output_dir: Path, per_device_rows: int, shardi
         return MADPOTrainer(
             agents=agents, tokenizer=tok, train_dataset=MADPO_ROWS, reward_func=distinct_score, args=args
         )
+    if algorithm == "dynamic":  # sampled at random: greedy samples would leave every group flat
+        args = MAGRPOConfig(dynamic_sampling=True, num_generations=2, max_resample_rounds=2, **shared)
+        trainer = MAGRPOTrainer(
+            agents=agents, tokenizer=tok, train_dataset=ROWS, reward_func=rank_flat_score, args=args
+        )
+        trainer.objective.refill = RecordedRefill(
+            trainer.objective.refill, output_dir.parent / f"refill_rank{rank}.jsonl"
+        )
+        return trainer
     common = dict(num_generations=2, top_k=1, **shared)
     if algorithm == "marlhf":
         backbone = ranks_reward_backbone(output_dir, rank)

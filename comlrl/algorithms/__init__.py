@@ -1,8 +1,9 @@
 """Pure tensor functions of the trainers' objectives (MAGRPO's and its family's, the critics',
 MADPO's, the reward model's): no models, no trainers, no config objects."""
 
-from comlrl.algorithms.advantages import BASELINES, batch_scaled, group_advantages
+from comlrl.algorithms.advantages import BASELINES, batch_scaled, decoupled_advantages, group_advantages
 from comlrl.algorithms.dpo import JointPreference, agent_dpo_losses, joint_preference, others_deltas, preference_deltas
+from comlrl.algorithms.filtering import flat_rows
 from comlrl.algorithms.joint import JOINT_MODES, joint_action_indices, per_agent_returns
 from comlrl.algorithms.logprobs import selective_log_softmax
 from comlrl.algorithms.losses import (
@@ -49,6 +50,8 @@ __all__ = [
     "batch_scaled",
     "bradley_terry_loss",
     "completion_mask",
+    "decoupled_advantages",
+    "flat_rows",
     "group_advantages",
     "joint_action_indices",
     "joint_preference",

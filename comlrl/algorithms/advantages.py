@@ -123,3 +123,59 @@ def batch_scaled(
             agent.append(turn_advantages / max(std, std_floor) if std > 0 else turn_advantages)
         scaled.append(agent)
     return scaled
+
+
+def decoupled_advantages(
+    credits: Sequence[Sequence[Tensor]],
+    weights: Sequence[float],
+    mode: str = "mean",
+    std_floor: float = 1e-2,
+    num_turns: int | None = None,
+    totals: Callable[[list[float]], list[float]] | None = None,
+) -> list[list[Tensor]]:
+    """GDPO's advantages (Liu et al., 2026, "Group reward-Decoupled Normalization Policy
+    Optimization", arXiv 2601.05242; TRL's ``multi_objective_aggregation="normalize_then_sum"``):
+    each reward function's credits get their own group baseline and std
+    (:func:`group_advantages` with ``normalize=True``), the results are summed with the reward
+    weights, and the sum is divided by its std over the whole step, per agent and turn, over
+    every process with ``totals`` (:func:`batch_scaled`: the unbiased std, floored at
+    ``std_floor``, in units of those summed advantages; a step whose sum is all 0 is left so).
+
+    A function whose group is flat adds 0 to that group (``mean``/``rloo``/``max``), one with a
+    tiny spread is divided by ``std_floor`` in its own unit. The weights act after each
+    function's normalisation, as in the paper and TRL: weighting before it would cancel in the
+    group's z-score. The batch step only rescales, as :func:`batch_scaled` does, and does not
+    re-centre (the paper and TRL subtract the batch mean): with ``mean`` and ``rloo`` every
+    group's advantages sum to 0, so the batch mean is 0 and this is the paper's figure; with
+    ``max`` (advantages <= 0) re-centring would shift every sample of the step by one amount and
+    push up samples that the baseline puts below their group's best.
+
+    Args:
+        credits: ``[function][turn]`` ``(N, M_t, G)`` each agent's sample's return under that
+            function alone (unweighted), as :func:`~comlrl.algorithms.joint.per_agent_returns` gives.
+        weights: F weights, one per function (the config's ``reward_weights``).
+        mode: the group baseline, a key of ``BASELINES`` (``raw`` has none to centre with).
+        std_floor: the smallest std a group (in its function's unit) or the step's sum is divided by.
+        num_turns: turns of the run, as for :func:`batch_scaled` (default: ``len(credits[0])``).
+        totals: sums a list of numbers over the processes of a data-parallel run (None: this process only).
+
+    Returns:
+        ``[agent][turn]`` ``(M_t * G,)`` advantages, node-major.
+    """
+    if not credits or len(credits) != len(weights):
+        raise ValueError(f"{len(credits)} reward functions' credits for {len(weights)} weights")
+    num_agents = credits[0][0].shape[0]
+    summed = [
+        [
+            sum(
+                weight * group_advantages(function[t][i], mode, True, std_floor)
+                for weight, function in zip(weights, credits)
+            )
+            for t in range(len(credits[0]))
+        ]
+        for i in range(num_agents)
+    ]
+    # The summed advantages are what the step's std is taken of: (N, M_t, G) per turn, as credits.
+    as_credits = [torch.stack([summed[i][t] for i in range(num_agents)]) for t in range(len(credits[0]))]
+    flat = [[turn.reshape(-1) for turn in agent] for agent in summed]
+    return batch_scaled(flat, as_credits, std_floor, num_turns, totals)

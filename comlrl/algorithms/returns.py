@@ -8,12 +8,12 @@ GAE's lambda-return mixes that mean with the critic's value of the child.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 from torch import Tensor
 
-from comlrl.algorithms.advantages import group_advantages
+from comlrl.algorithms.advantages import decoupled_advantages, group_advantages
 from comlrl.algorithms.joint import per_agent_returns
 
 
@@ -118,4 +118,61 @@ def tree_advantages(
         [group_advantages(c[i], mode, normalize, std_floor).reshape(-1) for c in credits]
         for i in range(joint_indices.shape[1])
     ]
+    return TreeAdvantages(returns, credits, advantages)
+
+
+def function_credits(
+    per_function_rewards: Sequence[Tensor],
+    children: Sequence[Tensor],
+    joint_indices: Tensor,
+    num_generations: int,
+    discount: float,
+) -> list[list[Tensor]]:
+    """Each reward function's own credits over a rollout tree: its unweighted rewards' returns
+    (:func:`tree_returns`), credited to each agent's samples (:func:`per_agent_returns`).
+
+    Args:
+        per_function_rewards: per turn, ``(F, M_t, J, N)`` what each function returned.
+        children: per turn, ``(M_t, J)`` the node each joint action started at turn t+1, -1 for none.
+        joint_indices: ``(J, N)`` sample of each agent in each joint action.
+        num_generations: G.
+        discount: weight of the next turn's return, in [0, 1].
+
+    Returns:
+        ``[function][turn]`` ``(N, M_t, G)`` credits.
+    """
+    return [
+        [
+            per_agent_returns(r, joint_indices, num_generations)
+            for r in tree_returns([turn[f] for turn in per_function_rewards], children, discount)
+        ]
+        for f in range(per_function_rewards[0].shape[0])
+    ]
+
+
+def tree_decoupled_advantages(
+    rewards: Sequence[Tensor],
+    per_function_rewards: Sequence[Tensor],
+    children: Sequence[Tensor],
+    joint_indices: Tensor,
+    num_generations: int,
+    discount: float,
+    mode: str,
+    weights: Sequence[float],
+    std_floor: float = 1e-2,
+    num_turns: int | None = None,
+    totals: Callable[[list[float]], list[float]] | None = None,
+) -> TreeAdvantages:
+    """GDPO over a rollout tree: the returns and credits of the summed reward ``rewards`` (what is
+    logged, as :func:`tree_advantages` gives them), and advantages from each function's own
+    credits (:func:`function_credits` of ``per_function_rewards``, per turn ``(F, M_t, J, N)``,
+    unweighted) through :func:`~comlrl.algorithms.advantages.decoupled_advantages` with the F
+    ``weights``. Returns are linear in the rewards, so without a processor or shaping the
+    weighted sum of the functions' returns is the summed reward's return."""
+    if per_function_rewards[0].shape[0] != len(weights):
+        raise ValueError(f"{per_function_rewards[0].shape[0]} reward functions' rewards for {len(weights)} weights")
+    returns = tree_returns(rewards, children, discount)
+    credits = [per_agent_returns(r, joint_indices, num_generations) for r in returns]
+    per_function = function_credits(per_function_rewards, children, joint_indices, num_generations, discount)
+    advantages = decoupled_advantages(per_function, weights, mode, std_floor, num_turns, totals)
     return TreeAdvantages(returns, credits, advantages)

@@ -43,11 +43,57 @@ class AgentRollout:
     sampler_logprobs: Tensor | None = None
     """``(B*G, T)`` float32 log-probs the sampler gave its tokens, when it may not be
     exactly the learner (bf16 decoding): the update measures and corrects the mismatch with them."""
+    pad_id: int = 0
+    """The id that left-pads the prompts (the tokenizer's pad id); :func:`join_rollouts` pads
+    with it, so that one prompt reads the same ids in every rollout it joins."""
 
     @property
     def lengths(self) -> Tensor:
         """``(B*G,)`` number of generated tokens of each completion (EOS included)."""
         return self.completion_mask.sum(dim=1)
+
+    def select(self, prompts: Sequence[int], num_generations: int) -> AgentRollout:
+        """The rollout of prompts ``prompts`` (indices, in that order), their G samples each."""
+        index = torch.tensor([b * num_generations + k for b in prompts for k in range(num_generations)])
+        index = index.to(self.prompt_ids.device, dtype=torch.long)
+        return AgentRollout(
+            self.prompt_ids[index],
+            self.prompt_mask[index],
+            self.completion_ids[index],
+            self.completion_mask[index],
+            [self.texts[i] for i in index.tolist()],
+            self.truncated[index],
+            None if self.sampler_logprobs is None else self.sampler_logprobs[index],
+            self.pad_id,
+        )
+
+
+def join_rollouts(rollouts: Sequence[AgentRollout]) -> AgentRollout:
+    """One agent's rollouts one after the other: prompts left-padded with the first's
+    ``pad_id`` to the longest, completions right-padded to the longest (masks 0 there)."""
+    first = rollouts[0]
+    if len({r.sampler_logprobs is None for r in rollouts}) > 1:
+        raise ValueError("rollouts to join must all have sampler log-probs, or none")
+    width = max(r.prompt_ids.shape[1] for r in rollouts)
+    length = max(r.completion_ids.shape[1] for r in rollouts)
+
+    def left(tensor: Tensor, value: int | bool) -> Tensor:
+        return torch.nn.functional.pad(tensor, (width - tensor.shape[1], 0), value=value)
+
+    def right(tensor: Tensor, value: float | bool) -> Tensor:
+        return torch.nn.functional.pad(tensor, (0, length - tensor.shape[1]), value=value)
+
+    logprobs = None if first.sampler_logprobs is None else [right(r.sampler_logprobs, 0.0) for r in rollouts]
+    return AgentRollout(
+        torch.cat([left(r.prompt_ids, first.pad_id) for r in rollouts]),
+        torch.cat([left(r.prompt_mask, 0) for r in rollouts]),
+        torch.cat([right(r.completion_ids, first.pad_id) for r in rollouts]),
+        torch.cat([right(r.completion_mask, False) for r in rollouts]),
+        [text for r in rollouts for text in r.texts],
+        torch.cat([r.truncated for r in rollouts]),
+        None if logprobs is None else torch.cat(logprobs),
+        first.pad_id,
+    )
 
 
 def eos_token_ids(model: torch.nn.Module, tokenizer: Any) -> list[int]:
@@ -76,7 +122,8 @@ def rollout_from_ids(
     with TOKENIZER_LOCK:
         texts = tokenizer.batch_decode(owned, skip_special_tokens=True)
     truncated = ~torch.isin(completion_ids, torch.tensor(list(eos_ids), device=completion_ids.device)).any(dim=1)
-    return AgentRollout(prompt_ids, prompt_mask, completion_ids, mask, texts, truncated)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    return AgentRollout(prompt_ids, prompt_mask, completion_ids, mask, texts, truncated, pad_id=pad_id)
 
 
 def generate_group(

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from comlrl.rewards.joint_reward import JointReward
-from comlrl.rollout.generation import AgentRollout
+from comlrl.rollout.generation import AgentRollout, join_rollouts
 from comlrl.rollout.prompts import PromptTable
 from comlrl.rollout.transition import Transition
 
@@ -71,6 +71,64 @@ class RolloutTree:
     def generate_calls(self) -> int:
         """One batched call per agent and turn, however many nodes the turn holds."""
         return len(self.turns) * self.joint_indices.shape[1]
+
+    def select_roots(self, roots: Sequence[int]) -> RolloutTree:
+        """The tree of first-turn nodes ``roots`` (in that order) and their branches, the nodes
+        of each later turn in their order here and ``children`` pointing at them."""
+        turns, nodes = [], list(roots)
+        for turn in self.turns:
+            if not nodes:
+                break
+            index = torch.tensor(nodes, dtype=torch.long)
+            children = turn.children[index]
+            kept = children[children >= 0]  # the next turn's nodes, in their order (build_tree numbers them so)
+            renumber = torch.full((int(turn.children.max()) + 2,), -1, dtype=torch.long)
+            renumber[kept] = torch.arange(len(kept))
+            turns.append(
+                Turn(
+                    number=turn.number,
+                    rows=[turn.rows[m] for m in nodes],
+                    prompts=[[prompts[m] for m in nodes] for prompts in turn.prompts],
+                    prompt_history=[turn.prompt_history[m] for m in nodes],
+                    response_history=[turn.response_history[m] for m in nodes],
+                    agents=[agent.select(nodes, self.num_generations) for agent in turn.agents],
+                    rewards=turn.rewards[index],
+                    raw_rewards=turn.raw_rewards[index],
+                    per_function_rewards=turn.per_function_rewards[:, index],
+                    children=torch.where(children >= 0, renumber[children.clamp(min=0)], -1),
+                )
+            )
+            nodes = kept.tolist()
+        return RolloutTree(turns, self.joint_indices, self.num_generations, self.reward_names, self.transition_calls)
+
+
+def join_trees(trees: Sequence[RolloutTree]) -> RolloutTree:
+    """The rollout trees of several row lists as the one tree of those rows in that order
+    (each turn's nodes tree by tree, ``children`` shifted to match); ``transition_calls`` summed."""
+    first = trees[0]
+    turns = []
+    for t in range(max(len(tree.turns) for tree in trees)):
+        parts = [tree.turns[t] for tree in trees if len(tree.turns) > t]
+        shifted, offset = [], 0
+        for part in parts:  # a tree without turn t+1 has no children at turn t: offsets stay right
+            shifted.append(torch.where(part.children >= 0, part.children + offset, -1))
+            offset += int((part.children >= 0).sum())
+        turns.append(
+            Turn(
+                number=parts[0].number,
+                rows=[row for part in parts for row in part.rows],
+                prompts=[[p for part in parts for p in part.prompts[i]] for i in range(len(parts[0].prompts))],
+                prompt_history=[h for part in parts for h in part.prompt_history],
+                response_history=[h for part in parts for h in part.response_history],
+                agents=[join_rollouts([part.agents[i] for part in parts]) for i in range(len(parts[0].agents))],
+                rewards=torch.cat([part.rewards for part in parts]),
+                raw_rewards=torch.cat([part.raw_rewards for part in parts]),
+                per_function_rewards=torch.cat([part.per_function_rewards for part in parts], dim=1),
+                children=torch.cat(shifted),
+            )
+        )
+    calls = sum(tree.transition_calls for tree in trees)
+    return RolloutTree(turns, first.joint_indices, first.num_generations, first.reward_names, calls)
 
 
 @dataclass(frozen=True)

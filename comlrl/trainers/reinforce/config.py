@@ -11,10 +11,13 @@ from comlrl.compat.config_advice import discount_meaning
 from comlrl.engine.config_checks import check_bool, check_choice, check_fraction, check_int
 from comlrl.engine.policy_gradient_config import PolicyGradientConfig
 from comlrl.utils.caller import warn_once
-from comlrl.utils.checks import is_real
+from comlrl.utils.checks import field_default, is_real
 
 SCALE_REWARDS = ("group", "batch")
 """Whose reward std normalised advantages are divided by."""
+
+MULTI_OBJECTIVE_AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
+"""With several reward functions: normalise their weighted sum, or each one before summing (GDPO)."""
 
 
 @dataclass
@@ -40,6 +43,18 @@ class MAGRPOConfig(PolicyGradientConfig):
     num_iterations: int = 1
     """Optimisation passes (one optimizer step each) over every rollout; above 1 the PPO-style
     clipped ratio against the sampling-time log-probs keeps the policy near the sampler."""
+    multi_objective_aggregation: str = "sum_then_normalize"
+    """With several reward functions, as TRL's setting of this name: ``sum_then_normalize``
+    (the weighted sum's returns get the group baseline and std) or ``normalize_then_sum``
+    (GDPO: each function's returns get their own group baseline and std, and the weighted sum
+    of those is divided by its std over the step)."""
+    dynamic_sampling: bool = False
+    """DAPO's dynamic sampling: a row whose every group (each agent's, at each node of the
+    row's tree) has the same return in all its samples teaches nothing; it is dropped and the
+    batch refilled with rows drawn from the training set (:mod:`comlrl.rollout.dynamic_sampling`)."""
+    max_resample_rounds: int = 3
+    """Refill rounds per step at most with ``dynamic_sampling``; rows still flat after them are
+    trained on (their advantages are zero) and a warning says so."""
 
     def __post_init__(self):
         super().__post_init__()
@@ -68,10 +83,65 @@ class MAGRPOConfig(PolicyGradientConfig):
         if not (is_real(floor) and math.isfinite(floor) and floor > 0):
             raise ValueError(f"advantage_std_floor must be a finite number > 0 (reward units), got {floor!r}")
         check_int(self, "num_iterations")
+        check_choice(self, "multi_objective_aggregation", MULTI_OBJECTIVE_AGGREGATIONS)
+        check_bool(self, "dynamic_sampling")
+        check_int(self, "max_resample_rounds")
+        if self.dynamic_sampling and self.advantage_mode == "raw":
+            raise ValueError(
+                "dynamic_sampling=True drops rows whose groups' returns are all equal because a group "
+                "baseline gives them zero advantage; advantage_mode='raw' has no baseline. Use another "
+                "advantage_mode, or dynamic_sampling=False"
+            )
+        if not self.dynamic_sampling and self.max_resample_rounds != field_default(self, "max_resample_rounds"):
+            raise ValueError(
+                f"max_resample_rounds={self.max_resample_rounds} bounds dynamic sampling's refill rounds; "
+                "set dynamic_sampling=True too"
+            )
         needs_group = self.advantage_mode != "raw" or self.advantage_normalization
         if needs_group and self.num_generations < 2:
             raise ValueError(
                 f"num_generations must be >= 2 with advantage_mode={self.advantage_mode!r} and "
                 f"advantage_normalization={self.advantage_normalization} (a group of one has no "
                 f"baseline or std), got {self.num_generations}"
+            )
+        self._check_aggregation()
+
+    def _check_aggregation(self) -> None:
+        """``normalize_then_sum`` (GDPO) only where each function's group normalisation means what
+        it says; the reward processor and the number of functions are checked when the trainer
+        knows its reward (:class:`~comlrl.trainers.reinforce.objective.GroupAdvantages`)."""
+        if self.multi_objective_aggregation != "normalize_then_sum":
+            return
+        gdpo = "multi_objective_aggregation='normalize_then_sum' (GDPO)"
+        if not self.advantage_normalization:
+            raise ValueError(
+                f"{gdpo} divides each reward function's group advantages by that group's std; "
+                "advantage_normalization=False turns the division off: set advantage_normalization=True, "
+                "or multi_objective_aggregation='sum_then_normalize'"
+            )
+        if self.advantage_mode == "raw":
+            raise ValueError(
+                f"{gdpo} centres each reward function's returns on its group baseline before scaling; "
+                "advantage_mode='raw' has no baseline: choose 'mean', 'rloo' or 'max'"
+            )
+        if self.scale_rewards != field_default(self, "scale_rewards"):
+            raise ValueError(
+                f"{gdpo} divides each function's advantages by its group's std, then always divides their "
+                f"weighted sum by the whole step's std; scale_rewards={self.scale_rewards!r} would say each "
+                f"function is scaled by the step's std, which it is not: leave scale_rewards="
+                f"{field_default(self, 'scale_rewards')!r}"
+            )
+        shaping = [
+            name
+            for name, on in (
+                ("reference_kl_enabled", self.reference_kl_enabled),
+                ("overlong_buffer", self.overlong_buffer is not None),
+            )
+            if on
+        ]
+        if shaping:
+            raise ValueError(
+                f"{gdpo} takes each reward function's own values; the penalties of {' and '.join(shaping)} "
+                "change only the summed reward, so they would not reach the advantages: drop "
+                f"{' and '.join(shaping)}, or use multi_objective_aggregation='sum_then_normalize'"
             )

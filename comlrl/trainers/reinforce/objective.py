@@ -22,7 +22,15 @@ from typing import Any, NamedTuple
 import torch
 
 from comlrl.algorithms.advantages import batch_scaled
-from comlrl.algorithms.returns import TreeAdvantages, tree_advantages
+from comlrl.algorithms.filtering import flat_rows
+from comlrl.algorithms.joint import per_agent_returns
+from comlrl.algorithms.returns import (
+    TreeAdvantages,
+    function_credits,
+    tree_advantages,
+    tree_decoupled_advantages,
+    tree_returns,
+)
 from comlrl.algorithms.shaping import overlong_penalty, penalized_rewards, sequence_kl
 from comlrl.engine.inputs import TrainerInputs
 from comlrl.engine.parts import Objective
@@ -32,9 +40,11 @@ from comlrl.engine.update import Estimate, FrozenLogprobs, PolicyUpdate, minibat
 from comlrl.metrics.hooks import rollout_samples
 from comlrl.metrics.rollout import completion_samples, rollout_metrics
 from comlrl.metrics.update import step_time_metrics
+from comlrl.rollout.dynamic_sampling import DynamicSampling
 from comlrl.rollout.tree import RolloutTree
 from comlrl.trainers.reinforce.config import MAGRPOConfig
 from comlrl.utils import stats as metric_stats
+from comlrl.utils.signatures import describe
 
 
 class StepResult(NamedTuple):
@@ -52,6 +62,8 @@ class PolicyGradient(Objective):
 
     update: PolicyUpdate
     """The update: every learner's optimizer steps on one step's rollout tree."""
+    refill: DynamicSampling | None = None
+    """Replaces each step's flat rows (the group objectives' ``dynamic_sampling``)."""
 
     @property
     def needs_reference(self) -> bool:
@@ -85,6 +97,9 @@ class PolicyGradient(Objective):
         started = time.perf_counter()
         # The rollout tree: completions, each turn scored by the training reward as it is played.
         tree = run.rollout(run.train_prompts, row_ids, reward=run.train_reward)
+        refill_metrics: dict[str, metric_stats.Stat] = {}
+        if self.refill is not None:  # DAPO's dynamic sampling: flat rows replaced by rows played now
+            tree, refill_metrics = self.refill(tree, step_number)
         generated = time.perf_counter()
         frozen = self.update.frozen(tree)  # sampling-time and reference log-probs, before any change
         # Per-agent reward shaping (KL to the reference, overlong completions), then returns,
@@ -97,6 +112,7 @@ class PolicyGradient(Objective):
         updated = time.perf_counter()
         stats.update(rollout_metrics(tree, estimate.returns, estimate.credits, estimate.advantages))
         stats.update(shaping_metrics)
+        stats.update(refill_metrics)
         if run.collaboration is not None:  # one model writing every role: its unsplittable answers
             stats.update(run.collaboration.parse_failure_stats(tree.turns[0], run.train_prompts))
         if run.metrics_callback.callback is not None:
@@ -116,6 +132,9 @@ class GroupAdvantages(PolicyGradient):
     same agent): the MAGRPO family's objective, its baseline the config's ``advantage_mode``."""
 
     config: MAGRPOConfig
+    reward_weights: tuple[float, ...] = ()
+    """The training reward's weights, applied after each function's normalisation with
+    ``normalize_then_sum`` (from :meth:`attach`)."""
 
     @property
     def discount(self) -> float:
@@ -125,8 +144,57 @@ class GroupAdvantages(PolicyGradient):
     def passes(self) -> int:
         return self.config.num_iterations
 
+    def attach(self, run: Run, inputs: TrainerInputs) -> None:
+        super().attach(run, inputs)
+        if self.config.multi_objective_aggregation == "normalize_then_sum":
+            reward = run.train_reward
+            if reward.processor is not None:
+                raise ValueError(
+                    "multi_objective_aggregation='normalize_then_sum' (GDPO) normalises what each reward function "
+                    f"returned; reward_processor {describe(reward.processor)} acts on their weighted sum only, so "
+                    "it would be bypassed: drop reward_processor (fold it into the reward functions), or use "
+                    "multi_objective_aggregation='sum_then_normalize'"
+                )
+            self.reward_weights = reward.weights
+        if self.config.dynamic_sampling:
+            self.refill = DynamicSampling(
+                play=lambda rows: run.rollout(run.train_prompts, rows, reward=run.train_reward),
+                is_flat=self.flat_rows,
+                num_rows=len(run.train_prompts.rows),
+                max_rounds=self.config.max_resample_rounds,
+                seed=run.config.seed,
+                rank=run.parallel.rank,
+                most=run.parallel.most,
+            )
+
+    def flat_rows(self, tree: RolloutTree) -> torch.Tensor:
+        """``(M_1,)`` bool: the rows of ``tree`` whose every group has one return in all its
+        samples (:func:`~comlrl.algorithms.filtering.flat_rows`), in the task reward before
+        any shaping and, with ``normalize_then_sum``, in each reward function's too."""
+        children = [turn.children for turn in tree.turns]
+        returns = tree_returns([turn.rewards for turn in tree.turns], children, self.discount)
+        signals = [[per_agent_returns(r, tree.joint_indices, tree.num_generations) for r in returns]]
+        if self.config.multi_objective_aggregation == "normalize_then_sum":
+            per_function = [turn.per_function_rewards for turn in tree.turns]
+            signals += function_credits(per_function, children, tree.joint_indices, tree.num_generations, self.discount)
+        return flat_rows(signals, children)
+
     def estimate(self, tree: RolloutTree) -> TreeAdvantages:
         config = self.config
+        if config.multi_objective_aggregation == "normalize_then_sum":  # GDPO: each function's own group std
+            return tree_decoupled_advantages(
+                [turn.rewards for turn in tree.turns],
+                [turn.per_function_rewards for turn in tree.turns],
+                [turn.children for turn in tree.turns],
+                tree.joint_indices,
+                config.num_generations,
+                config.discount,
+                config.advantage_mode,
+                self.reward_weights,
+                config.advantage_std_floor,
+                config.num_turns,
+                self.run.parallel.sum_values,
+            )
         by_batch = config.advantage_normalization and config.scale_rewards == "batch"
         estimate = tree_advantages(
             [turn.rewards for turn in tree.turns],
