@@ -36,8 +36,13 @@ VARIANTS = {
     "delta-2it": {**TWO_STEPS, "epsilon": 0.1, "delta": 1.3},
     "top-entropy-0.2": {"top_entropy_quantile": 0.2},
     "mask-truncated": {"mask_truncated_completions": True},
+    "dynamic-sampling": {"dynamic_sampling": True},
+    "gdpo": {"multi_objective_aggregation": "normalize_then_sum"},
 }
-"""Each variant's config changes (GSPO's ranges are its paper's, section 5.1; CISPO's cap is DAPO's clip-higher)."""
+"""Each variant's config changes (GSPO's ranges are its paper's, section 5.1; CISPO's cap is DAPO's
+clip-higher). The workload has one reward function, so ``gdpo`` only adds the step-wide std
+scaling after the group z-scores; ``dynamic-sampling`` refills groups whose 8 samples all score
+alike (all cut at 64 tokens, say)."""
 
 
 def parse_args(argv=None) -> argparse.Namespace:
