@@ -61,7 +61,15 @@ def add_learning_arg(parser: argparse.ArgumentParser) -> None:
     )
 
 
-UPDATE_FIGURES = ("clip_fraction", "sampler_ratio_capped", "sampler_ratio_masked", "entropy_kept", "truncated_frac")
+UPDATE_FIGURES = (
+    "clip_fraction",
+    "sampler_ratio_capped",
+    "sampler_ratio_masked",
+    "entropy_kept",
+    "truncated_frac",
+    "flat_row_frac",
+    "refill_rows",
+)
 """Per-agent metrics that a learning run averages over its steps and agents (where logged)."""
 
 
@@ -70,7 +78,8 @@ def run_learning(
 ) -> None:
     """Run ``train()`` of a trainer whose reward is ``recorder`` and print one JSON line: the
     side, the seed, the wall time and each epoch's mean reward x100; with ``metrics_file`` (a
-    run's metrics.jsonl), also the mean over steps and agents of each of ``UPDATE_FIGURES`` it logged."""
+    run's metrics.jsonl), also the mean over steps and agents of each of ``UPDATE_FIGURES`` it logged;
+    with dynamic sampling, which scores refill rows too, the epoch means are those of each step's own rows."""
     started = time.perf_counter()
     with contextlib.redirect_stdout(sys.stderr):
         train()
@@ -80,6 +89,13 @@ def run_learning(
     if metrics_file is not None:
         with open(metrics_file, encoding="utf-8") as f:
             rows = [json.loads(row) for row in f]
+        own = [row["dynamic_sampling/batch_reward_mean"] for row in rows if "dynamic_sampling/batch_reward_mean" in row]
+        if own:  # dynamic sampling scores refill rows too: each epoch's mean is that of the steps' own rows
+            per_epoch = len(own) // wl.LEARNING_EPOCHS
+            line["epoch_reward_means"] = [
+                wl.REWARD_SCALE * sum(own[e * per_epoch : (e + 1) * per_epoch]) / per_epoch
+                for e in range(wl.LEARNING_EPOCHS)
+            ]
         for figure in UPDATE_FIGURES:
             values = [value for row in rows for key, value in row.items() if key.endswith(f"/{figure}")]
             if values:

@@ -132,7 +132,9 @@ def test_flat_rows_are_replaced_by_rows_not_played_in_the_step():
     assert played == [refill_rows(5, 2, {0, 1, 2}, random.Random("7/5/1/0"))]
     assert sorted(played[0]) == [3, 4]  # the only rows this step has not played
     assert tree.turns[0].rows == [1, *played[0]] and tree.turns[0].num_nodes == 3
+    own_rewards = scripted_tree([0, 1, 2], num_turns=1).turns[0].rewards
     assert {key: stat.value() for key, stat in metrics.items()} == {
+        "dynamic_sampling/batch_reward_mean": pytest.approx(own_rewards.mean().item()),
         "dynamic_sampling/rounds": 1.0,
         "dynamic_sampling/flat_row_frac": 2 / 5,
         "dynamic_sampling/refill_rows": 2.0,

@@ -24,6 +24,7 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+import torch
 from torch import Tensor
 
 from comlrl.rollout.tree import RolloutTree, join_trees
@@ -89,7 +90,10 @@ class DynamicSampling:
         parts = [part for part in kept if part.turns]
         calls = sum(played_tree.transition_calls for played_tree in trees)
         played_rows = batch + sum(extra.turns[0].num_nodes for extra in trees[1:])
+        own_rewards = torch.cat([turn.rewards.reshape(-1) for turn in tree.turns])
         metrics = {
+            # the step's own rows, before the refill: what a run without it would log as reward/mean
+            "dynamic_sampling/batch_reward_mean": stats.mean_of(own_rewards),
             "dynamic_sampling/rounds": stats.same(rounds),
             "dynamic_sampling/flat_row_frac": stats.mean(flat_count, played_rows),
             "dynamic_sampling/refill_rows": stats.total(played_rows - batch),
