@@ -14,6 +14,7 @@ import torch
 
 from comlrl.algorithms import flat_rows
 from comlrl.engine.update import PolicyUpdate
+from comlrl.environments.functions import RewardAndTransition
 from comlrl.rewards.joint_reward import JointReward
 from comlrl.rollout.dynamic_sampling import DynamicSampling, refill_rows
 from comlrl.rollout.generation import build_rollout, encode_prompts
@@ -76,7 +77,8 @@ def scripted_tree(rows, num_turns=2, ends=frozenset()):
 
     reward = JointReward(score, 2, call="batch")
     joint = torch.arange(2).unsqueeze(1).expand(2, 2)
-    return build_tree(table, rows, generate, reward, joint, 2, num_turns, Transition(transition, 2))
+    environment = RewardAndTransition(table, reward, 2, transition=Transition(transition, 2))
+    return build_tree(environment, rows, generate, joint, 2, num_turns)
 
 
 def assert_same_tree(ours: RolloutTree, theirs: RolloutTree):

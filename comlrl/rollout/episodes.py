@@ -12,6 +12,9 @@ from dataclasses import dataclass
 
 import torch
 
+from comlrl.environments.base import Environment, TreeEnvironment
+from comlrl.environments.functions import RewardAndTransition
+from comlrl.environments.played import EnvironmentOnRows
 from comlrl.rewards.joint_reward import JointReward
 from comlrl.rollout.backends import GenerationBackend, generate_agents
 from comlrl.rollout.generation import AgentRollout
@@ -49,7 +52,9 @@ class Rollout:
     """A node whose mean reward is above it is not expanded."""
     written_prompts: bool = False
     """Rewards and transition see later turns' prompts as the transition wrote them
-    (:func:`~comlrl.rollout.tree.build_tree`)."""
+    (:class:`~comlrl.environments.functions.RewardAndTransition`)."""
+    environment: Environment | None = None
+    """The user's environment, which scores and goes on in place of the reward and the transition."""
 
     def with_backend(self, backend: GenerationBackend) -> Rollout:
         """The same rollout, sampled by ``backend`` (a comparator's, answers prepared beforehand)."""
@@ -75,16 +80,18 @@ class Rollout:
         def generate(turn_prompts: list[list[str]]) -> list[AgentRollout]:
             return generate_agents(self.backend, self.agents, turn_prompts, group, kwargs, generators)
 
-        return build_tree(
-            prompts,
-            row_ids,
-            generate,
-            self.reward if reward is None else reward,
-            self.joint_indices if joint_indices is None else joint_indices,
-            group,
-            num_turns=self.num_turns,
-            transition=self.transition,
-            prompt_passthrough=self.prompt_passthrough,
-            early_termination_threshold=self.early_termination_threshold,
-            written_prompts=self.written_prompts,
-        )
+        environment: TreeEnvironment
+        if self.environment is not None:
+            environment = EnvironmentOnRows(self.environment, prompts.rows, len(self.agents), prompts.name)
+        else:
+            environment = RewardAndTransition(
+                prompts,
+                self.reward if reward is None else reward,
+                len(self.agents),
+                transition=self.transition,
+                prompt_passthrough=self.prompt_passthrough,
+                early_termination_threshold=self.early_termination_threshold,
+                written_prompts=self.written_prompts,
+            )
+        joint = self.joint_indices if joint_indices is None else joint_indices
+        return build_tree(environment, row_ids, generate, joint, group, num_turns=self.num_turns)

@@ -1,8 +1,9 @@
 """Multi-turn rollouts as a tree, generated one turn (tree level) at a time.
 
 Each dataset row is the root of a tree. At every node each agent samples G completions, the
-joint actions (aligned: G, cross: G**N) are scored, and each joint action may start a child
-node at the next turn, whose prompts ``external_transition`` writes from that joint action.
+joint actions (aligned: G, cross: G**N) are played in the environment
+(:mod:`comlrl.environments`: scored, and given the next prompts), and each joint action may
+start a child node at the next turn, from the prompts and state its step returned.
 All nodes of one turn, over all rows of the step, are generated together: ONE ``generate``
 call per agent per turn, however wide the tree.
 """
@@ -15,10 +16,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from comlrl.rewards.joint_reward import JointReward
+from comlrl.environments.base import JointActions, TreeEnvironment
 from comlrl.rollout.generation import AgentRollout, join_rollouts
-from comlrl.rollout.prompts import PromptTable
-from comlrl.rollout.transition import Transition
 
 GenerateFn = Callable[[list[list[str]]], list[AgentRollout]]
 """``generate(agent, prompts)``: G completions of each prompt by agent ``agent``, in one call."""
@@ -171,49 +170,32 @@ def check_tree_budget(
 
 
 def build_tree(
-    prompts: PromptTable,
+    environment: TreeEnvironment,
     row_ids: Sequence[int],
     generate: GenerateFn,
-    reward: JointReward,
     joint_indices: Tensor,
     num_generations: int,
     num_turns: int = 1,
-    transition: Transition | None = None,
-    prompt_passthrough: bool = False,
-    early_termination_threshold: float | None = None,
-    written_prompts: bool = False,
 ) -> RolloutTree:
     """Sample, score and expand the rollout tree of ``row_ids`` turn by turn.
 
     Args:
-        prompts: the dataset's rows and the agents' first-turn prompts.
+        environment: starts each row's episode and plays each turn's joint actions, batched
+            over the tree level (the reward function and transition, or an environment).
         row_ids: the dataset rows of this step (one tree each).
         generate: every agent's ``num_generations`` completions of each of its prompts of a
             turn (``prompts[i]``: agent i's), as one rollout per agent.
-        reward: scores joint actions, given agent 0's prompt of the turn and the dataset row of
-            each; functions that ask for it get the turn and the histories.
         joint_indices: ``(J, N)`` sample of each agent in each joint action.
         num_generations: G.
         num_turns: depth of the tree.
-        transition: writes the next turn's prompts; required when ``num_turns > 1``.
-        prompt_passthrough: use the transition's prompts as they are, instead of formatting
-            them (the ``prompt`` column of the row replaced by them) with each agent's formatter.
-        early_termination_threshold: a node whose mean reward is above it is not expanded.
-        written_prompts: at later turns, give the reward functions' ``prompts`` and the
-            transition's ``prompt_history_per_agent`` the prompts as the transition wrote them,
-            before the formatters, as comlrl 1.4.3's MAGRPO did (its actor-critic trainers gave
-            the formatted prompts: False). The agents always read the formatted ones, and so do
-            the reward context's histories.
     """
-    if num_turns > 1 and transition is None:
-        raise ValueError("num_turns > 1 needs an external_transition to write the next turns' prompts")
     num_agents = joint_indices.shape[1]
     num_joint = joint_indices.shape[0]
     rows = list(row_ids)
-    turn_prompts = [prompts.agent_prompts(i, rows) for i in range(num_agents)]
+    starts = environment.start(rows)
+    states = [start.state for start in starts]
+    turn_prompts = [[start.observations[i] for start in starts] for i in range(num_agents)]
     prompt_history = [[[turn_prompts[i][m]] for i in range(num_agents)] for m in range(len(rows))]
-    # The histories the rewards and the transition see (see written_prompts); the first turn's are formatted.
-    stated_history = [[list(prompts) for prompts in history] for history in prompt_history]
     response_history: list[list[list[str]]] = [[[] for _ in range(num_agents)] for _ in rows]
     turns: list[Turn] = []
     transition_calls = 0
@@ -224,56 +206,31 @@ def build_tree(
         # completions[i][m*J + j]: agent i's part of joint action j at node m
         sample = (torch.arange(num_nodes).unsqueeze(1) * num_generations).unsqueeze(2) + joint_indices  # (M, J, N)
         sample = sample.reshape(-1, num_agents).tolist()
-        completions = [[agents[i].texts[s[i]] for s in sample] for i in range(num_agents)]
-        joint_rows = [row for row in rows for _ in range(num_joint)]
+        actions = [[agents[i].texts[s[i]] for i in range(num_agents)] for s in sample]
         joint_nodes = [m for m in range(num_nodes) for _ in range(num_joint)]
         joint_responses = [
-            [response_history[m][i] + [completions[i][k]] for i in range(num_agents)] for k, m in enumerate(joint_nodes)
+            [response_history[m][i] + [actions[k][i]] for i in range(num_agents)] for k, m in enumerate(joint_nodes)
         ]
-        context = {
-            "turn": number,
-            "prompt_history_per_agent": [prompt_history[m] for m in joint_nodes],
-            "response_history_per_agent": joint_responses,
-        }
-        # Agent 0's prompt of this turn, and the dataset row, of each joint action (the reward's ``prompts``).
-        joint_prompts = [stated_history[m][0][-1] for m in joint_nodes]
-        batch_items = [prompts.rows[row] for row in joint_rows]
-        scored = reward(joint_prompts, completions, joint_rows, context, batch_items)
-        names = scored.names
+        played = environment.play(
+            JointActions(
+                turn=number,
+                row_ids=[rows[m] for m in joint_nodes],
+                states=[states[m] for m in joint_nodes],
+                actions=actions,
+                nodes=joint_nodes,
+                num_joint=num_joint,
+                prompt_history=[prompt_history[m] for m in joint_nodes],
+                response_history=joint_responses,
+                last=number == num_turns,
+            )
+        )
+        transition_calls += played.transition_calls
+        names = played.rewards.names
         shape = (num_nodes, num_joint, num_agents)
-        rewards = scored.processed.reshape(shape)
         children = torch.full((num_nodes, num_joint), -1, dtype=torch.long)
-
-        next_rows: list[int] = []
-        next_texts: list[list[str]] = []
-        next_prompt_history: list[list[list[str]]] = []
-        next_stated_history: list[list[list[str]]] = []
-        next_response_history: list[list[list[str]]] = []
-        if number < num_turns:
-            node_means = rewards.mean(dim=(1, 2)).tolist()
-            for k, (m, row) in enumerate(zip(joint_nodes, joint_rows)):
-                if early_termination_threshold is not None and node_means[m] > early_termination_threshold:
-                    continue
-                texts = transition(
-                    turn=number,
-                    row_id=row,
-                    dataset=prompts.name,
-                    row=prompts.rows[row],
-                    prompt=prompts.rows[row].get("prompt", ""),  # "" for a dataset without the column
-                    agent_completions=[completions[i][k] for i in range(num_agents)],
-                    prompt_history_per_agent=stated_history[m],
-                    response_history_per_agent=joint_responses[k],
-                )
-                transition_calls += 1
-                if texts is None:
-                    continue
-                children[m, k % num_joint] = len(next_rows)
-                next_rows.append(row)
-                next_texts.append(texts)
-                next_response_history.append(joint_responses[k])
-                next_prompt_history.append(prompt_history[m])
-                next_stated_history.append(stated_history[m])
-
+        going_on = [(k, start) for k, start in enumerate(played.next) if start is not None]
+        for child, (k, _) in enumerate(going_on):
+            children[joint_nodes[k], k % num_joint] = child
         turns.append(
             Turn(
                 number=number,
@@ -282,30 +239,22 @@ def build_tree(
                 prompt_history=prompt_history,
                 response_history=response_history,
                 agents=agents,
-                rewards=rewards,
-                raw_rewards=scored.raw.reshape(shape),
-                per_function_rewards=scored.per_function.reshape(-1, *shape),
+                rewards=played.rewards.processed.reshape(shape),
+                raw_rewards=played.rewards.raw.reshape(shape),
+                per_function_rewards=played.rewards.per_function.reshape(-1, *shape),
                 children=children,
             )
         )
-        if not next_rows:
+        if not going_on:
             break
-        next_prompts = [
-            [
-                texts[i] if prompt_passthrough else prompts.format_turn(i, row, texts[i], number + 1)
-                for row, texts in zip(next_rows, next_texts)
-            ]
-            for i in range(num_agents)
-        ]
-        rows, turn_prompts, response_history = next_rows, next_prompts, next_response_history
+        rows = [rows[joint_nodes[k]] for k, _ in going_on]
+        states = [start.state for _, start in going_on]
+        turn_prompts = [[start.observations[i] for _, start in going_on] for i in range(num_agents)]
         prompt_history = [
-            [history[i] + [next_prompts[i][m]] for i in range(num_agents)]
-            for m, history in enumerate(next_prompt_history)
+            [prompt_history[joint_nodes[k]][i] + [start.observations[i]] for i in range(num_agents)]
+            for k, start in going_on
         ]
-        stated = [[texts[i] for texts in next_texts] for i in range(num_agents)] if written_prompts else next_prompts
-        stated_history = [
-            [history[i] + [stated[i][m]] for i in range(num_agents)] for m, history in enumerate(next_stated_history)
-        ]
+        response_history = [joint_responses[k] for k, _ in going_on]
     return RolloutTree(
         turns=turns,
         joint_indices=joint_indices,
