@@ -12,6 +12,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
+from comlrl.environments.base import Environment
+from comlrl.utils.checks import field_default
+
 CRITIC_INPUTS = frozenset({"critic_model", "critics", "critic_tokenizer"})
 """The inputs of trainers with critics (IAC, MAAC; MARLHF with ``rl_algorithm`` iac / maac)."""
 
@@ -109,6 +112,11 @@ class TrainerInputs:
     critic_tokenizer: Any = None
     """The separate critics' tokenizer (one, or one per critic); None loads each critic's from
     where it was loaded, or takes its agent's (MAAC: agent 0's) when that folder holds none."""
+    environment: Any = None
+    """An :class:`~comlrl.environments.Environment`: starts each dataset row's episode (each
+    agent's first prompt) and plays every joint action (its reward, the next prompts or the
+    end), in place of ``reward_func``, ``formatters`` and ``external_transition``; ``num_turns``
+    is then the longest an episode may go. (The MAGRPO family and the actor-critic trainers.)"""
 
     @classmethod
     def of(cls, trainer_class: type, named: dict[str, Any]) -> TrainerInputs:
@@ -124,7 +132,7 @@ class TrainerInputs:
         return dataclasses.replace(self, **changes)
 
 
-OPTIONAL_INPUTS = CRITIC_INPUTS | {"train_reward_func", "centralized_comparator_adapter"}
+OPTIONAL_INPUTS = CRITIC_INPUTS | {"train_reward_func", "centralized_comparator_adapter", "environment"}
 """The inputs only some trainers take (each says which: ``optional_inputs``)."""
 
 COMMON_INPUTS = frozenset(spec.name for spec in fields(TrainerInputs)) - OPTIONAL_INPUTS
@@ -139,6 +147,8 @@ def owners(name: str) -> str:
         return " (the centralized trainers take it: CentralizedMAGRPOTrainer, MADPOTrainer, MARLHFTrainer)"
     if name == "train_reward_func":
         return " (the policy-gradient and actor-critic trainers take it)"
+    if name == "environment":
+        return " (the MAGRPO family and the actor-critic trainers take it)"
     return ""
 
 
@@ -156,11 +166,15 @@ def call_signature(order: Sequence[str], trainer_class: type) -> inspect.Signatu
 
 
 def check_required_inputs(args: Any, inputs: TrainerInputs) -> None:
-    """The inputs every run needs, and a transition only where there are turns to go to."""
-    if inputs.reward_func is None:
-        raise ValueError("reward_func is required")
+    """The inputs every run needs, and a transition only where there are turns to go to; with
+    an ``environment``, none of what it replaces."""
     if inputs.train_dataset is None:
         raise ValueError("train_dataset is required")
+    if inputs.environment is not None:
+        check_environment_inputs(args, inputs)
+        return
+    if inputs.reward_func is None:
+        raise ValueError("reward_func is required (or an environment=)")
     if args.num_turns > 1 and inputs.external_transition is None:
         raise ValueError(
             f"num_turns={args.num_turns} needs external_transition=, a function that writes each "
@@ -172,3 +186,35 @@ def check_required_inputs(args: Any, inputs: TrainerInputs) -> None:
             "num_turns=1; older comlrl versions defaulted to 2): set num_turns=2 (or more) in the config, "
             "or drop external_transition"
         )
+
+
+ENVIRONMENT_REPLACES = {
+    "reward_func": "its step returns the reward",
+    "reward_processor": "its step returns the reward to train on",
+    "train_reward_func": "its step returns the reward",
+    "formatters": "its reset writes each agent's first prompt",
+    "external_transition": "its step writes the next prompts",
+}
+"""The inputs an ``environment`` replaces, and why."""
+
+ENVIRONMENT_CONFIG = {
+    "early_termination_threshold": "the environment ends an episode by returning no observations",
+    "external_prompt_passthrough": "the environment's observations are the agents' prompts as they are",
+    "reward_weights": "the environment returns one reward",
+}
+"""Config fields of the reward function and the transition, which mean nothing with an environment."""
+
+
+def check_environment_inputs(args: Any, inputs: TrainerInputs) -> None:
+    """An environment, and nothing given or set that it replaces."""
+    if not isinstance(inputs.environment, Environment):
+        raise TypeError(
+            f"environment must be an instance of a subclass of comlrl.environments.Environment, got "
+            f"{type(inputs.environment).__name__}"
+        )
+    for name, why in ENVIRONMENT_REPLACES.items():
+        if getattr(inputs, name) is not None:
+            raise ValueError(f"{name} is given with environment=, which replaces it ({why}): drop {name}")
+    for name, why in ENVIRONMENT_CONFIG.items():
+        if getattr(args, name) != field_default(args, name):
+            raise ValueError(f"{name}={getattr(args, name)!r} is set with environment= ({why}): leave it unset")

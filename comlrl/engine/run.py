@@ -96,9 +96,10 @@ class Run:
     """The training rows and each agent's first-turn prompts."""
     eval_prompts: PromptTable | None
     """The evaluation rows and prompts (None: no ``eval_dataset``)."""
-    reward: JointReward
-    """The task reward: scores evaluations (and, unless the reward source says otherwise, training)."""
-    train_reward: JointReward
+    reward: JointReward | None
+    """The task reward: scores evaluations (and, unless the reward source says otherwise,
+    training); None where an environment scores."""
+    train_reward: JointReward | None
     """What scores the training rollouts."""
     make_reward: RewardMaker
     """Builds a joint reward of another function for these agents (a reward model's)."""

@@ -8,6 +8,8 @@ the generation backend and the rollout; the parts' ``attach`` last, with the fin
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from comlrl.algorithms import joint_action_indices
@@ -15,11 +17,12 @@ from comlrl.engine.agents import Agents
 from comlrl.engine.centralized import CentralizedSetup, RoleEvalHooks, refuse_unused_adapter
 from comlrl.engine.config import TrainerConfig
 from comlrl.engine.distributed import DataParallel
-from comlrl.engine.inputs import check_required_inputs
+from comlrl.engine.inputs import TrainerInputs, check_required_inputs
 from comlrl.engine.optim import Learners, per_agent_learning_rates
 from comlrl.engine.parts import Parts
 from comlrl.engine.run import RewardMaker, Run, RunState
 from comlrl.engine.saving import RunModels
+from comlrl.environments.played import EnvironmentOnRows
 from comlrl.metrics.evaluation import EvalHooks
 from comlrl.metrics.hooks import MetricsCallback
 from comlrl.models.hardware import warn_if_bf16_is_emulated
@@ -70,17 +73,18 @@ def build_run(name: str, parts: Parts, args: TrainerConfig, centralized_label: s
     num_agents = len(agents)
     check_generation_names(args.generation_kwargs, agents)
     make_reward = RewardMaker(num_agents, objective.actor_critic_reward_calls)
-    reward = make_reward(
-        inputs.reward_func, inputs.reward_processor, weights=args.reward_weights, call=args.reward_call
-    )
-    train_reward = parts.reward_source.training_reward(inputs, reward, make_reward)
+    environment = inputs.environment
+    reward = train_reward = None  # an environment scores its own joint actions
+    if environment is None:
+        reward = make_reward(
+            inputs.reward_func, inputs.reward_processor, weights=args.reward_weights, call=args.reward_call
+        )
+        train_reward = parts.reward_source.training_reward(inputs, reward, make_reward)
     transition = None if inputs.external_transition is None else Transition(inputs.external_transition, num_agents)
-    train_prompts = PromptTable(inputs.train_dataset, inputs.formatters, num_agents, "train_dataset")
+    train_prompts = prompt_table(inputs.train_dataset, inputs, num_agents, "train_dataset")
     parallel.check_rows(len(train_prompts), args.per_device_train_batch_size)
     eval_prompts = (
-        None
-        if inputs.eval_dataset is None
-        else PromptTable(inputs.eval_dataset, inputs.formatters, num_agents, "eval_dataset")
+        None if inputs.eval_dataset is None else prompt_table(inputs.eval_dataset, inputs, num_agents, "eval_dataset")
     )
     for table in (train_prompts, eval_prompts):
         if table is not None:
@@ -125,6 +129,7 @@ def build_run(name: str, parts: Parts, args: TrainerConfig, centralized_label: s
         prompt_passthrough=args.external_prompt_passthrough,
         early_termination_threshold=args.early_termination_threshold,
         written_prompts=not objective.actor_critic_reward_calls,
+        environment=environment,
     )
     eval_hooks = EvalHooks(inputs.eval_logger, inputs.eval_aggregator)
     collaboration = None if centralized is None else centralized.collaboration
@@ -158,3 +163,13 @@ def build_run(name: str, parts: Parts, args: TrainerConfig, centralized_label: s
     for part in (parts.schedule, parts.reward_source, objective):
         part.attach(run, inputs)
     return run
+
+
+def prompt_table(dataset: Any, inputs: TrainerInputs, num_agents: int, name: str) -> PromptTable:
+    """The agents' first prompts of ``dataset``'s rows: formatted, or the environment's first
+    observations (each row reset once here, every return checked before training)."""
+    if inputs.environment is None:
+        return PromptTable(dataset, inputs.formatters, num_agents, name)
+    rows = list(dataset)
+    starts = EnvironmentOnRows(inputs.environment, rows, num_agents, name).start(range(len(rows)))
+    return PromptTable(rows, None, num_agents, name, [[s.observations[i] for s in starts] for i in range(num_agents)])

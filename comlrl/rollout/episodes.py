@@ -36,8 +36,8 @@ class Rollout:
     """Where agent i's generator lives."""
     sampling: SamplingSpec
     """The training sampling settings."""
-    reward: JointReward
-    """What scores the joint actions unless a call says otherwise (the task reward)."""
+    reward: JointReward | None
+    """What scores the joint actions unless a call says otherwise (the task reward); None with an environment."""
     num_generations: int
     """G: samples per agent per node."""
     joint_indices: torch.Tensor

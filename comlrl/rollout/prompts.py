@@ -26,7 +26,9 @@ class PromptTable:
     """Every agent's prompt for every row of a dataset.
 
     All rows are formatted up front, so a formatter that fails, or a row it cannot handle,
-    is reported before any training, naming the agent and the row.
+    is reported before any training, naming the agent and the row. An environment's runs give
+    the first prompts (``prompts``, ``[agent][row]``: its first observations) instead of
+    formatters; their later prompts are the environment's too.
     """
 
     def __init__(
@@ -35,6 +37,7 @@ class PromptTable:
         formatters: Formatter | Sequence[Formatter] | None,
         num_agents: int,
         name: str = "dataset",
+        prompts: Sequence[Sequence[str]] | None = None,
     ):
         rows = list(dataset)
         for r, row in enumerate(rows):
@@ -42,6 +45,13 @@ class PromptTable:
                 raise TypeError(f"{name} row {r} is a {type(row).__name__}; rows must be mappings such as dicts")
         if not rows:
             raise ValueError(f"{name} is empty: it needs at least one row")
+        self.rows = rows
+        self.name = name
+        if prompts is not None:  # an environment's first observations, checked where they were made
+            self.formatters: list[Formatter] = []
+            self.prompts = [list(agent_prompts) for agent_prompts in prompts]
+            self._row_prompts = [row["prompt"] for row in rows] if self._has_prompts(rows) else self.prompts[0]
+            return
         if formatters is None:
             missing = next((r for r, row in enumerate(rows) if "prompt" not in row), None)
             if missing is not None:
@@ -54,15 +64,16 @@ class PromptTable:
         for agent, formatter in enumerate(formatters):
             if not callable(formatter):
                 raise TypeError(f"formatters[{agent}] must be callable, got {type(formatter).__name__}")
-        self.rows = rows
         self.formatters = formatters
-        self.name = name
         self.prompts = [
             [self._format(f, row, agent, f"{name} row {r}") for r, row in enumerate(rows)]
             for agent, f in enumerate(formatters)
         ]
-        has_prompt = all(isinstance(row.get("prompt"), str) for row in rows)
-        self._row_prompts = [row["prompt"] for row in rows] if has_prompt else self.prompts[0]
+        self._row_prompts = [row["prompt"] for row in rows] if self._has_prompts(rows) else self.prompts[0]
+
+    @staticmethod
+    def _has_prompts(rows: list[Mapping[str, Any]]) -> bool:
+        return all(isinstance(row.get("prompt"), str) for row in rows)
 
     @staticmethod
     def _format(formatter: Formatter, row: dict[str, Any], agent: int, where: str, **kwargs: str) -> str:

@@ -31,7 +31,7 @@ class ActorCriticTrainer(OriginalCalls, MultiAgentTrainer):
     config_class: type[ActorCriticConfig] = ActorCriticConfig
     positional_order = ACTOR_CRITIC_ORDER
     takes_value_heads = True
-    optional_inputs = CRITIC_INPUTS | {"train_reward_func"}
+    optional_inputs = CRITIC_INPUTS | {"train_reward_func", "environment"}
     args: ActorCriticConfig
     objective: ActorCritic
     centralized_critic = False

@@ -148,14 +148,17 @@ class GroupAdvantages(PolicyGradient):
         super().attach(run, inputs)
         if self.config.multi_objective_aggregation == "normalize_then_sum":
             reward = run.train_reward
-            if reward.processor is not None:
+            if reward is None:  # an environment's one reward
+                self.reward_weights = (1.0,)
+            elif reward.processor is not None:
                 raise ValueError(
                     "multi_objective_aggregation='normalize_then_sum' (GDPO) normalises what each reward function "
                     f"returned; reward_processor {describe(reward.processor)} acts on their weighted sum only, so "
                     "it would be bypassed: drop reward_processor (fold it into the reward functions), or use "
                     "multi_objective_aggregation='sum_then_normalize'"
                 )
-            self.reward_weights = reward.weights
+            else:
+                self.reward_weights = reward.weights
         if self.config.dynamic_sampling:
             self.refill = DynamicSampling(
                 play=lambda rows: run.rollout(run.train_prompts, rows, reward=run.train_reward),

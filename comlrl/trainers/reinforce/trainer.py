@@ -24,7 +24,7 @@ class MAGRPOTrainer(OriginalCalls, MultiAgentTrainer):
     config_class = MAGRPOConfig
     """The config built when ``args`` is not given; variants only change this."""
     algorithm_name = "MAGRPO"
-    optional_inputs = frozenset({"train_reward_func"})
+    optional_inputs = frozenset({"train_reward_func", "environment"})
 
     args: MAGRPOConfig
 
