@@ -27,6 +27,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausa
 from comlrl.checkpoint import complete_checkpoints
 from comlrl.engine.centralized import CentralizedComparatorParseError
 from comlrl.engine.sharding import local
+from comlrl.environments import Environment, Outcome, Start
 from comlrl.trainers.actor_critic import IACConfig, IACTrainer, MAACConfig, MAACTrainer
 from comlrl.trainers.dpo import MADPOConfig, MADPOIterConfig, MADPOIterTrainer, MADPOTrainer, reward_histograms
 from comlrl.trainers.dpo.objective import PAIRS_FILE
@@ -459,6 +460,9 @@ def build_trainer(algorithm: str, output_dir: Path, per_device_rows: int, shardi
             **{**common, "micro_batch_size": 1},
         )
         return MARLHFOnGivenPairs(agents=agents, tokenizer=tok, train_dataset=ROWS, reward_func=score, args=args)
+    if algorithm == "environment":  # MAREINFORCE in an environment of two turns
+        args = MAREINFORCEConfig(num_turns=2, **common)
+        return MAREINFORCETrainer(agents=agents, tokenizer=tok, train_dataset=ROWS, environment=Exchange(), args=args)
     if algorithm == "centralized":  # one model writes both roles, with MAREINFORCE's raw returns
         args = CentralizedMAGRPOConfig(num_agents=2, advantage_mode="raw", advantage_normalization=False, **common)
         return CentralizedMAGRPOTrainer(
@@ -486,6 +490,21 @@ def build_trainer(algorithm: str, output_dir: Path, per_device_rows: int, shardi
     else:
         trainer_class, args = MAREINFORCETrainer, MAREINFORCEConfig(**common)
     return trainer_class(agents=agents, tokenizer=tok, train_dataset=ROWS, reward_func=score, args=args)
+
+
+class Exchange(Environment):
+    """Two agents answer a prompt, then each sees the other's answer; each turn pays
+    :func:`score` per agent (turn 2 ends the episode)."""
+
+    def reset(self, row):
+        return Start([row["prompt"], row["prompt"] + "?"], state=row["prompt"])
+
+    def step(self, state, actions, turn):
+        a, b = actions
+        rewards = [score([state], [a], [b])[0], score([state], [b], [a])[0]]
+        if turn == 2:
+            return Outcome(rewards)
+        return Outcome(rewards, observations=[f"{state} {b}", f"{state} {a}"], state=state)
 
 
 class SplitInHalves:
