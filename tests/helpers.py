@@ -28,6 +28,7 @@ from comlrl.checkpoint import complete_checkpoints
 from comlrl.engine.centralized import CentralizedComparatorParseError
 from comlrl.engine.sharding import local
 from comlrl.environments import Environment, Outcome, Start
+from comlrl.rollout.generation import build_rollout, encode_prompts
 from comlrl.trainers.actor_critic import IACConfig, IACTrainer, MAACConfig, MAACTrainer
 from comlrl.trainers.dpo import MADPOConfig, MADPOIterConfig, MADPOIterTrainer, MADPOTrainer, reward_histograms
 from comlrl.trainers.dpo.objective import PAIRS_FILE
@@ -236,6 +237,18 @@ def multi_turn_trainer(
     )
 
 
+def scripted_generate(prompts, letter_at=-1):
+    """A tree's ``generate`` without a model: G = 2 completions of each prompt, written from
+    it (its letter at ``letter_at``, the agent's letter, then "z" for the second sample)."""
+    tok = char_tokenizer()
+    rollouts = []
+    for i, agent_prompts in enumerate(prompts):
+        texts = [p[letter_at] + "ab"[i] + "z" * k for p in agent_prompts for k in range(2)]
+        ids = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
+        rollouts.append(build_rollout(tok, encode_prompts(tok, agent_prompts), ids, 2, [], 0, torch.device("cpu")))
+    return rollouts
+
+
 # ------------------------------------------------------------------------------ checkpoints and logs
 def interrupting_reward(at_call, score=length_sum):
     """``score`` that sends this process SIGINT during its ``at_call``-th call (that step still finishes)."""
@@ -249,6 +262,13 @@ def interrupting_reward(at_call, score=length_sum):
 
     reward.__name__ = score.__name__  # logged under the same name as the straight run's reward
     return reward
+
+
+def assert_same_run(resumed, straight, resumed_dir, straight_dir):
+    """A resumed trainer ends with the straight one's weights, and its run folder logged the same steps."""
+    for a, b in zip(weights(resumed), weights(straight)):
+        assert torch.equal(a, b)
+    assert log_lines(resumed_dir / "run", "metrics.jsonl") == log_lines(straight_dir / "run", "metrics.jsonl")
 
 
 def log_lines(run_dir, name):

@@ -17,12 +17,18 @@ from comlrl.engine.update import PolicyUpdate
 from comlrl.environments.functions import RewardAndTransition
 from comlrl.rewards.joint_reward import JointReward
 from comlrl.rollout.dynamic_sampling import DynamicSampling, refill_rows
-from comlrl.rollout.generation import build_rollout, encode_prompts
 from comlrl.rollout.prompts import PromptTable
 from comlrl.rollout.transition import Transition
 from comlrl.rollout.tree import RolloutTree, build_tree, join_trees
 from comlrl.trainers.reinforce import MAGRPOConfig
-from tests.helpers import char_tokenizer, log_lines, make_trainer, small_config, weights
+from tests.helpers import (
+    assert_same_run,
+    char_tokenizer,
+    log_lines,
+    make_trainer,
+    scripted_generate,
+    small_config,
+)
 from tests.test_distributed import torchrun
 
 
@@ -56,16 +62,7 @@ def scripted_tree(rows, num_turns=2, ends=frozenset()):
     """The rollout tree of ``rows`` with completions written from the prompts (no model): 2
     agents, G = 2, aligned; a branch of a row in ``ends`` stops after turn 1 at its 2nd joint
     action, and its 1st joint action ends at turn 2 only."""
-    tok = char_tokenizer()
     table = PromptTable(ROWS, None, num_agents=2)
-
-    def generate(prompts):
-        rollouts = []
-        for i, agent_prompts in enumerate(prompts):
-            texts = [p[-1] + "ab"[i] + "z" * k for p in agent_prompts for k in range(2)]
-            ids = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
-            rollouts.append(build_rollout(tok, encode_prompts(tok, agent_prompts), ids, 2, [], 0, torch.device("cpu")))
-        return rollouts
 
     def transition(prompt, agent_completions, num_agents, prompt_history_per_agent, response_history_per_agent):
         if prompt in {ROWS[r]["prompt"] for r in ends} and agent_completions[0].endswith("z"):
@@ -78,7 +75,7 @@ def scripted_tree(rows, num_turns=2, ends=frozenset()):
     reward = JointReward(score, 2, call="batch")
     joint = torch.arange(2).unsqueeze(1).expand(2, 2)
     environment = RewardAndTransition(table, reward, 2, transition=Transition(transition, 2))
-    return build_tree(environment, rows, generate, joint, 2, num_turns)
+    return build_tree(environment, rows, scripted_generate, joint, 2, num_turns)
 
 
 def assert_same_tree(ours: RolloutTree, theirs: RolloutTree):
@@ -242,11 +239,7 @@ def test_an_interruption_inside_a_refill_resumes_exactly(tmp_path):
     assert log_lines(tmp_path / "cut" / "run", "metrics.jsonl")[0]["dynamic_sampling/refill_rows"] > 0
     resumed = dynamic_trainer(tmp_path / "cut")
     resumed.train(resume_from_checkpoint=True)
-    for a, b in zip(weights(resumed), weights(straight)):
-        assert torch.equal(a, b)
-    assert log_lines(tmp_path / "cut" / "run", "metrics.jsonl") == log_lines(
-        tmp_path / "straight" / "run", "metrics.jsonl"
-    )
+    assert_same_run(resumed, straight, tmp_path / "cut", tmp_path / "straight")
 
 
 def test_settings_that_cannot_refill_are_refused():

@@ -3,6 +3,7 @@ end where the environment says, rewards per agent or shared), every return is ch
 named, the trainers take ``environment=`` in place of what it replaces, and a run with one
 trains, evaluates and resumes exactly."""
 
+import functools
 import os
 import signal
 
@@ -11,12 +12,20 @@ import torch
 
 from comlrl.environments import Environment, Outcome, Start
 from comlrl.environments.played import EnvironmentOnRows
-from comlrl.rollout.generation import build_rollout, encode_prompts
 from comlrl.rollout.tree import build_tree
 from comlrl.trainers.actor_critic import IACConfig, IACTrainer
 from comlrl.trainers.dpo import MADPOConfig, MADPOTrainer
 from comlrl.trainers.reinforce import MAGRPOTrainer
-from tests.helpers import char_tokenizer, length_sum, log_lines, small_config, tiny_llama, weights
+from tests.helpers import (
+    assert_same_run,
+    char_tokenizer,
+    length_sum,
+    log_lines,
+    scripted_generate,
+    small_config,
+    tiny_llama,
+    weights,
+)
 
 WORDS = [{"word": w} for w in ["cat", "sea", "moon", "tree"]]
 
@@ -44,21 +53,16 @@ class Relay(Environment):
         return Outcome([float(len(actions[0])), float(len(set(actions[0]) & set(actions[1])))])
 
 
-def scripted_generate(prompts):
-    """G = 2 completions of each prompt written from it, no model: the last letter, the agent,
-    then "z" for the second sample."""
-    tok = char_tokenizer()
-    rollouts = []
-    for i, agent_prompts in enumerate(prompts):
-        texts = [p[-2] + "ab"[i] + "z" * k for p in agent_prompts for k in range(2)]
-        ids = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
-        rollouts.append(build_rollout(tok, encode_prompts(tok, agent_prompts), ids, 2, [], 0, torch.device("cpu")))
-    return rollouts
-
-
 def relay_tree(environment, rows=(0, 1), num_turns=2):
     played = EnvironmentOnRows(environment, WORDS, num_agents=2, dataset="train_dataset")
-    return build_tree(played, list(rows), scripted_generate, torch.arange(2).unsqueeze(1).expand(2, 2), 2, num_turns)
+    return build_tree(
+        played,
+        list(rows),
+        functools.partial(scripted_generate, letter_at=-2),
+        torch.arange(2).unsqueeze(1).expand(2, 2),
+        2,
+        num_turns,
+    )
 
 
 def test_the_tree_plays_the_environments_episodes():
@@ -85,6 +89,19 @@ def test_a_nodes_state_is_given_to_each_of_its_joint_actions_unchanged():
     assert turn1 == [("cat", 0), ("cat", 0), ("sea", 0), ("sea", 0)]  # one node's state, stepped twice
     turn2 = [state for turn, state in environment.seen if turn == 2]
     assert turn2 == [("cat", 1, "ta"), ("cat", 1, "ta"), ("sea", 1, "aa"), ("sea", 1, "aa")]
+
+
+class NoStart(Relay):
+    def reset(self, row):
+        return Start(None)
+
+
+def test_an_episode_must_start_with_a_prompt_per_agent():
+    expected = (
+        r"NoStart\.reset returned Start\(observations=None, state=None\) for train_dataset row 0; expected a Start"
+    )
+    with pytest.raises(TypeError, match=expected):
+        relay_tree(NoStart())
 
 
 def test_the_last_turn_ends_every_episode():
@@ -129,8 +146,12 @@ class Broken(Relay):
             ValueError,
             r"returned 3 rewards for joint action 2 .* expected one number, or 2 \(one per agent\)",
         ),
-        ("observations", TypeError, r"returned observations \['only one'\] for joint action 2 .* expected 2 strings"),
-        ("text", TypeError, r"returned a int as agent 1's observation for joint action 2"),
+        (
+            "observations",
+            ValueError,
+            r"Broken\.step returned 1 prompts for joint action 2 .* expected 2 \(one per agent\)",
+        ),
+        ("text", TypeError, r"Broken\.step returned int for agent 1 for joint action 2 .*; expected a string"),
     ],
 )
 def test_what_an_environment_returns_is_checked_and_named(what, error, match):
@@ -186,11 +207,7 @@ def test_a_run_in_an_environment_resumes_exactly(tmp_path):
     assert cut.global_step == 1
     resumed = relay_trainer(tmp_path / "cut")
     resumed.train(resume_from_checkpoint=True)
-    for a, b in zip(weights(resumed), weights(straight)):
-        assert torch.equal(a, b)
-    assert log_lines(tmp_path / "cut" / "run", "metrics.jsonl") == log_lines(
-        tmp_path / "straight" / "run", "metrics.jsonl"
-    )
+    assert_same_run(resumed, straight, tmp_path / "cut", tmp_path / "straight")
 
 
 @pytest.mark.parametrize(

@@ -14,23 +14,8 @@ import torch
 from comlrl.environments.base import Environment, JointActions, Outcome, Played, Start
 from comlrl.rewards.calls import checked_number, to_float32
 from comlrl.rewards.joint_reward import RewardBatch
-from comlrl.rollout.prompt_fit import check_encodable
+from comlrl.rollout.transition import checked_prompts
 from comlrl.utils.signatures import describe
-
-
-def checked_observations(observations: Any, num_agents: int, source: str, at: str) -> list[str]:
-    """``observations`` that ``source`` returned for ``at``: one string per agent."""
-    if isinstance(observations, str) or not isinstance(observations, Sequence) or len(observations) != num_agents:
-        raise TypeError(
-            f"{source} returned observations {observations!r} for {at}; expected {num_agents} strings, one per agent"
-        )
-    for i, text in enumerate(observations):
-        if not isinstance(text, str):
-            raise TypeError(
-                f"{source} returned a {type(text).__name__} as agent {i}'s observation for {at}; expected a string"
-            )
-        check_encodable(text, f"agent {i}'s observation from {source} for {at}")
-    return list(observations)
 
 
 @dataclass(frozen=True)
@@ -56,10 +41,15 @@ class EnvironmentOnRows:
                 start = self.environment.reset(self.rows[row])
             except Exception as error:
                 raise RuntimeError(f"{self.source}.reset raised {type(error).__name__}: {error} on {at}") from error
-            if not isinstance(start, Start):
-                raise TypeError(f"{self.source}.reset returned {type(start).__name__} for {at}; expected a Start")
+            if not isinstance(start, Start) or start.observations is None:
+                raise TypeError(
+                    f"{self.source}.reset returned {start!r} for {at}; expected a Start with one prompt per agent"
+                )
             starts.append(
-                Start(checked_observations(start.observations, self.num_agents, self.source, at), start.state)
+                Start(
+                    checked_prompts(start.observations, self.num_agents, f"{self.source}.reset", f"for {at}"),
+                    start.state,
+                )
             )
         return starts
 
@@ -76,7 +66,9 @@ class EnvironmentOnRows:
             rewards.append(self.rewards(outcome.reward, at))
             ended = batch.last or outcome.observations is None
             observations = (
-                None if ended else checked_observations(outcome.observations, self.num_agents, self.source, at)
+                None
+                if ended
+                else checked_prompts(outcome.observations, self.num_agents, f"{self.source}.step", f"for {at}")
             )
             next_starts.append(None if observations is None else Start(observations, outcome.state))
         raw = to_float32(rewards, (len(rewards), self.num_agents), batch.row_ids, self.source)

@@ -84,19 +84,21 @@ class Transition:
             raise RuntimeError(f"{self.name} raised {type(error).__name__}: {error} ({where})") from error
         if result is None:
             return None
-        if isinstance(result, str) or not isinstance(result, Sequence):
-            raise TypeError(
-                f"{self.name} returned {type(result).__name__} {where}; expected a list of {self.num_agents} "
-                "prompt strings (one per agent) or None to end the branch"
-            )
-        if len(result) != self.num_agents:
-            raise ValueError(
-                f"{self.name} returned {len(result)} prompts {where}; expected {self.num_agents} (one per agent)"
-            )
-        for agent, text in enumerate(result):
-            if not isinstance(text, str):
-                raise TypeError(
-                    f"{self.name} returned {type(text).__name__} for agent {agent} {where}; expected a string"
-                )
-            check_encodable(text, f"the prompt {self.name} returned for agent {agent} {where}")
-        return list(result)
+        return checked_prompts(result, self.num_agents, self.name, where)
+
+
+def checked_prompts(result: Any, num_agents: int, source: str, where: str) -> list[str]:
+    """``result``, which ``source`` returned ``where`` (for errors), as the next turn's prompts:
+    one string per agent."""
+    if isinstance(result, str) or not isinstance(result, Sequence):
+        raise TypeError(
+            f"{source} returned {type(result).__name__} {where}; expected a list of {num_agents} "
+            "prompt strings (one per agent) or None to end the branch"
+        )
+    if len(result) != num_agents:
+        raise ValueError(f"{source} returned {len(result)} prompts {where}; expected {num_agents} (one per agent)")
+    for agent, text in enumerate(result):
+        if not isinstance(text, str):
+            raise TypeError(f"{source} returned {type(text).__name__} for agent {agent} {where}; expected a string")
+        check_encodable(text, f"the prompt {source} returned for agent {agent} {where}")
+    return list(result)

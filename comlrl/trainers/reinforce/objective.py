@@ -184,11 +184,12 @@ class GroupAdvantages(PolicyGradient):
 
     def estimate(self, tree: RolloutTree) -> TreeAdvantages:
         config = self.config
+        rewards, children = [turn.rewards for turn in tree.turns], [turn.children for turn in tree.turns]
         if config.multi_objective_aggregation == "normalize_then_sum":  # GDPO: each function's own group std
             return tree_decoupled_advantages(
-                [turn.rewards for turn in tree.turns],
+                rewards,
                 [turn.per_function_rewards for turn in tree.turns],
-                [turn.children for turn in tree.turns],
+                children,
                 tree.joint_indices,
                 config.num_generations,
                 config.discount,
@@ -200,8 +201,8 @@ class GroupAdvantages(PolicyGradient):
             )
         by_batch = config.advantage_normalization and config.scale_rewards == "batch"
         estimate = tree_advantages(
-            [turn.rewards for turn in tree.turns],
-            [turn.children for turn in tree.turns],
+            rewards,
+            children,
             tree.joint_indices,
             config.num_generations,
             config.discount,
