@@ -120,7 +120,8 @@ def page_id(page: Path) -> str:
 
 # ------------------------------------------------------------------------------ the tiny model
 def tiny_tokenizer():
-    """A byte-level tokenizer (encodes any text), eos = pad = the embedded model's EOS."""
+    """A byte-level tokenizer (encodes any text), eos = pad = the embedded model's EOS, and a
+    ChatML chat template."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -130,9 +131,17 @@ def tiny_tokenizer():
     backend = Tokenizer(models.BPE(vocab={s: i for i, s in enumerate(symbols)}, merges=[], unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = decoders.ByteLevel()
-    return PreTrainedTokenizerFast(
+    tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=backend, unk_token="<unk>", eos_token=EOS_TOKEN, pad_token=EOS_TOKEN
     )
+    tokenizer.chat_template = CHATML  # as the embedded SmolLM2's: chat-format examples render
+    return tokenizer
+
+
+CHATML = (
+    "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,7 @@ import torch
 
 from comlrl.environments import Environment, Outcome, Start
 from comlrl.environments.played import EnvironmentOnRows
+from comlrl.rollout.chat import ChatRenderer
 from comlrl.rollout.tree import build_tree
 from comlrl.trainers.actor_critic import IACConfig, IACTrainer
 from comlrl.trainers.dpo import MADPOConfig, MADPOTrainer
@@ -54,7 +55,8 @@ class Relay(Environment):
 
 
 def relay_tree(environment, rows=(0, 1), num_turns=2):
-    played = EnvironmentOnRows(environment, WORDS, num_agents=2, dataset="train_dataset")
+    renderers = [ChatRenderer(char_tokenizer(), i) for i in range(2)]
+    played = EnvironmentOnRows(environment, WORDS, renderers, dataset="train_dataset")
     return build_tree(
         played,
         list(rows),

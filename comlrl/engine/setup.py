@@ -28,6 +28,7 @@ from comlrl.metrics.hooks import MetricsCallback
 from comlrl.models.hardware import warn_if_bf16_is_emulated
 from comlrl.models.loading import split_model_config
 from comlrl.rollout.backends import build_backend
+from comlrl.rollout.chat import ChatRenderer
 from comlrl.rollout.episodes import Rollout
 from comlrl.rollout.prompt_fit import check_prompts_fit
 from comlrl.rollout.prompts import PromptTable
@@ -81,10 +82,11 @@ def build_run(name: str, parts: Parts, args: TrainerConfig, centralized_label: s
         )
         train_reward = parts.reward_source.training_reward(inputs, reward, make_reward)
     transition = None if inputs.external_transition is None else Transition(inputs.external_transition, num_agents)
-    train_prompts = prompt_table(inputs.train_dataset, inputs, num_agents, "train_dataset")
+    renderers = [ChatRenderer(tokenizer, i) for i, tokenizer in enumerate(agents.tokenizers)]
+    train_prompts = prompt_table(inputs.train_dataset, inputs, renderers, "train_dataset")
     parallel.check_rows(len(train_prompts), args.per_device_train_batch_size)
     eval_prompts = (
-        None if inputs.eval_dataset is None else prompt_table(inputs.eval_dataset, inputs, num_agents, "eval_dataset")
+        None if inputs.eval_dataset is None else prompt_table(inputs.eval_dataset, inputs, renderers, "eval_dataset")
     )
     for table in (train_prompts, eval_prompts):
         if table is not None:
@@ -165,11 +167,14 @@ def build_run(name: str, parts: Parts, args: TrainerConfig, centralized_label: s
     return run
 
 
-def prompt_table(dataset: Any, inputs: TrainerInputs, num_agents: int, name: str) -> PromptTable:
+def prompt_table(dataset: Any, inputs: TrainerInputs, renderers: list[ChatRenderer], name: str) -> PromptTable:
     """The agents' first prompts of ``dataset``'s rows: formatted, or the environment's first
-    observations (each row reset once here, every return checked before training)."""
+    observations (each row reset once here, every return checked before training), chat
+    messages rendered by each agent's template."""
+    num_agents = len(renderers)
     if inputs.environment is None:
-        return PromptTable(dataset, inputs.formatters, num_agents, name)
+        return PromptTable(dataset, inputs.formatters, num_agents, name, renderers=renderers)
     rows = list(dataset)
-    starts = EnvironmentOnRows(inputs.environment, rows, num_agents, name).start(range(len(rows)))
-    return PromptTable(rows, None, num_agents, name, [[s.observations[i] for s in starts] for i in range(num_agents)])
+    starts = EnvironmentOnRows(inputs.environment, rows, renderers, name).start(range(len(rows)))
+    first = [[s.observations[i] for s in starts] for i in range(num_agents)]
+    return PromptTable(rows, None, num_agents, name, first, renderers)

@@ -14,6 +14,7 @@ import torch
 from comlrl.environments.base import Environment, JointActions, Outcome, Played, Start
 from comlrl.rewards.calls import checked_number, to_float32
 from comlrl.rewards.joint_reward import RewardBatch
+from comlrl.rollout.chat import ChatRenderer, is_chat
 from comlrl.rollout.transition import checked_prompts
 from comlrl.utils.signatures import describe
 
@@ -25,9 +26,14 @@ class EnvironmentOnRows:
     environment: Environment
     rows: Sequence[dict[str, Any]]
     """The dataset's rows (dicts), indexed by row id."""
-    num_agents: int
+    renderers: Sequence[ChatRenderer]
+    """Each agent's chat renderer: an observation may be chat messages (:mod:`comlrl.rollout.chat`)."""
     dataset: str = "dataset"
     """The dataset's name in errors."""
+
+    @property
+    def num_agents(self) -> int:
+        return len(self.renderers)
 
     @property
     def source(self) -> str:
@@ -47,7 +53,7 @@ class EnvironmentOnRows:
                 )
             starts.append(
                 Start(
-                    checked_prompts(start.observations, self.num_agents, f"{self.source}.reset", f"for {at}"),
+                    self.observations(start.observations, f"{self.source}.reset", f"for {at}"),
                     start.state,
                 )
             )
@@ -66,9 +72,7 @@ class EnvironmentOnRows:
             rewards.append(self.rewards(outcome.reward, at))
             ended = batch.last or outcome.observations is None
             observations = (
-                None
-                if ended
-                else checked_prompts(outcome.observations, self.num_agents, f"{self.source}.step", f"for {at}")
+                None if ended else self.observations(outcome.observations, f"{self.source}.step", f"for {at}")
             )
             next_starts.append(None if observations is None else Start(observations, outcome.state))
         raw = to_float32(rewards, (len(rewards), self.num_agents), batch.row_ids, self.source)
@@ -76,6 +80,15 @@ class EnvironmentOnRows:
             per_function=raw.unsqueeze(0), raw=raw, processed=raw.clone(), names=[self.environment.reward_name]
         )
         return Played(scored, next_starts, 0 if batch.last else len(batch.actions))
+
+    def observations(self, value: Any, source: str, where: str) -> list[str]:
+        """The next prompts ``source`` returned ``where``: N strings or chat messages, rendered."""
+        if is_chat(value) and len(value) == self.num_agents:
+            value = [
+                self.renderers[i](o, f"agent {i}'s observation from {source} {where}") if is_chat(o) else o
+                for i, o in enumerate(value)
+            ]
+        return checked_prompts(value, self.num_agents, source, where)
 
     def rewards(self, reward: Any, at: str) -> list[float]:
         """One joint action's reward as N numbers: one shared by the agents, or one each."""

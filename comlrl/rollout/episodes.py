@@ -82,7 +82,7 @@ class Rollout:
 
         environment: TreeEnvironment
         if self.environment is not None:
-            environment = EnvironmentOnRows(self.environment, prompts.rows, len(self.agents), prompts.name)
+            environment = EnvironmentOnRows(self.environment, prompts.rows, prompts.renderers, prompts.name)
         else:
             environment = RewardAndTransition(
                 prompts,

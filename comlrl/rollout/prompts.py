@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from comlrl.rollout.chat import ChatRenderer, is_chat
 from comlrl.rollout.prompt_fit import check_encodable
 from comlrl.utils.per_agent import per_agent
 from comlrl.utils.signatures import describe, keyword_arguments
@@ -38,6 +39,7 @@ class PromptTable:
         num_agents: int,
         name: str = "dataset",
         prompts: Sequence[Sequence[str]] | None = None,
+        renderers: Sequence[ChatRenderer] | None = None,
     ):
         rows = list(dataset)
         for r, row in enumerate(rows):
@@ -47,6 +49,7 @@ class PromptTable:
             raise ValueError(f"{name} is empty: it needs at least one row")
         self.rows = rows
         self.name = name
+        self.renderers = list(renderers or [])
         if prompts is not None:  # an environment's first observations, checked where they were made
             self.formatters: list[Formatter] = []
             self.prompts = [list(agent_prompts) for agent_prompts in prompts]
@@ -66,7 +69,7 @@ class PromptTable:
                 raise TypeError(f"formatters[{agent}] must be callable, got {type(formatter).__name__}")
         self.formatters = formatters
         self.prompts = [
-            [self._format(f, row, agent, f"{name} row {r}") for r, row in enumerate(rows)]
+            [self._format(agent, row, f"{name} row {r}") for r, row in enumerate(rows)]
             for agent, f in enumerate(formatters)
         ]
         self._row_prompts = [row["prompt"] for row in rows] if self._has_prompts(rows) else self.prompts[0]
@@ -75,30 +78,39 @@ class PromptTable:
     def _has_prompts(rows: list[Mapping[str, Any]]) -> bool:
         return all(isinstance(row.get("prompt"), str) for row in rows)
 
-    @staticmethod
-    def _format(formatter: Formatter, row: dict[str, Any], agent: int, where: str, **kwargs: str) -> str:
+    def _format(self, agent: int, row: dict[str, Any], where: str, **kwargs: str) -> str:
+        formatter = self.formatters[agent]
         try:
             prompt = formatter(row, **kwargs)
         except Exception as error:
             raise RuntimeError(
                 f"formatter {describe(formatter)} of agent {agent} raised {type(error).__name__}: {error} on {where}"
             ) from error
-        if not isinstance(prompt, str):
+        if not (isinstance(prompt, str) or is_chat(prompt)):
             raise TypeError(
                 f"formatter {describe(formatter)} of agent {agent} returned {type(prompt).__name__} "
-                f"for {where}; expected a string"
+                f"for {where}; expected a string (or a list of chat messages)"
             )
-        check_encodable(prompt, f"agent {agent}'s prompt for {where} ({prompt_source(formatter)})")
+        return self.render(agent, prompt, f"agent {agent}'s prompt for {where} ({prompt_source(formatter)})")
+
+    def render(self, agent: int, prompt: Any, what: str) -> str:
+        """``prompt`` (``what`` in errors) as agent ``agent`` reads it: a string as it is, chat
+        messages rendered by the agent's chat template (:mod:`comlrl.rollout.chat`)."""
+        if is_chat(prompt) and self.renderers:
+            prompt = self.renderers[agent](prompt, what)
+        if not isinstance(prompt, str):
+            raise TypeError(f"{what} is a {type(prompt).__name__}; expected a string or a list of chat messages")
+        check_encodable(prompt, what)
         return prompt
 
     def format_turn(self, agent: int, row_id: int, text: str, turn: int) -> str:
         """Agent ``agent``'s prompt at a later turn: its formatter applied to the row with the
         ``prompt`` column replaced by ``text`` (what ``external_transition`` returned); a
         formatter that names ``external_prompts`` also gets ``text`` there, as in comlrl 1.4.3."""
-        formatter = self.formatters[agent]
         row = {**self.rows[row_id], "prompt": text}
-        kwargs = {"external_prompts": text} if keyword_arguments(formatter, ("external_prompts",)) else {}
-        return self._format(formatter, row, agent, f"{self.name} row {row_id} at turn {turn}", **kwargs)
+        wants_text = keyword_arguments(self.formatters[agent], ("external_prompts",))
+        kwargs = {"external_prompts": text} if wants_text else {}
+        return self._format(agent, row, f"{self.name} row {row_id} at turn {turn}", **kwargs)
 
     def __len__(self) -> int:
         return len(self._row_prompts)
