@@ -13,6 +13,7 @@ import inspect
 import json
 import os
 import signal
+import string
 import types
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +22,7 @@ from unittest import mock
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model
-from tokenizers import Tokenizer, decoders, models
+from tokenizers import Tokenizer, decoders, models, processors
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from comlrl.checkpoint import complete_checkpoints
@@ -62,6 +63,25 @@ def char_tokenizer(alphabet: str = LOWER, pad: bool = True) -> PreTrainedTokeniz
         eos_token="<eos>",
         pad_token="<pad>" if pad else None,
     )
+
+
+CHAT_ALPHABET = string.ascii_letters + string.digits + " .,:;!?[]<>|/_{}\"'-=+\n"
+
+
+def chat_tokenizer(template: str, adds_bos: bool = False) -> PreTrainedTokenizerFast:
+    """A character-level tokenizer with a chat template (enough characters for JSON tool
+    calls); with ``adds_bos`` it puts ``<s>`` before every text it encodes (as Llama's do)."""
+    specials = ["<unk>", "<eos>", "<pad>", "<s>"]
+    vocab = {token: i for i, token in enumerate(specials + list(dict.fromkeys(CHAT_ALPHABET)))}
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    backend.decoder = decoders.Fuse()
+    if adds_bos:
+        backend.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 3)])
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, unk_token="<unk>", eos_token="<eos>", pad_token="<pad>", bos_token="<s>"
+    )
+    tokenizer.chat_template = template
+    return tokenizer
 
 
 def tiny_llama(tokenizer, seed: int = 0, attention_dropout: float = 0.0) -> LlamaForCausalLM:

@@ -7,17 +7,14 @@ from unittest import mock
 
 import pytest
 import torch
-from tokenizers import Tokenizer, decoders, models, processors
-from transformers import PreTrainedTokenizerFast
 
 from comlrl.engine.update import PolicyUpdate
 from comlrl.environments import Environment, Outcome, Start
 from comlrl.rollout.chat import ChatRenderer
 from comlrl.rollout.generation import encode_prompts
 from comlrl.trainers.reinforce import MAGRPOTrainer
-from tests.helpers import length_sum, small_config, tiny_llama
+from tests.helpers import chat_tokenizer, length_sum, small_config, tiny_llama
 
-ALPHABET = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ .,:!?[]<>|/_\n"
 CHATML = (
     "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}</|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>{% endif %}"
@@ -26,22 +23,6 @@ BRACKETS = (
     "{{ bos_token }}{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
     "{% if add_generation_prompt %}[assistant] {% endif %}"
 )
-
-
-def chat_tokenizer(template: str, adds_bos: bool) -> PreTrainedTokenizerFast:
-    """A character-level tokenizer with a chat template; with ``adds_bos`` it puts ``<s>``
-    before every text it encodes (as Llama's do), and the template writes one too."""
-    specials = ["<unk>", "<eos>", "<pad>", "<s>"]
-    vocab = {token: i for i, token in enumerate(specials + list(dict.fromkeys(ALPHABET)))}
-    backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
-    backend.decoder = decoders.Fuse()
-    if adds_bos:
-        backend.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 3)])
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=backend, unk_token="<unk>", eos_token="<eos>", pad_token="<pad>", bos_token="<s>"
-    )
-    tokenizer.chat_template = template
-    return tokenizer
 
 
 TOKENIZERS = {"chatml": (CHATML, False), "brackets with a BOS": (BRACKETS, True)}

@@ -13,7 +13,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from comlrl.environments.base import Environment
-from comlrl.utils.checks import field_default
+from comlrl.utils.checks import field_default, is_real
 
 CRITIC_INPUTS = frozenset({"critic_model", "critics", "critic_tokenizer"})
 """The inputs of trainers with critics (IAC, MAAC; MARLHF with ``rl_algorithm`` iac / maac)."""
@@ -212,6 +212,13 @@ def check_environment_inputs(args: Any, inputs: TrainerInputs) -> None:
             f"environment must be an instance of a subclass of comlrl.environments.Environment, got "
             f"{type(inputs.environment).__name__}"
         )
+    environment = inputs.environment
+    calls = environment.max_tool_calls
+    if isinstance(calls, bool) or not isinstance(calls, int) or calls < 1:
+        raise ValueError(f"{type(environment).__name__}.max_tool_calls must be an integer >= 1, got {calls!r}")
+    timeout = environment.tool_timeout
+    if not (is_real(timeout) and 0 < timeout < float("inf")):
+        raise ValueError(f"{type(environment).__name__}.tool_timeout must be a number of seconds > 0, got {timeout!r}")
     for name, why in ENVIRONMENT_REPLACES.items():
         if getattr(inputs, name) is not None:
             raise ValueError(f"{name} is given with environment=, which replaces it ({why}): drop {name}")

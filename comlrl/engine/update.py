@@ -254,11 +254,13 @@ class PolicyUpdate:
         return map_agents(self.agents, agent_logprobs)
 
     def loss_mask(self, rollout: AgentRollout) -> Tensor:
-        """``(S, T)`` bool: the completion tokens the loss counts (with
-        ``mask_truncated_completions``, none of a completion cut at ``max_new_tokens``)."""
+        """``(S, T)`` bool: the completion tokens the loss counts: the agent's own
+        (:attr:`~comlrl.rollout.generation.AgentRollout.own_mask`, no tool's result), and with
+        ``mask_truncated_completions`` none of a completion cut at ``max_new_tokens``."""
+        own = rollout.own_mask
         if not self.args.mask_truncated_completions:
-            return rollout.completion_mask
-        return rollout.completion_mask & ~rollout.truncated.to(rollout.completion_mask.device).unsqueeze(1)
+            return own
+        return own & ~rollout.truncated.to(own.device).unsqueeze(1)
 
     def micro_batches(self, rollout: AgentRollout) -> list[slice]:
         return micro_batches(len(rollout.texts), self.args.micro_batch_size)

@@ -23,11 +23,14 @@ return and advantage is computed the same way whatever the task.
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from torch import Tensor
+
 from comlrl.rewards.joint_reward import RewardBatch
+from comlrl.rollout.generation import AgentRollout
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,22 @@ class JointActions:
 
 
 @dataclass(frozen=True)
+class Acted:
+    """The agents' completions of one turn after their tool calls (:mod:`comlrl.environments.tools`)."""
+
+    rollouts: list[AgentRollout]
+    """One per agent; a completion that called tools holds their results (not its own tokens)."""
+    tool_calls: Tensor | None = None
+    """``(N, M*G)`` calls each completion made; None: no agent has tools."""
+    tool_errors: Tensor | None = None
+    """``(N, M*G)`` of those, the calls that failed (an error message was the result)."""
+
+
+Proceed = Callable[[int, list[list[int]]], AgentRollout]
+"""``proceed(agent, prompts)``: one continuation by ``agent`` of each prompt given as token ids."""
+
+
+@dataclass(frozen=True)
 class Played:
     """What the environment made of one turn's joint actions."""
 
@@ -101,6 +120,11 @@ class TreeEnvironment(Protocol):
         """The rewards and next starts of one turn's joint actions."""
         ...
 
+    def act(self, rollouts: list[AgentRollout], states: list[Any], group: int, proceed: Proceed) -> Acted:
+        """Every agent's completions at nodes of states ``states`` (``group`` per node), after
+        the tool calls they make."""
+        ...
+
 
 class Environment(abc.ABC):
     """An environment for N agents: subclass it with :meth:`reset` and :meth:`step`, and pass
@@ -110,6 +134,17 @@ class Environment(abc.ABC):
 
     reward_name: str = "environment"
     """Logged as ``reward/{reward_name}/mean``."""
+    max_tool_calls: int = 2
+    """Rounds of tool calls an agent may make within one turn (every call of one message runs in one round)."""
+    tool_timeout: float = 10.0
+    """Seconds a tool call may run before its result is an error."""
+
+    def tools(self, agent: int, state: Any) -> Sequence[Callable[..., str]]:
+        """Agent ``agent``'s tools at a node of state ``state`` (none by default): functions with
+        type hints and a docstring with an ``Args:`` section (their JSON schema), returning text.
+        A tool that reads the state is a closure over it, and must not change it. An agent with
+        tools needs chat-format observations (the schemas go into its chat template)."""
+        return ()
 
     @abc.abstractmethod
     def reset(self, row: Mapping[str, Any]) -> Start:

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from comlrl.environments.base import JointActions, Played, Start
+from comlrl.environments.base import Acted, JointActions, Played, Proceed, Start
 from comlrl.rewards.joint_reward import JointReward
+from comlrl.rollout.generation import AgentRollout
 from comlrl.rollout.prompts import PromptTable
 from comlrl.rollout.transition import Transition
 
@@ -49,6 +51,9 @@ class RewardAndTransition:
             observations = [first[i][m] for i in range(self.num_agents)]
             starts.append(Start(observations, state=[[prompt] for prompt in observations]))
         return starts
+
+    def act(self, rollouts: list[AgentRollout], states: list[Any], group: int, proceed: Proceed) -> Acted:
+        return Acted(rollouts)  # no tools
 
     def play(self, batch: JointActions) -> Played:
         # Agent 0's prompt of this turn, and the dataset row, of each joint action (the reward's ``prompts``).

@@ -11,10 +11,13 @@ from typing import Any
 
 import torch
 
-from comlrl.environments.base import Environment, JointActions, Outcome, Played, Start
+from comlrl.environments.acting import AgentTools
+from comlrl.environments.base import Acted, Environment, JointActions, Outcome, Played, Proceed, Start
+from comlrl.environments.tools import ToolRunner, tool_schemas
 from comlrl.rewards.calls import checked_number, to_float32
 from comlrl.rewards.joint_reward import RewardBatch
 from comlrl.rollout.chat import ChatRenderer, is_chat
+from comlrl.rollout.generation import AgentRollout
 from comlrl.rollout.transition import checked_prompts
 from comlrl.utils.signatures import describe
 
@@ -51,12 +54,8 @@ class EnvironmentOnRows:
                 raise TypeError(
                     f"{self.source}.reset returned {start!r} for {at}; expected a Start with one prompt per agent"
                 )
-            starts.append(
-                Start(
-                    self.observations(start.observations, f"{self.source}.reset", f"for {at}"),
-                    start.state,
-                )
-            )
+            observations = self.observations(start.observations, start.state, f"{self.source}.reset", f"for {at}")
+            starts.append(Start(observations, start.state))
         return starts
 
     def play(self, batch: JointActions) -> Played:
@@ -71,8 +70,9 @@ class EnvironmentOnRows:
                 raise TypeError(f"{self.source}.step returned {type(outcome).__name__} for {at}; expected an Outcome")
             rewards.append(self.rewards(outcome.reward, at))
             ended = batch.last or outcome.observations is None
+            source = f"{self.source}.step"
             observations = (
-                None if ended else self.observations(outcome.observations, f"{self.source}.step", f"for {at}")
+                None if ended else self.observations(outcome.observations, outcome.state, source, f"for {at}")
             )
             next_starts.append(None if observations is None else Start(observations, outcome.state))
         raw = to_float32(rewards, (len(rewards), self.num_agents), batch.row_ids, self.source)
@@ -81,14 +81,45 @@ class EnvironmentOnRows:
         )
         return Played(scored, next_starts, 0 if batch.last else len(batch.actions))
 
-    def observations(self, value: Any, source: str, where: str) -> list[str]:
-        """The next prompts ``source`` returned ``where``: N strings or chat messages, rendered."""
+    def observations(self, value: Any, state: Any, source: str, where: str) -> list[str]:
+        """The prompts ``source`` returned ``where`` for a node of state ``state``: N strings or
+        chat messages, rendered with each agent's tools there."""
         if is_chat(value) and len(value) == self.num_agents:
-            value = [
-                self.renderers[i](o, f"agent {i}'s observation from {source} {where}") if is_chat(o) else o
-                for i, o in enumerate(value)
-            ]
+            rendered = []
+            for i, observation in enumerate(value):
+                schemas = tool_schemas(self.environment.tools(i, state), i)
+                what = f"agent {i}'s observation from {source} {where}"
+                rendered.append(
+                    self.renderers[i](observation, what, schemas) if is_chat(observation) or schemas else observation
+                )
+            value = rendered
         return checked_prompts(value, self.num_agents, source, where)
+
+    def act(self, rollouts: list[AgentRollout], states: list[Any], group: int, proceed: Proceed) -> Acted:
+        """Each agent's completions continued after its tool calls (:mod:`comlrl.environments.acting`)."""
+        node_tools = [[self.environment.tools(i, state) for state in states] for i in range(self.num_agents)]
+        if not any(tools for agent_tools in node_tools for tools in agent_tools):
+            return Acted(rollouts)
+        runner = ToolRunner(self.environment.tool_timeout)
+        acted, calls, errors = [], [], []
+        try:
+            for i, rollout in enumerate(rollouts):
+                if not any(node_tools[i]):  # this agent has none: its completions stay as sampled
+                    acted.append(rollout)
+                    calls.append(torch.zeros(len(rollout.texts)))
+                    errors.append(torch.zeros(len(rollout.texts)))
+                    continue
+                schemas = [tool_schemas(tools, i) for tools in node_tools[i]]
+                turn = AgentTools(self.renderers[i], runner, self.environment.max_tool_calls)
+                agent_rollout, agent_calls, agent_errors = turn(
+                    rollout, node_tools[i], schemas, group, lambda prompts, i=i: proceed(i, prompts)
+                )
+                acted.append(agent_rollout)
+                calls.append(agent_calls)
+                errors.append(agent_errors)
+        finally:
+            runner.close()
+        return Acted(acted, torch.stack(calls), torch.stack(errors))
 
     def rewards(self, reward: Any, at: str) -> list[float]:
         """One joint action's reward as N numbers: one shared by the agents, or one each."""

@@ -75,6 +75,23 @@ def rollout_metrics(
         metrics[f"agent{i}/truncated_frac"] = stats.mean_of(torch.cat([t.agents[i].truncated for t in turns]).float())
     # TRL's frac_reward_zero_std, over every agent's groups: at 1 the step had nothing to learn from
     metrics[ZERO_SPREAD_KEY] = stats.mean_of(torch.cat(flat_groups).float())
+    metrics.update(tool_metrics(tree))
+    return metrics
+
+
+def tool_metrics(tree: RolloutTree) -> dict[str, Stat]:
+    """With an environment's tools: per agent, the tool calls and failed calls per completion
+    (``agent{i}/tool_calls``, ``agent{i}/tool_errors``), the share of completions that called
+    one (``agent{i}/tool_call_frac``), and per turn the calls per completion over the agents."""
+    turns = [turn for turn in tree.turns if turn.tool_calls is not None]
+    if not turns:
+        return {}
+    metrics = {f"turn_{turn.number}/tool_calls": stats.mean_of(turn.tool_calls) for turn in turns}
+    for i in range(turns[0].tool_calls.shape[0]):
+        calls = torch.cat([turn.tool_calls[i] for turn in turns])
+        metrics[f"agent{i}/tool_calls"] = stats.mean_of(calls)
+        metrics[f"agent{i}/tool_call_frac"] = stats.mean_of((calls > 0).float())
+        metrics[f"agent{i}/tool_errors"] = stats.mean_of(torch.cat([turn.tool_errors[i] for turn in turns]))
     return metrics
 
 

@@ -29,14 +29,15 @@ class GenerationBackend(Protocol):
     def generate(
         self,
         agent: int,
-        prompts: list[str],
+        prompts: list[str] | list[list[int]],
         num_generations: int,
         sampling: dict[str, Any],
         generator: torch.Generator | None = None,
     ) -> AgentRollout:
-        """Agent ``agent``'s ``num_generations`` completions of every prompt, in one batched
-        call; ``sampling`` holds Hugging Face ``generate`` keyword arguments; randomness comes
-        from ``generator`` where :meth:`uses_generators` says so."""
+        """Agent ``agent``'s ``num_generations`` completions of every prompt (text, or token ids:
+        a conversation continued after a tool's result), in one batched call; ``sampling`` holds
+        Hugging Face ``generate`` keyword arguments; randomness comes from ``generator`` where
+        :meth:`uses_generators` says so."""
         ...
 
     def uses_generators(self, sampling: dict[str, Any]) -> bool:

@@ -10,6 +10,7 @@ exactly ``apply_chat_template(messages, add_generation_prompt=True, tokenize=Tru
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -17,6 +18,9 @@ from comlrl.rollout.generation import TOKENIZER_LOCK
 
 Prompt = str | Sequence[Mapping[str, Any]]
 """A prompt: text, or chat messages."""
+
+TOOL_MARK = "TOOLCALLSMARK"
+"""Stands for an assistant message in a probe conversation, to find what follows it."""
 
 
 def is_chat(prompt: Any) -> bool:
@@ -40,6 +44,23 @@ def check_messages(messages: Any, what: str) -> list[dict[str, Any]]:
     return checked
 
 
+TOOL_INSTRUCTIONS = (
+    "You can call these tools, each described in JSON:\n{schemas}\n"
+    'To call one, write <tool_call>{{"name": "<the tool>", "arguments": {{...}}}}</tool_call> and end your '
+    "message; its result comes back in a message from the tool."
+)
+"""The tools' description for a chat template that ignores ``tools=`` (``{schemas}``: one JSON per line)."""
+
+
+def with_instructions(messages: list[dict[str, Any]], tools: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``messages`` with :data:`TOOL_INSTRUCTIONS` for ``tools`` at the end of the system
+    message (a new first message where there is none)."""
+    text = TOOL_INSTRUCTIONS.format(schemas="\n".join(json.dumps(schema) for schema in tools))
+    if messages[0]["role"] == "system":
+        return [{**messages[0], "content": f"{messages[0]['content'] or ''}\n\n{text}".strip()}, *messages[1:]]
+    return [{"role": "system", "content": text}, *messages]
+
+
 class ChatRenderer:
     """Renders one agent's chat-format prompts with its tokenizer's chat template."""
 
@@ -52,18 +73,54 @@ class ChatRenderer:
         self.leading_bos = bos if adds_bos else None
         """The BOS text the tokenizer adds by itself, dropped from a rendered prompt that starts with it."""
 
-    def __call__(self, prompt: Prompt, what: str) -> str:
-        """``prompt`` as the text agent ``agent`` reads (``what`` names it in errors)."""
+    def __call__(self, prompt: Prompt, what: str, tools: Sequence[dict[str, Any]] = ()) -> str:
+        """``prompt`` as the text agent ``agent`` reads (``what`` names it in errors), with
+        the JSON schemas of its ``tools`` (chat messages only): through the template where it
+        takes ``tools=``, else as :data:`TOOL_INSTRUCTIONS` in the system message."""
         if not is_chat(prompt):
+            if tools:
+                raise TypeError(f"{what} is text, but agent {self.agent} has tools: give it chat messages")
             return prompt
         messages = check_messages(prompt, what)
+        self.check_template(what)
+        if tools and not self.takes_tools(tools[0]):
+            return self.render(with_instructions(messages, tools))
+        return self.render(messages, tools)
+
+    def check_template(self, what: str) -> None:
         if getattr(self.tokenizer, "chat_template", None) is None:
             raise ValueError(
                 f"{what} is a list of chat messages, but agent {self.agent}'s tokenizer has no chat template: "
                 "set one (tokenizer.chat_template) or give that agent text prompts"
             )
+
+    def render(self, messages: list[dict[str, Any]], tools: Sequence[dict[str, Any]] = ()) -> str:
+        """``messages`` rendered with the generation prompt (the tools' schemas given to the
+        template), less a BOS the tokenizer adds by itself."""
         with TOKENIZER_LOCK:
-            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            text = self.tokenizer.apply_chat_template(
+                messages, tools=list(tools) or None, add_generation_prompt=True, tokenize=False
+            )
         if self.leading_bos is not None and text.startswith(self.leading_bos):
             text = text[len(self.leading_bos) :]
         return text
+
+    def takes_tools(self, schema: dict[str, Any]) -> bool:
+        """Whether the template writes ``tools=`` into the prompt (SmolLM2's does not)."""
+        probe = [{"role": "user", "content": "hello"}]
+        return self.render(probe, [schema]) != self.render(probe)
+
+    def tool_turn_ids(self, results: Sequence[str]) -> list[int]:
+        """The ids that follow an assistant message ending in tool calls: the template's end of
+        that message (less the end-of-turn token the agent wrote), one ``tool`` message per
+        result, and the generation prompt of the agent's next message. Taken from a rendered
+        conversation after a marker, so no earlier turn is rendered again."""
+        conversation = [{"role": "user", "content": "x"}, {"role": "assistant", "content": TOOL_MARK}]
+        results_turn = [{"role": "tool", "content": result} for result in results]
+        text = self.render(conversation + results_turn)
+        tail = text[text.index(TOOL_MARK) + len(TOOL_MARK) :]
+        eos = getattr(self.tokenizer, "eos_token", None)
+        if eos and tail.startswith(eos):
+            tail = tail[len(eos) :]
+        with TOKENIZER_LOCK:
+            return self.tokenizer(tail, add_special_tokens=False)["input_ids"]

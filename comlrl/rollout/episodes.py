@@ -93,5 +93,9 @@ class Rollout:
                 early_termination_threshold=self.early_termination_threshold,
                 written_prompts=self.written_prompts,
             )
+
+        def proceed(agent: int, prompts: list[list[int]]) -> AgentRollout:
+            return self.backend.generate(agent, prompts, 1, kwargs, generators[agent])
+
         joint = self.joint_indices if joint_indices is None else joint_indices
-        return build_tree(environment, row_ids, generate, joint, group, num_turns=self.num_turns)
+        return build_tree(environment, row_ids, generate, joint, group, num_turns=self.num_turns, proceed=proceed)

@@ -46,11 +46,21 @@ class AgentRollout:
     pad_id: int = 0
     """The id that left-pads the prompts (the tokenizer's pad id); :func:`join_rollouts` pads
     with it, so that one prompt reads the same ids in every rollout it joins."""
+    action_mask: Tensor | None = None
+    """``(B*G, T)`` bool, True on the tokens the agent wrote, where a completion also holds
+    tokens it did not (a tool's results and the chat template's turns around them, which it
+    read); None: every completion token is its own."""
 
     @property
     def lengths(self) -> Tensor:
-        """``(B*G,)`` number of generated tokens of each completion (EOS included)."""
+        """``(B*G,)`` number of tokens of each completion (EOS included; tools' results too)."""
         return self.completion_mask.sum(dim=1)
+
+    @property
+    def own_mask(self) -> Tensor:
+        """``(B*G, T)`` bool: the tokens the agent wrote, the only ones the loss, the KL and the
+        entropy count (:attr:`action_mask`, else :attr:`completion_mask`)."""
+        return self.completion_mask if self.action_mask is None else self.action_mask
 
     def select(self, prompts: Sequence[int], num_generations: int) -> AgentRollout:
         """The rollout of prompts ``prompts`` (indices, in that order), their G samples each."""
@@ -65,6 +75,7 @@ class AgentRollout:
             self.truncated[index],
             None if self.sampler_logprobs is None else self.sampler_logprobs[index],
             self.pad_id,
+            None if self.action_mask is None else self.action_mask[index],
         )
 
 
@@ -84,6 +95,8 @@ def join_rollouts(rollouts: Sequence[AgentRollout]) -> AgentRollout:
         return torch.nn.functional.pad(tensor, (0, length - tensor.shape[1]), value=value)
 
     logprobs = None if first.sampler_logprobs is None else [right(r.sampler_logprobs, 0.0) for r in rollouts]
+    with_actions = any(r.action_mask is not None for r in rollouts)
+    actions = [right(r.own_mask, False) for r in rollouts] if with_actions else None
     return AgentRollout(
         torch.cat([left(r.prompt_ids, first.pad_id) for r in rollouts]),
         torch.cat([left(r.prompt_mask, 0) for r in rollouts]),
@@ -93,6 +106,7 @@ def join_rollouts(rollouts: Sequence[AgentRollout]) -> AgentRollout:
         torch.cat([r.truncated for r in rollouts]),
         None if logprobs is None else torch.cat(logprobs),
         first.pad_id,
+        None if actions is None else torch.cat(actions),
     )
 
 
@@ -105,10 +119,19 @@ def eos_token_ids(model: torch.nn.Module, tokenizer: Any) -> list[int]:
     return ids
 
 
-def encode_prompts(tokenizer: Any, prompts: Sequence[str]) -> Any:
-    """The prompts tokenized and left-padded to the longest, as tensors."""
+def encode_prompts(tokenizer: Any, prompts: Sequence[str | Sequence[int]]) -> Any:
+    """The prompts tokenized and left-padded to the longest, as tensors. A prompt given as
+    token ids (a conversation continued after a tool's result) is taken as it is."""
+    if all(isinstance(prompt, str) for prompt in prompts):
+        with TOKENIZER_LOCK:
+            return tokenizer(list(prompts), return_tensors="pt", padding=True, padding_side="left")
     with TOKENIZER_LOCK:
-        return tokenizer(list(prompts), return_tensors="pt", padding=True, padding_side="left")
+        ids = [tokenizer(p)["input_ids"] if isinstance(p, str) else list(p) for p in prompts]
+    width = max(map(len, ids))
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    input_ids = torch.tensor([[pad] * (width - len(row)) + row for row in ids], dtype=torch.long)
+    attention_mask = torch.tensor([[0] * (width - len(row)) + [1] * len(row) for row in ids], dtype=torch.long)
+    return {"input_ids": input_ids, "attention_mask": attention_mask}
 
 
 def rollout_from_ids(

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from comlrl.environments.base import JointActions, TreeEnvironment
+from comlrl.environments.base import JointActions, Proceed, TreeEnvironment
 from comlrl.rollout.generation import AgentRollout, join_rollouts
 
 GenerateFn = Callable[[list[list[str]]], list[AgentRollout]]
@@ -47,6 +47,10 @@ class Turn:
     """``(F, M, J, N)`` what each reward function returned."""
     children: Tensor
     """``(M, J)`` index of the node each joint action started at the next turn, -1 for none."""
+    tool_calls: Tensor | None = None
+    """``(N, M*G)`` tool calls each completion made (an environment's tools); None: no tools."""
+    tool_errors: Tensor | None = None
+    """``(N, M*G)`` of those, the calls whose result was an error."""
 
     @property
     def num_nodes(self) -> int:
@@ -79,6 +83,7 @@ class RolloutTree:
             if not nodes:
                 break
             index = torch.tensor(nodes, dtype=torch.long)
+            samples = torch.tensor([m * self.num_generations + k for m in nodes for k in range(self.num_generations)])
             children = turn.children[index]
             kept = children[children >= 0]  # the next turn's nodes, in their order (build_tree numbers them so)
             renumber = torch.full((int(turn.children.max()) + 2,), -1, dtype=torch.long)
@@ -95,6 +100,8 @@ class RolloutTree:
                     raw_rewards=turn.raw_rewards[index],
                     per_function_rewards=turn.per_function_rewards[:, index],
                     children=torch.where(children >= 0, renumber[children.clamp(min=0)], -1),
+                    tool_calls=None if turn.tool_calls is None else turn.tool_calls[:, samples],
+                    tool_errors=None if turn.tool_errors is None else turn.tool_errors[:, samples],
                 )
             )
             nodes = kept.tolist()
@@ -124,6 +131,8 @@ def join_trees(trees: Sequence[RolloutTree]) -> RolloutTree:
                 raw_rewards=torch.cat([part.raw_rewards for part in parts]),
                 per_function_rewards=torch.cat([part.per_function_rewards for part in parts], dim=1),
                 children=torch.cat(shifted),
+                tool_calls=joined_counts([part.tool_calls for part in parts], parts),
+                tool_errors=joined_counts([part.tool_errors for part in parts], parts),
             )
         )
     calls = sum(tree.transition_calls for tree in trees)
@@ -169,6 +178,19 @@ def check_tree_budget(
         )
 
 
+def joined_counts(counts: Sequence[Tensor | None], parts: Sequence[Turn]) -> Tensor | None:
+    """Per-completion counts of turns joined one after the other (zeros for a part without)."""
+    if all(count is None for count in counts):
+        return None
+    return torch.cat(
+        [
+            torch.zeros(len(part.agents), len(part.agents[0].texts)) if count is None else count
+            for count, part in zip(counts, parts)
+        ],
+        dim=1,
+    )
+
+
 def build_tree(
     environment: TreeEnvironment,
     row_ids: Sequence[int],
@@ -176,6 +198,7 @@ def build_tree(
     joint_indices: Tensor,
     num_generations: int,
     num_turns: int = 1,
+    proceed: Proceed | None = None,
 ) -> RolloutTree:
     """Sample, score and expand the rollout tree of ``row_ids`` turn by turn.
 
@@ -188,6 +211,8 @@ def build_tree(
         joint_indices: ``(J, N)`` sample of each agent in each joint action.
         num_generations: G.
         num_turns: depth of the tree.
+        proceed: continues an agent's completions after its tools' results (an environment
+            with tools): one continuation of each prompt given as token ids.
     """
     num_agents = joint_indices.shape[1]
     num_joint = joint_indices.shape[0]
@@ -201,7 +226,8 @@ def build_tree(
     transition_calls = 0
     names: list[str] = []
     for number in range(1, num_turns + 1):
-        agents = generate(turn_prompts)
+        acted = environment.act(generate(turn_prompts), states, num_generations, proceed or no_tools)
+        agents = acted.rollouts
         num_nodes = len(rows)
         # completions[i][m*J + j]: agent i's part of joint action j at node m
         sample = (torch.arange(num_nodes).unsqueeze(1) * num_generations).unsqueeze(2) + joint_indices  # (M, J, N)
@@ -243,6 +269,8 @@ def build_tree(
                 raw_rewards=played.rewards.raw.reshape(shape),
                 per_function_rewards=played.rewards.per_function.reshape(-1, *shape),
                 children=children,
+                tool_calls=acted.tool_calls,
+                tool_errors=acted.tool_errors,
             )
         )
         if not going_on:
@@ -262,3 +290,8 @@ def build_tree(
         reward_names=names,
         transition_calls=transition_calls,
     )
+
+
+def no_tools(agent: int, prompts: list[list[int]]) -> AgentRollout:
+    """The continuation of a tree built without a backend to continue with: none is wanted."""
+    raise RuntimeError(f"agent {agent} called tools, but this rollout tree was built without a way to continue")

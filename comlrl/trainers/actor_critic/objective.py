@@ -185,10 +185,7 @@ class ActorCritic(PolicyGradient):
         now (before the update: as it sampled); an extra forward pass, made for the callback only."""
         per_token = self.update.frozen_logprobs(tree, reference=False)
         return [
-            [
-                (logprobs * turn.agents[i].completion_mask.to(logprobs)).sum(dim=1)
-                for logprobs, turn in zip(agent, tree.turns)
-            ]
+            [(logprobs * turn.agents[i].own_mask.to(logprobs)).sum(dim=1) for logprobs, turn in zip(agent, tree.turns)]
             for i, agent in enumerate(per_token)
         ]
 

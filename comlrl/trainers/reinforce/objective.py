@@ -237,9 +237,7 @@ def shaped_rewards(
         rewards, prefix = turn.rewards, f"turn_{turn.number}"
         if config.reference_kl_enabled:
             kls = [
-                sequence_kl(
-                    frozen.sampling[i][t], frozen.reference[i][t], agent.completion_mask.to(frozen.sampling[i][t])
-                )
+                sequence_kl(frozen.sampling[i][t], frozen.reference[i][t], agent.own_mask.to(frozen.sampling[i][t]))
                 for i, agent in enumerate(turn.agents)
             ]
             rewards = penalized_rewards(
