@@ -2,7 +2,8 @@
 model. ``make test-vllm`` builds an environment with it and runs these; elsewhere they skip.
 
 What they show: after updates (and after a resume) and their sync, the engine's log-probs of a fixed
-text have moved and match the learner's, for a whole model and for LoRA adapters on one base.
+text have moved and match the learner's, for a whole model and for LoRA adapters on one base; and
+the engine continues prompts given as token ids (tools' continuations) as it samples their text.
 The engine's log-probs are vLLM's prompt log-probs of the text (one forward of the engine); the
 learner's, the agent's own forward. fp32 on both sides: they agree to about 1e-4.
 """
@@ -82,7 +83,7 @@ def trainer_for(built, folder, agents=None, peft_config=None, num_agents=1, epoc
 
 
 def text_ids(trainer) -> list[int]:
-    return trainer.agents.tokenizers[0](TEXT)["input_ids"]
+    return text_ids_of(trainer, TEXT)
 
 
 def engine_logprobs(trainer, agent: int) -> torch.Tensor:
@@ -126,6 +127,24 @@ def test_after_updates_and_a_resume_the_engine_of_a_whole_model_has_the_learners
     assert (resumed_engine - fresh).abs().max() > MOVED
     assert (resumed_engine - learner_logprobs(resumed, 0)).abs().max() < TOLERANCE
     assert (resumed_engine - learner).abs().max() < TOLERANCE
+    check_prompts_of_token_ids(resumed)
+
+
+def check_prompts_of_token_ids(trainer):
+    """The engine continues prompts given as token ids (a conversation after a tool's result)
+    as it samples their text: the same prompt ids, the same tokens from the same seed."""
+    texts = ["Write a story about a cat.", "Tell me about the sea, please."]
+    ids = [text_ids_of(trainer, text) for text in texts]
+    sampling = trainer.run.sampling.generate_kwargs()
+    from_text = trainer.backend.generate(0, texts, 1, sampling, torch.Generator().manual_seed(3))
+    from_ids = trainer.backend.generate(0, ids, 1, sampling, torch.Generator().manual_seed(3))
+    for row, prompt in enumerate(ids):
+        assert from_ids.prompt_ids[row][from_ids.prompt_mask[row].bool()].tolist() == prompt
+    assert torch.equal(from_ids.completion_ids, from_text.completion_ids) and from_ids.texts == from_text.texts
+
+
+def text_ids_of(trainer, text: str) -> list[int]:
+    return trainer.agents.tokenizers[0](text)["input_ids"]
 
 
 def test_after_an_update_each_adapter_on_one_base_reaches_the_one_engine(trainers, tmp_path):

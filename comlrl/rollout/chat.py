@@ -72,6 +72,8 @@ class ChatRenderer:
             adds_bos = bos is not None and tokenizer("a")["input_ids"][:1] == [tokenizer.bos_token_id]
         self.leading_bos = bos if adds_bos else None
         """The BOS text the tokenizer adds by itself, dropped from a rendered prompt that starts with it."""
+        self.template_takes_tools: bool | None = None
+        """Whether the chat template renders ``tools=`` (None: not yet asked)."""
 
     def __call__(self, prompt: Prompt, what: str, tools: Sequence[dict[str, Any]] = ()) -> str:
         """``prompt`` as the text agent ``agent`` reads (``what`` names it in errors), with
@@ -106,9 +108,12 @@ class ChatRenderer:
         return text
 
     def takes_tools(self, schema: dict[str, Any]) -> bool:
-        """Whether the template writes ``tools=`` into the prompt (SmolLM2's does not)."""
-        probe = [{"role": "user", "content": "hello"}]
-        return self.render(probe, [schema]) != self.render(probe)
+        """Whether the template writes ``tools=`` into the prompt (SmolLM2's does not); found
+        once, with the first tool's schema."""
+        if self.template_takes_tools is None:
+            probe = [{"role": "user", "content": "hello"}]
+            self.template_takes_tools = self.render(probe, [schema]) != self.render(probe)
+        return self.template_takes_tools
 
     def tool_turn_ids(self, results: Sequence[str]) -> list[int]:
         """The ids that follow an assistant message ending in tool calls: the template's end of

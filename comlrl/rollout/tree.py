@@ -77,7 +77,8 @@ class RolloutTree:
 
     def select_roots(self, roots: Sequence[int]) -> RolloutTree:
         """The tree of first-turn nodes ``roots`` (in that order) and their branches, the nodes
-        of each later turn in their order here and ``children`` pointing at them."""
+        of each later turn in their order here and ``children`` pointing at them;
+        ``transition_calls`` stays this tree's (the calls that were made)."""
         turns, nodes = [], list(roots)
         for turn in self.turns:
             if not nodes:
