@@ -4,6 +4,7 @@ agent's own tokens carry gradient (loss, KL, entropy, sampler correction, token 
 a MAGRPO run in an environment with a tool per agent."""
 
 import dataclasses
+import functools
 import json
 import time
 from types import SimpleNamespace
@@ -13,9 +14,9 @@ import torch
 
 from comlrl.algorithms import SamplerCorrection, micro_batch_policy_terms
 from comlrl.engine.update import PolicyUpdate
-from comlrl.environments import Environment, Outcome, Start
+from comlrl.environments import Environment, Outcome, Start, ToolCall
 from comlrl.environments.acting import AgentTools
-from comlrl.environments.tools import ToolCall, ToolRunner, parse_tool_calls, tool_schemas
+from comlrl.environments.tools import ToolRunner, parse_tool_calls, tool_schemas
 from comlrl.models.forward import completion_logprobs
 from comlrl.rollout.chat import ChatRenderer
 from comlrl.rollout.generation import build_rollout, encode_prompts
@@ -270,3 +271,39 @@ def test_magrpo_trains_agents_with_a_tool_each(tmp_path):
     assert line["agent0/tool_calls"] == 0.0 and line["turn_1/tool_calls"] == 0.5
     assert line["reward/census/mean"] == pytest.approx(1 / 6)  # one of the 6 answers says "2 million"
     assert any(not torch.equal(a, b.detach()) for a, b in zip(before, trainer.agents[1].parameters()))
+
+
+class Lookups(Census):
+    """Calls in a format of its own, for a model too small for JSON: a line "LOOKUP <city>"."""
+
+    tool_instructions = "Write LOOKUP and a city's name on a line to learn its population.\n{schemas}"
+
+    def tool_calls(self, agent, text):
+        return [
+            ToolCall("population", {"city": line.split()[1]})
+            for line in text.splitlines()
+            if line.startswith("LOOKUP ")
+        ]
+
+
+def test_an_environment_may_read_calls_in_its_own_format(tmp_path):
+    tokenizer = chat_tokenizer(IGNORES_TOOLS)
+    environment = Lookups()
+    rollout = rollout_of(tokenizer, ["<|user|>How big?"], ["LOOKUP Rome", "no"], group=2)
+    parse = functools.partial(environment.tool_calls, 1)
+    turn = AgentTools(ChatRenderer(tokenizer, 1), ToolRunner(timeout=5), 1, parse)
+    acted, calls, _ = turn(
+        rollout,
+        [[population]],
+        [tool_schemas([population], 1)],
+        2,
+        lambda prompts: rollout_of(tokenizer, prompts, ["3 million"], 1),
+    )
+    assert calls.tolist() == [1.0, 0.0] and acted.texts == ["3 million", "no"]
+    rendered = ChatRenderer(tokenizer, 1)(
+        MESSAGES, "a prompt", tool_schemas([population], 1), environment.tool_instructions
+    )
+    assert rendered.startswith("<|system|>Write LOOKUP and a city's name") and '"name": "population"' in rendered
+    bad = AgentTools(ChatRenderer(tokenizer, 1), ToolRunner(timeout=5), 1, lambda text: "LOOKUP Rome")
+    with pytest.raises(TypeError, match="tool_calls returned 'LOOKUP Rome'; expected a list of ToolCall, or None"):
+        bad(rollout, [[population]], [tool_schemas([population], 1)], 2, lambda prompts: rollout)

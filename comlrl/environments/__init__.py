@@ -3,5 +3,6 @@ trainer's reward function and transition are one (:mod:`comlrl.environments.func
 user's :class:`Environment` is another (:mod:`comlrl.environments.played`)."""
 
 from comlrl.environments.base import Environment, Outcome, Start
+from comlrl.environments.tools import ToolCall
 
-__all__ = ["Environment", "Outcome", "Start"]
+__all__ = ["Environment", "Outcome", "Start", "ToolCall"]

@@ -85,10 +85,18 @@ class AgentTools:
     renderer: ChatRenderer
     runner: ToolRunner
     max_rounds: int
+    parse: Callable[[str], Sequence[ToolCall] | None] = lambda text: None
+    """The environment's own reading of a message's calls (None: the default reading)."""
 
     def calls(self, transcript: Transcript, schemas: Sequence[dict[str, Any]]) -> list[ToolCall]:
-        """The calls in the agent's last message: with its tokenizer's response parser where it
-        has one (``response_template``), else in the Hermes format."""
+        """The calls in the agent's last message: as the environment reads them, else with its
+        tokenizer's response parser where it has one (``response_template``), else in the
+        Hermes format."""
+        own = self.parse(transcript.text)
+        if own is not None:
+            if isinstance(own, str) or not all(isinstance(call, ToolCall) for call in own):
+                raise TypeError(f"tool_calls returned {own!r}; expected a list of ToolCall, or None")
+            return list(own)
         tokenizer = self.renderer.tokenizer
         if getattr(tokenizer, "response_template", None) is None:
             return parse_tool_calls(transcript.text)

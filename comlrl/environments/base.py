@@ -29,7 +29,9 @@ from typing import Any, Protocol
 
 from torch import Tensor
 
+from comlrl.environments.tools import ToolCall
 from comlrl.rewards.joint_reward import RewardBatch
+from comlrl.rollout.chat import TOOL_INSTRUCTIONS
 from comlrl.rollout.generation import AgentRollout
 
 
@@ -138,6 +140,17 @@ class Environment(abc.ABC):
     """Rounds of tool calls an agent may make within one turn (every call of one message runs in one round)."""
     tool_timeout: float = 10.0
     """Seconds a tool call may run before its result is an error."""
+
+    tool_instructions: str = TOOL_INSTRUCTIONS
+    """How the tools and the call format are described to an agent whose chat template ignores
+    ``tools=`` (``{schemas}``: the tools' JSON schemas, one per line)."""
+
+    def tool_calls(self, agent: int, text: str) -> Sequence[ToolCall] | None:
+        """The tool calls in agent ``agent``'s message ``text``, for a call format of your own
+        (describe it in :attr:`tool_instructions`); None (the default): the tokenizer's
+        ``parse_response`` where it has a ``response_template``, else the Hermes format
+        (:func:`~comlrl.environments.tools.parse_tool_calls`)."""
+        return None
 
     def tools(self, agent: int, state: Any) -> Sequence[Callable[..., str]]:
         """Agent ``agent``'s tools at a node of state ``state`` (none by default): functions with

@@ -5,6 +5,7 @@ action of anything wrong."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -89,8 +90,11 @@ class EnvironmentOnRows:
             for i, observation in enumerate(value):
                 schemas = tool_schemas(self.environment.tools(i, state), i)
                 what = f"agent {i}'s observation from {source} {where}"
+                instructions = self.environment.tool_instructions
                 rendered.append(
-                    self.renderers[i](observation, what, schemas) if is_chat(observation) or schemas else observation
+                    self.renderers[i](observation, what, schemas, instructions)
+                    if is_chat(observation) or schemas
+                    else observation
                 )
             value = rendered
         return checked_prompts(value, self.num_agents, source, where)
@@ -110,7 +114,8 @@ class EnvironmentOnRows:
                     errors.append(torch.zeros(len(rollout.texts)))
                     continue
                 schemas = [tool_schemas(tools, i) for tools in node_tools[i]]
-                turn = AgentTools(self.renderers[i], runner, self.environment.max_tool_calls)
+                parse = functools.partial(self.environment.tool_calls, i)
+                turn = AgentTools(self.renderers[i], runner, self.environment.max_tool_calls, parse)
                 agent_rollout, agent_calls, agent_errors = turn(
                     rollout, node_tools[i], schemas, group, lambda prompts, i=i: proceed(i, prompts)
                 )

@@ -52,10 +52,12 @@ TOOL_INSTRUCTIONS = (
 """The tools' description for a chat template that ignores ``tools=`` (``{schemas}``: one JSON per line)."""
 
 
-def with_instructions(messages: list[dict[str, Any]], tools: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """``messages`` with :data:`TOOL_INSTRUCTIONS` for ``tools`` at the end of the system
-    message (a new first message where there is none)."""
-    text = TOOL_INSTRUCTIONS.format(schemas="\n".join(json.dumps(schema) for schema in tools))
+def with_instructions(
+    messages: list[dict[str, Any]], tools: Sequence[dict[str, Any]], instructions: str = TOOL_INSTRUCTIONS
+) -> list[dict[str, Any]]:
+    """``messages`` with ``instructions`` for ``tools`` (``{schemas}``: their JSON, one per
+    line) at the end of the system message (a new first message where there is none)."""
+    text = instructions.format(schemas="\n".join(json.dumps(schema) for schema in tools))
     if messages[0]["role"] == "system":
         return [{**messages[0], "content": f"{messages[0]['content'] or ''}\n\n{text}".strip()}, *messages[1:]]
     return [{"role": "system", "content": text}, *messages]
@@ -75,10 +77,16 @@ class ChatRenderer:
         self.template_takes_tools: bool | None = None
         """Whether the chat template renders ``tools=`` (None: not yet asked)."""
 
-    def __call__(self, prompt: Prompt, what: str, tools: Sequence[dict[str, Any]] = ()) -> str:
+    def __call__(
+        self,
+        prompt: Prompt,
+        what: str,
+        tools: Sequence[dict[str, Any]] = (),
+        instructions: str = TOOL_INSTRUCTIONS,
+    ) -> str:
         """``prompt`` as the text agent ``agent`` reads (``what`` names it in errors), with
         the JSON schemas of its ``tools`` (chat messages only): through the template where it
-        takes ``tools=``, else as :data:`TOOL_INSTRUCTIONS` in the system message."""
+        takes ``tools=``, else as ``instructions`` (:data:`TOOL_INSTRUCTIONS`) in the system message."""
         if not is_chat(prompt):
             if tools:
                 raise TypeError(f"{what} is text, but agent {self.agent} has tools: give it chat messages")
@@ -86,7 +94,7 @@ class ChatRenderer:
         messages = check_messages(prompt, what)
         self.check_template(what)
         if tools and not self.takes_tools(tools[0]):
-            return self.render(with_instructions(messages, tools))
+            return self.render(with_instructions(messages, tools, instructions))
         return self.render(messages, tools)
 
     def check_template(self, what: str) -> None:
