@@ -10,8 +10,10 @@ import signal
 import pytest
 import torch
 
+from comlrl.algorithms.returns import tree_advantages
 from comlrl.environments import Environment, Outcome, Start
 from comlrl.environments.played import EnvironmentOnRows
+from comlrl.metrics.rollout import rollout_metrics
 from comlrl.rollout.chat import ChatRenderer
 from comlrl.rollout.tree import build_tree
 from comlrl.trainers.actor_critic import IACConfig, IACTrainer
@@ -82,6 +84,15 @@ def test_the_tree_plays_the_environments_episodes():
     assert second.rewards[0, 0].tolist() == [len(texts[0][0]), len(set(texts[0][0]) & set(texts[1][0]))]
     assert tree.reward_names == ["relay"] and tree.transition_calls == 4
     assert torch.equal(first.raw_rewards, first.rewards) and first.per_function_rewards.shape == (1, 2, 2, 2)
+
+
+def test_episode_lengths_are_counted_in_turns():
+    tree = relay_tree(Relay())
+    estimate = tree_advantages([t.rewards for t in tree.turns], [t.children for t in tree.turns], tree.joint_indices,
+                               2, 1.0, "mean", True)  # fmt: skip
+    metrics = rollout_metrics(tree, estimate.returns, estimate.credits, estimate.advantages)
+    # Per row: the "z" joint action ends at turn 1; the other goes on to a turn-2 node of 2 joint actions.
+    assert metrics["rollout/episode_turns"].value() == pytest.approx((2 * 1 + 4 * 2) / 6)
 
 
 def test_a_nodes_state_is_given_to_each_of_its_joint_actions_unchanged():
