@@ -60,9 +60,9 @@ def rollout_metrics(
         metrics[f"turn_{turn.number}/reward_mean"] = stats.mean_of(turn.rewards)
         metrics[f"turn_{turn.number}/expected_return"] = stats.mean_of(turn_returns)
         metrics[f"turn_{turn.number}/nodes"] = stats.total(turn.num_nodes)
-    # An episode is a path from a row to a joint action that started no next turn: its length in turns.
-    ends = torch.cat([torch.full((int((t.children < 0).sum()),), float(t.number)) for t in turns])
-    metrics["rollout/episode_turns"] = stats.mean_of(ends)
+    if len(turns) > 1:  # a path from a row to a joint action that started no next turn: its length in turns
+        ends = torch.cat([torch.full((int((t.children < 0).sum()),), float(t.number)) for t in turns])
+        metrics["rollout/episode_turns"] = stats.mean_of(ends)
     flat_groups = []
     for i in range(rewards.shape[1]):
         lengths = torch.cat([t.agents[i].lengths for t in turns]).float()
