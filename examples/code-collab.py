@@ -58,13 +58,20 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--train-problems",
         type=int,
         default=3,
-        help="first N problems of the 100-problem train split (default: %(default)s)",
+        help="first N problems of the train split (100 problems; magrpo: 130) (default: %(default)s)",
     )
     parser.add_argument(
-        "--eval-problems", type=int, default=4, help="first N of the 64 held-out problems (default: %(default)s)"
+        "--eval-problems", type=int, default=4, help="first N held-out problems (64; magrpo: 32) (default: %(default)s)"
     )
     parser.add_argument(
         "--eval-samples", type=int, default=2, help="samples per held-out problem, for pass@k (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--split",
+        choices=["hashed", "magrpo"],
+        default="hashed",
+        help="train / held-out problems: our fixed hashed split (100 / 64), or the MAGRPO paper's "
+        "(train test[33:163], held out test[:32]) (default: %(default)s)",
     )
     parser.add_argument(
         "--order",
@@ -123,6 +130,7 @@ def main(argv=None) -> dict:
         eval_samples=args.eval_samples,
         pass_ks=range(1, args.eval_samples + 1),
         order=args.order,
+        split=args.split,
         limits=SandboxLimits(timeout=args.timeout, isolation=args.isolation),
     )
     print(f"sandbox: {task.pool.sandbox.describe()}, {task.pool.workers} programs at a time")

@@ -19,6 +19,7 @@ from comlrl.tasks.code import (
     extract_code,
     levelled_reward,
     load_humaneval,
+    magrpo_split,
     pass_at_k,
     split_problems,
     split_tests,
@@ -61,6 +62,22 @@ def test_split_is_fixed_disjoint_and_complete(humaneval):
     assert [p.task_id for p in held_out[:4]] == ["HumanEval/25", "HumanEval/133", "HumanEval/149", "HumanEval/26"]
     other = split_problems(humaneval, seed=SPLIT_SEED + 1)[1]
     assert {p.task_id for p in other} != held_ids
+
+
+def test_the_magrpo_papers_split(humaneval):
+    train, held_out = magrpo_split(humaneval)
+    assert [p.task_id for p in held_out] == [f"HumanEval/{n}" for n in range(32)]
+    assert [p.task_id for p in train] == [f"HumanEval/{n}" for n in range(33, 163)]
+    task = CodeTask(split="magrpo", train_problems=2, eval_problems=2, limits=LIMITS)
+    try:
+        assert [p.task_id for p in task.eval_problems] == ["HumanEval/0", "HumanEval/1"]
+        assert [p.task_id for p in task.train_problems] == ["HumanEval/33", "HumanEval/34"]
+    finally:
+        task.close()
+    with pytest.raises(ValueError, match="HumanEval problems \\[5\\] are missing"):
+        magrpo_split([p for p in humaneval if p.task_id != "HumanEval/5"])
+    with pytest.raises(ValueError, match="split must be 'hashed' or 'magrpo'"):
+        CodeTask(split="paper")
 
 
 def test_split_rejects_bad_input(humaneval):

@@ -6,7 +6,15 @@ the answers' code and reward levels (``scoring.py``), and runs the programs in
 ``comlrl.tasks.sandbox``. Every name below is importable from ``comlrl.tasks.code``.
 """
 
-from comlrl.tasks.code.problems import HELD_OUT_SIZE, SPLIT_SEED, Problem, load_humaneval, split_problems, split_tests
+from comlrl.tasks.code.problems import (
+    HELD_OUT_SIZE,
+    SPLIT_SEED,
+    Problem,
+    load_humaneval,
+    magrpo_split,
+    split_problems,
+    split_tests,
+)
 from comlrl.tasks.code.scoring import LEVEL_WEIGHTS, extract_code, levels, pass_at_k
 
 # Two names the tests import from here, re-exported but off __all__ as they were before the split.
@@ -23,6 +31,7 @@ __all__ = [
     "extract_code",
     "levels",
     "load_humaneval",
+    "magrpo_split",
     "pass_at_k",
     "split_problems",
     "split_tests",

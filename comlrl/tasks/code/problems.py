@@ -167,3 +167,24 @@ def split_problems(
         raise ValueError(f"split_problems: held_out must be in [1, {len(problems) - 1}], got {held_out}")
     ordered = sorted(problems, key=lambda p: hashlib.sha256(f"{seed}:{p.task_id}".encode()).hexdigest())
     return ordered[held_out:], ordered[:held_out]
+
+
+MAGRPO_TRAIN = range(33, 163)
+"""HumanEval problems the MAGRPO paper's configuration trains on: ``test[33:163]``."""
+MAGRPO_EVAL = range(0, 32)
+"""And evaluates on: ``test[:32]`` (problems 32 and 163 are in neither)."""
+
+
+def magrpo_split(problems: Sequence[Problem]) -> tuple[list[Problem], list[Problem]]:
+    """(train, held-out) as the MAGRPO paper's configuration cuts HumanEval, in the dataset's
+    order: ``HumanEval/33`` to ``HumanEval/162`` for training, ``HumanEval/0`` to ``/31`` held out."""
+    by_number = {}
+    for problem in problems:
+        prefix, _, number = problem.task_id.partition("/")
+        if prefix != "HumanEval" or not number.isdigit():
+            raise ValueError(f"magrpo_split: {problem.task_id!r} is not a HumanEval problem id")
+        by_number[int(number)] = problem
+    missing = [n for n in (*MAGRPO_EVAL, *MAGRPO_TRAIN) if n not in by_number]
+    if missing:
+        raise ValueError(f"magrpo_split: HumanEval problems {missing[:5]} are missing")
+    return [by_number[n] for n in MAGRPO_TRAIN], [by_number[n] for n in MAGRPO_EVAL]

@@ -20,7 +20,14 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from comlrl.tasks import Task
-from comlrl.tasks.code.problems import HELD_OUT_SIZE, Problem, body_indent, load_humaneval, split_problems
+from comlrl.tasks.code.problems import (
+    HELD_OUT_SIZE,
+    Problem,
+    body_indent,
+    load_humaneval,
+    magrpo_split,
+    split_problems,
+)
 from comlrl.tasks.code.prompts import (
     FEEDBACK,
     FENCE,
@@ -58,6 +65,8 @@ class CodeTask(Task):
         workers: programs run in parallel (default: the CPU count).
         problems: the problems to split (default: ``load_humaneval()``).
         held_out: problems held out of ``problems`` (``split_problems``).
+        split: ``"hashed"`` (``split_problems``: 100 train, ``held_out`` held out) or
+            ``"magrpo"`` (the MAGRPO paper's: train ``test[33:163]``, held out ``test[:32]``).
         order: which problems of each split ``train_problems`` / ``eval_problems`` keep:
             ``"split"`` (the split's order) or ``"shortest"`` (shortest prompts first, ties in
             the split's order): shorter prompts train faster on a CPU and suit small models,
@@ -76,6 +85,7 @@ class CodeTask(Task):
         problems: Sequence[Problem] | None = None,
         order: str = "split",
         held_out: int = HELD_OUT_SIZE,
+        split: str = "hashed",
     ):
         if mode not in ("collab", "single"):
             raise ValueError(f"CodeTask mode must be 'collab' or 'single', got {mode!r}")
@@ -92,7 +102,10 @@ class CodeTask(Task):
             require_int(count, f"CodeTask {label}", allow_none=True, note=" (all)")
         if order not in ("split", "shortest"):
             raise ValueError(f"CodeTask order must be 'split' or 'shortest', got {order!r}")
-        train, held_out = split_problems(list(problems) if problems is not None else load_humaneval(), held_out)
+        if split not in ("hashed", "magrpo"):
+            raise ValueError(f"CodeTask split must be 'hashed' or 'magrpo', got {split!r}")
+        every = list(problems) if problems is not None else load_humaneval()
+        train, held_out = split_problems(every, held_out) if split == "hashed" else magrpo_split(every)
         self.problems = {p.task_id: p for p in [*train, *held_out]}
         if order == "shortest":
             train = sorted(train, key=lambda p: len(p.prompt))
