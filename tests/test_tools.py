@@ -307,3 +307,25 @@ def test_an_environment_may_read_calls_in_its_own_format(tmp_path):
     bad = AgentTools(ChatRenderer(tokenizer, 1), ToolRunner(timeout=5), 1, lambda text: "LOOKUP Rome")
     with pytest.raises(TypeError, match="tool_calls returned 'LOOKUP Rome'; expected a list of ToolCall, or None"):
         bad(rollout, [[population]], [tool_schemas([population], 1)], 2, lambda prompts: rollout)
+
+
+def test_the_samplers_log_probs_follow_the_agents_own_tokens():
+    """bf16 or vLLM sampling keeps the sampler's log-probs: after a tool's result they are the
+    continuation's, and 0 on the result's tokens (which the loss never counts)."""
+    tokenizer = chat_tokenizer(IGNORES_TOOLS)
+    rollout = rollout_of(tokenizer, ["<|user|>How big?"], [call("population", city="Rome")], group=1)
+    first = int(rollout.completion_mask[0].sum())
+    rollout = dataclasses.replace(
+        rollout, sampler_logprobs=-torch.arange(1.0, rollout.completion_ids.shape[1] + 1)[None]
+    )
+
+    def proceed(prompts):
+        more = rollout_of(tokenizer, prompts, ["ok"], 1)
+        return dataclasses.replace(more, sampler_logprobs=torch.full(more.completion_ids.shape, -0.5))
+
+    turn = AgentTools(ChatRenderer(tokenizer, 0), ToolRunner(timeout=5), 1)
+    acted, _, _ = turn(rollout, [[population]], [tool_schemas([population], 0)], 1, proceed)
+    tool = len(ChatRenderer(tokenizer, 0).tool_turn_ids(["3 million"]))
+    logprobs = acted.sampler_logprobs[0].tolist()
+    assert logprobs[:first] == [-float(k) for k in range(1, first + 1)]
+    assert logprobs[first : first + tool] == [0.0] * tool and logprobs[first + tool : first + tool + 3] == [-0.5] * 3
