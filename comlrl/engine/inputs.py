@@ -201,6 +201,7 @@ ENVIRONMENT_CONFIG = {
     "early_termination_threshold": "the environment ends an episode by returning no observations",
     "external_prompt_passthrough": "the environment's observations are the agents' prompts as they are",
     "reward_weights": "the environment returns one reward",
+    "reward_call": "the environment's step is called once per joint action",
 }
 """Config fields of the reward function and the transition, which mean nothing with an environment."""
 
