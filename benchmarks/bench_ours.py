@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 import sys
@@ -75,7 +76,20 @@ def build_trainer(
         output_dir=output_dir,
         **(overrides or {}),
     )
-    return MAGRPOTrainer(args=config, **measure.trainer_inputs(model, work, reward=reward))
+    inputs = measure.trainer_inputs(model, work, reward=reward)
+    if config.multi_objective_aggregation == "normalize_then_sum":  # GDPO takes no processor: fold the x100 in
+        inputs["reward_func"] = scaled(inputs.pop("reward_processor"), inputs["reward_func"])
+    return MAGRPOTrainer(args=config, **inputs)
+
+
+def scaled(processor, reward):
+    """``reward`` with ``processor`` applied to each value it returns (its signature kept)."""
+
+    @functools.wraps(reward)
+    def processed(*args, **kwargs):
+        return [processor(value) for value in reward(*args, **kwargs)]
+
+    return processed
 
 
 def step_metrics(output_dir: str) -> list[dict]:

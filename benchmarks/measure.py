@@ -92,9 +92,8 @@ def run_learning(
         own = [row["dynamic_sampling/batch_reward_mean"] for row in rows if "dynamic_sampling/batch_reward_mean" in row]
         if own:  # dynamic sampling scores refill rows too: each epoch's mean is that of the steps' own rows
             per_epoch = len(own) // wl.LEARNING_EPOCHS
-            line["epoch_reward_means"] = [
-                wl.REWARD_SCALE * sum(own[e * per_epoch : (e + 1) * per_epoch]) / per_epoch
-                for e in range(wl.LEARNING_EPOCHS)
+            line["epoch_reward_means"] = [  # already x100: the metric is of the processed reward
+                sum(own[e * per_epoch : (e + 1) * per_epoch]) / per_epoch for e in range(wl.LEARNING_EPOCHS)
             ]
         for figure in UPDATE_FIGURES:
             values = [value for row in rows for key, value in row.items() if key.endswith(f"/{figure}")]

@@ -65,12 +65,13 @@ def char_tokenizer(alphabet: str = LOWER, pad: bool = True) -> PreTrainedTokeniz
     )
 
 
-CHAT_ALPHABET = string.ascii_letters + string.digits + " .,:;!?[]<>|/_{}\"'-=+\n"
+CHAT_ALPHABET = string.ascii_letters + string.digits + " .,:;!?[]<>|/_{}\"'-=+\n()"
 
 
 def chat_tokenizer(template: str, adds_bos: bool = False) -> PreTrainedTokenizerFast:
     """A character-level tokenizer with a chat template (enough characters for JSON tool
-    calls); with ``adds_bos`` it puts ``<s>`` before every text it encodes (as Llama's do)."""
+    calls and ``name(argument)`` ones); with ``adds_bos`` it puts ``<s>`` before every text it
+    encodes (as Llama's do)."""
     specials = ["<unk>", "<eos>", "<pad>", "<s>"]
     vocab = {token: i for i, token in enumerate(specials + list(dict.fromkeys(CHAT_ALPHABET)))}
     backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))

@@ -112,9 +112,11 @@ def test_tool_results_follow_as_the_template_writes_them():
 
 
 # ------------------------------------------------------------------ one agent's turn with tools
-def rollout_of(tokenizer, prompts, texts, group):
-    """The rollout of ``texts`` (``group`` per prompt), each ending with EOS; prompts may be ids."""
-    ids = [tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id] for text in texts]
+def rollout_of(tokenizer, prompts, texts, group, ended=True):
+    """The rollout of ``texts`` (``group`` per prompt), each ending with EOS (``ended``; else cut
+    at the token budget); prompts may be ids."""
+    end = [tokenizer.eos_token_id] if ended else []
+    ids = [tokenizer(text, add_special_tokens=False)["input_ids"] + end for text in texts]
     eos = [tokenizer.eos_token_id]
     return build_rollout(tokenizer, encode_prompts(tokenizer, prompts), ids, group, eos, 2, torch.device("cpu"))
 
@@ -147,6 +149,29 @@ def test_a_completion_goes_on_after_its_calls_results():
     untouched = int(rollout.completion_mask[1].sum())
     assert acted.completion_ids[1, :untouched].tolist() == rollout.completion_ids[1, :untouched].tolist()
     assert acted.action_mask[1].tolist() == acted.completion_mask[1].tolist()
+
+
+def test_a_message_cut_at_the_token_budget_still_makes_its_whole_calls():
+    """A message cut at ``max_new_tokens`` after a whole call: the call runs, and the template's
+    end of the message, which the agent did not write, comes before the tool's result."""
+    tokenizer = chat_tokenizer(IGNORES_TOOLS)
+    renderer = ChatRenderer(tokenizer, agent=0)
+    cut = f"{call('population', city='Paris')} and then I"
+    rollout = rollout_of(tokenizer, ["<|user|>How big is Paris?"], [cut], group=1, ended=False)
+    assert rollout.truncated.tolist() == [True]
+    seen = []
+
+    def proceed(prompts):
+        seen.extend(prompts)
+        return rollout_of(tokenizer, prompts, ["About 2 million."], group=1)
+
+    turn = AgentTools(renderer, ToolRunner(timeout=5), max_rounds=1)
+    acted, calls, _ = turn(rollout, [[population]], [tool_schemas([population], 0)], group=1, proceed=proceed)
+    assert calls.tolist() == [1.0] and acted.texts == ["About 2 million."] and acted.truncated.tolist() == [False]
+    tool_ids = renderer.tool_turn_ids(["2 million"], closed=False)
+    assert tool_ids[0] == tokenizer.eos_token_id and tool_ids[1:] == renderer.tool_turn_ids(["2 million"])
+    cut_ids = tokenizer(cut, add_special_tokens=False)["input_ids"]
+    assert seen[0][-len(cut_ids) - len(tool_ids) :] == cut_ids + tool_ids
 
 
 def test_calls_stop_after_max_rounds():

@@ -7,6 +7,10 @@ first message, the tool results (as the chat template writes them), its next mes
 on. Its ``completion_mask`` covers all of it (the model reads all of it: the forward passes
 attend to every token); its ``action_mask`` only what the agent wrote, the only tokens the
 loss, the KL and the entropy count. Its text is the agent's last message: its answer.
+
+A message cut at ``max_new_tokens`` makes the whole calls it holds too (what it wrote after them
+stays in it); the template's end of the message, which the agent did not write, is added
+before the results.
 """
 
 from __future__ import annotations
@@ -120,15 +124,14 @@ class AgentTools:
             waiting = []
             for s, transcript in enumerate(done):
                 tools = node_tools[s // group]
-                if not tools or transcript.truncated:
+                if not tools:
                     continue
                 found = self.calls(transcript, node_schemas[s // group])
                 if not found:
                     continue
                 results = self.runner.run(tools, found)
-                transcript.called(
-                    [failed for _, failed in results], self.renderer.tool_turn_ids([r for r, _ in results])
-                )
+                tool_ids = self.renderer.tool_turn_ids([r for r, _ in results], closed=not transcript.truncated)
+                transcript.called([failed for _, failed in results], tool_ids)
                 waiting.append(s)
             if not waiting:
                 break

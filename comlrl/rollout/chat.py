@@ -123,17 +123,18 @@ class ChatRenderer:
             self.template_takes_tools = self.render(probe, [schema]) != self.render(probe)
         return self.template_takes_tools
 
-    def tool_turn_ids(self, results: Sequence[str]) -> list[int]:
+    def tool_turn_ids(self, results: Sequence[str], closed: bool = True) -> list[int]:
         """The ids that follow an assistant message ending in tool calls: the template's end of
-        that message (less the end-of-turn token the agent wrote), one ``tool`` message per
-        result, and the generation prompt of the agent's next message. Taken from a rendered
-        conversation after a marker, so no earlier turn is rendered again."""
+        that message (less the end-of-turn token the agent wrote, where ``closed``; a message cut
+        at ``max_new_tokens`` is not), one ``tool`` message per result, and the generation
+        prompt of the agent's next message. Taken from a rendered conversation after a marker,
+        so no earlier turn is rendered again."""
         conversation = [{"role": "user", "content": "x"}, {"role": "assistant", "content": TOOL_MARK}]
         results_turn = [{"role": "tool", "content": result} for result in results]
         text = self.render(conversation + results_turn)
         tail = text[text.index(TOOL_MARK) + len(TOOL_MARK) :]
         eos = getattr(self.tokenizer, "eos_token", None)
-        if eos and tail.startswith(eos):
+        if closed and eos and tail.startswith(eos):
             tail = tail[len(eos) :]
         with TOKENIZER_LOCK:
             return self.tokenizer(tail, add_special_tokens=False)["input_ids"]
