@@ -28,7 +28,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausa
 from comlrl.checkpoint import complete_checkpoints
 from comlrl.engine.centralized import CentralizedComparatorParseError
 from comlrl.engine.sharding import local
-from comlrl.environments import Environment, Outcome, Start
+from comlrl.environments import Environment, Outcome, Start, ToolCall
 from comlrl.rollout.generation import build_rollout, encode_prompts
 from comlrl.trainers.actor_critic import IACConfig, IACTrainer, MAACConfig, MAACTrainer
 from comlrl.trainers.dpo import MADPOConfig, MADPOIterConfig, MADPOIterTrainer, MADPOTrainer, reward_histograms
@@ -66,6 +66,13 @@ def char_tokenizer(alphabet: str = LOWER, pad: bool = True) -> PreTrainedTokeniz
 
 
 CHAT_ALPHABET = string.ascii_letters + string.digits + " .,:;!?[]<>|/_{}\"'-=+\n()"
+
+
+IGNORES_TOOLS = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<eos>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+"""A chat template like SmolLM2's ChatML: the end of a message is the EOS token, and ``tools=`` is ignored."""
 
 
 def chat_tokenizer(template: str, adds_bos: bool = False) -> PreTrainedTokenizerFast:
@@ -423,7 +430,7 @@ def build_trainer(algorithm: str, output_dir: Path, per_device_rows: int, shardi
     sample at random (pairs need candidates that differ): MADPOIter with the ``history``
     comparator (its snapshot goes into the checkpoint), DPO's reference margins and the
     reward histograms; MARLHFIter with MAREINFORCE on each round's reward model."""
-    tok = char_tokenizer()
+    tok = chat_tokenizer(IGNORES_TOOLS) if algorithm == "environment_tools" else char_tokenizer()
     rank = int(os.environ.get("RANK", "0"))
     agents = [tiny_llama(tok, seed=i + 10 * rank) for i in range(2)]
     precision = "bf16" if algorithm.endswith("_bf16") else "fp32"  # "magrpo_bf16": MAREINFORCE in bf16
@@ -504,6 +511,11 @@ def build_trainer(algorithm: str, output_dir: Path, per_device_rows: int, shardi
     if algorithm == "environment":  # MAREINFORCE in an environment of two turns
         args = MAREINFORCEConfig(num_turns=2, **common)
         return MAREINFORCETrainer(agents=agents, tokenizer=tok, train_dataset=ROWS, environment=Exchange(), args=args)
+    if algorithm == "environment_tools":  # MAREINFORCE where every message calls a tool
+        args = MAREINFORCEConfig(**common)
+        return MAREINFORCETrainer(
+            agents=agents, tokenizer=tok, train_dataset=ROWS, environment=CountingTools(), args=args
+        )
     if algorithm == "centralized":  # one model writes both roles, with MAREINFORCE's raw returns
         args = CentralizedMAGRPOConfig(num_agents=2, advantage_mode="raw", advantage_normalization=False, **common)
         return CentralizedMAGRPOTrainer(
@@ -546,6 +558,38 @@ class Exchange(Environment):
         if turn == 2:
             return Outcome(rewards)
         return Outcome(rewards, observations=[f"{state} {b}", f"{state} {a}"], state=state)
+
+
+def count(text: str) -> str:
+    """How many characters a text has.
+
+    Args:
+        text: the text.
+    """
+    return str(len(text))
+
+
+class CountingTools(Environment):
+    """Each agent answers a word with one tool, :func:`count`, which every message it writes
+    calls (on its first three characters); its action is what it writes after the result, and
+    its reward 1 + that action's length modulo 3 (never 0: MAREINFORCE's raw returns move every agent)."""
+
+    reward_name = "counting"
+    max_tool_calls = 1
+    tool_instructions = "Call count."  # short: character-level prompts stay within the tiny models' positions
+
+    def reset(self, row):
+        prompt = [{"role": "user", "content": row["prompt"]}]
+        return Start([prompt, prompt], state=row["prompt"])
+
+    def tools(self, agent, state):
+        return [count]
+
+    def tool_calls(self, agent, text):
+        return [ToolCall("count", {"text": text[:3]})]
+
+    def step(self, state, actions, turn):
+        return Outcome([1.0 + len(action) % 3 for action in actions])
 
 
 class SplitInHalves:

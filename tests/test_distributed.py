@@ -63,7 +63,8 @@ SHARDED += [("lora", "full_shard"), ("shared_lora", "shard_grad_op")]
 
 @pytest.mark.parametrize(
     "algorithm, sharding",
-    [(a, "replicate") for a in ("magrpo", "iac", "madpo", "marlhf", "centralized", "environment")] + SHARDED,
+    [(a, "replicate") for a in ("magrpo", "iac", "madpo", "marlhf", "centralized", "environment", "environment_tools")]
+    + SHARDED,
 )
 def test_two_ranks_equal_one_process_over_the_same_global_batch(tmp_path, algorithm, sharding, monkeypatch):
     """2 ranks x 2 rows (MADPO: pairs) per step against 1 process x 4. The RL trainers sample
@@ -78,7 +79,8 @@ def test_two_ranks_equal_one_process_over_the_same_global_batch(tmp_path, algori
     does within float error (sums over ranks in another order); MAAC's separate critic and
     MARLHF's reward model stay replicated beside the sharded agents, and centralized MAGRPO's
     one model (writing both roles) is sharded as an agent is. In an environment (two turns),
-    each rank plays its rows' episodes as one process plays them."""
+    each rank plays its rows' episodes as one process plays them; with tools
+    (``environment_tools``), each rank runs its rows' calls and continues them."""
     torchrun(algorithm, tmp_path / "ddp", ranks=2, per_device_rows=2, sharding=sharding)
     for variable in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
         monkeypatch.delenv(variable, raising=False)

@@ -21,13 +21,8 @@ from comlrl.models.forward import completion_logprobs
 from comlrl.rollout.chat import ChatRenderer
 from comlrl.rollout.generation import build_rollout, encode_prompts
 from comlrl.trainers.reinforce import MAGRPOTrainer
-from tests.helpers import chat_tokenizer, log_lines, small_config, tiny_llama
+from tests.helpers import IGNORES_TOOLS, chat_tokenizer, log_lines, small_config, tiny_llama
 
-# Like SmolLM2's ChatML: the end of a message is the EOS token, and tools= is ignored.
-IGNORES_TOOLS = (
-    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<eos>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
-)
 TAKES_TOOLS = "{% if tools %}TOOLS={{ tools | tojson }}\n{% endif %}" + IGNORES_TOOLS
 
 

@@ -10,8 +10,8 @@ import torch
 from comlrl.environments.tools import ToolRunner
 from comlrl.tasks.vault import NAMES, VaultTask, answer
 from comlrl.trainers.reinforce import MAGRPOTrainer
-from tests.helpers import chat_tokenizer, load_example, log_lines, small_config, tiny_llama
-from tests.test_tools import IGNORES_TOOLS, rollout_of
+from tests.helpers import IGNORES_TOOLS, chat_tokenizer, load_example, log_lines, small_config, tiny_llama
+from tests.test_tools import rollout_of
 
 
 def test_the_splits_hold_different_people_with_four_digit_codes():
