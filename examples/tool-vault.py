@@ -3,7 +3,7 @@
 Each row is a person with a four-digit vault code. Agent 0's ``lookup`` tool reads the code's
 first two digits, agent 1's its last two; the joint answer scores 0.5 for each half it gets
 right (``comlrl.tasks.vault``). Before training the embedded SmolLM2-135M-Instruct calls its
-tool in about one sample in ten; the reward rises as the agents learn to call it and to copy
+tool in 5 to 23% of its samples; the reward rises as the agents learn to call it and to copy
 what it returns. ``--no-tools`` is the same task without the tools, where they can only guess.
 Each run writes to a new folder, comlrl_output/magrpo-<time> (``--output-dir`` names one; see
 examples/_common.py). A few minutes on a 2-core CPU.
