@@ -6,7 +6,8 @@ right (``comlrl.tasks.vault``). Before training the embedded SmolLM2-135M-Instru
 tool in 5 to 23% of its samples; the reward rises as the agents learn to call it and to copy
 what it returns. ``--no-tools`` is the same task without the tools, where they can only guess.
 Each run writes to a new folder, comlrl_output/magrpo-<time> (``--output-dir`` names one; see
-examples/_common.py). A few minutes on a 2-core CPU.
+examples/_common.py). About 22 minutes at one thread on a 2-core CPU shared with another run
+(16 steps; benchmarks/README.md, ``tool_learning.py``).
 
     python examples/tool-vault.py                    # W&B off
     python examples/tool-vault.py --no-tools         # the baseline
