@@ -49,18 +49,20 @@ def example_module():
     return module
 
 
-def run(python: str, seed: int, options: list[str], folder: str, window: int) -> dict:
-    """One run of the example in a fresh process, in ``folder``; ``options``: more of its flags."""
+def run(python: str, seed: int, options: list[str], folder: str, window: int, example) -> dict:
+    """One run of the example in a fresh process, in ``folder`` (``options``: more of its flags),
+    read with ``example``'s ``figures``."""
     command = [python, EXAMPLE, "--no-save", "--seed", str(seed), "--output-dir", folder, *options]
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
         sys.stderr.write(done.stdout + done.stderr)
         sys.exit(f"tool-vault.py {' '.join(options)} failed with exit status {done.returncode}")
-    return example_module().figures(Path(folder) / "metrics.jsonl", window)
+    return example.figures(Path(folder) / "metrics.jsonl", window)
 
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    example = example_module()
     runs: dict[str, list[dict]] = {name: [] for name in args.variants}
     keys = ("call_frac_first", "call_frac_last", "reward_first", "reward_last", "eval_before", "eval_after")
     print(f"{'run':<18}" + "".join(f"{key:>16}" for key in keys))
@@ -69,7 +71,7 @@ def main(argv=None) -> None:
             for name in args.variants:
                 folder = os.path.join(scratch, f"{name}-{seed}")
                 threads = [] if args.threads is None else ["--threads", str(args.threads)]
-                found = run(args.python, seed, VARIANTS[name] + threads, folder, args.window)
+                found = run(args.python, seed, VARIANTS[name] + threads, folder, args.window, example)
                 runs[name].append({"seed": seed, **found})
                 print(f"{name + ' seed ' + str(seed):<18}" + "".join(f"{found[key]:>16.3f}" for key in keys))
                 sys.stdout.flush()

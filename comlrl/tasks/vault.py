@@ -93,7 +93,7 @@ class VaultTask(Environment):
         if not (isinstance(code, str) and len(code) == 4 and code.isdigit()):
             raise ValueError(f"row {name!r} has code {code!r}; expected four digits")
         question = f"What is {name}'s secret code?"
-        if self.with_tools:  # the call spelled out: it lifts the untrained model's calls from 1 in 50 to 1 in 4
+        if self.with_tools:  # the call spelled out: 23 calls in 96 probe samples, against 0-3 in 48 without
             question += f" Write lookup({name}) to read it."
         prompt = [{"role": "user", "content": question}]
         return Start([prompt, prompt], state=(name, code[:2], code[2:]))
