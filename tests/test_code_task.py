@@ -8,6 +8,8 @@ import sys
 from fractions import Fraction
 
 import pytest
+import torch
+from transformers import AutoModelForCausalLM
 
 from comlrl.tasks.code import (
     HELD_OUT_SIZE,
@@ -355,7 +357,19 @@ def test_example_runs_on_a_tiny_model(example, tmp_path, capsys, monkeypatch, tu
     assert set(saved["before"]["metrics"]) >= {"pass@1", "pass@2", "main/pass@1", "reward", "helper/used"}
     assert not set(saved["train_problems"]) & set(saved["eval_problems"])
     assert saved["seconds_per_step"] > 0 and saved["threads"] >= 1
+    assert len(saved["weight_change"]) == 2 and all(moved >= 0 for moved in saved["weight_change"])
     assert f"run folder {out}: metrics.jsonl; curves in metrics.png; the evaluation in code_eval.json;" in printed
     assert saved["turns"] == turns and all(entry["turn"] == turns for entry in saved["train_reward_per_step"])
     last = json.loads((out / "metrics.jsonl").read_text().splitlines()[-2])  # the last step's (then its evaluation)
     assert ("turn_2/reward_mean" in last) == (turns == 2)
+
+
+def test_example_weight_change_is_the_relative_distance_from_the_loaded_weights(example, tmp_path):
+    tok = char_tokenizer("abc")
+    tiny_llama(tok).save_pretrained(tmp_path)
+    agents = [AutoModelForCausalLM.from_pretrained(tmp_path) for _ in range(2)]
+    start = {name: value.clone() for name, value in agents[1].state_dict().items()}
+    with torch.no_grad():
+        agents[1].lm_head.weight[0, :3] += torch.tensor([0.3, -0.4, 0.0])  # a step of length 0.5
+    norm = math.sqrt(sum(value.square().sum().item() for value in start.values()))
+    assert example.weight_change(agents, str(tmp_path)) == pytest.approx([0.0, 0.5 / norm], rel=1e-5)

@@ -258,3 +258,16 @@ def test_the_config_field_reaches_every_sampling_call(tmp_path, monkeypatch, on)
     trainer = make_trainer(tmp_path, args=small_config(tmp_path, compiled_decoding=on))
     trainer.training_step([0, 1])
     assert seen and all(flag is on for flag in seen)
+
+
+def test_rows_that_share_a_prompt_prefill_it_once_and_draw_the_eager_loops_tokens():
+    tok = char_tokenizer(MIXED)
+    model = position_sensitive(tiny_llama, tok)
+    ids, mask = left_padded(tok, PROMPTS[:2])
+    ids, mask = ids.repeat_interleave(2, 0), mask.repeat_interleave(2, 0)  # 2 prompts x 2 samples: one bucket of 4
+    rows = []
+    model.get_input_embeddings().register_forward_hook(lambda module, args, out: rows.append(out.shape[0]))
+    eager, compiled = both_loops(model, ids, mask, SETTINGS["top-k, top-p, temperature"], [], tok.pad_token_id)
+    assert rows.count(2) == 2, "each loop's prefill ran the 2 distinct prompts once"
+    assert torch.equal(compiled.ids, eager.ids)
+    torch.testing.assert_close(compiled.logprobs, eager.logprobs, atol=LOGPROB_TOLERANCE, rtol=0)

@@ -5,7 +5,14 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+from transformers import (
+    LogitsProcessorList,
+    MistralConfig,
+    MistralForCausalLM,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
 
 from comlrl.rollout import decoding, generate_group
 from comlrl.rollout.decoding import DecodingSettings, decode, decoding_settings, filtered_distribution, next_tokens
@@ -167,3 +174,45 @@ def test_the_head_in_vocabulary_slices_draws_what_the_models_own_head_draws(monk
 def test_bf16_weights_keep_the_models_own_head():
     model = tiny_llama(char_tokenizer(MIXED)).to(torch.bfloat16)
     assert decoding.chunked_head(model) is None
+
+
+def prefill_rows(model):
+    """The rows of each forward ``model`` runs (its input embedding's calls), recorded in a list."""
+    rows = []
+    model.get_input_embeddings().register_forward_hook(lambda module, args, out: rows.append(out.shape[0]))
+    return rows
+
+
+@pytest.mark.parametrize("build", [tiny_llama, tiny_gpt2, with_lora(tiny_gpt2)], ids=["llama", "gpt2", "gpt2+lora"])
+def test_rows_that_share_a_prompt_compute_it_once_and_decode_as_if_alone(build):
+    tok = char_tokenizer(MIXED)
+    model = position_sensitive(build, tok)
+    ids, mask = left_padded(tok, PROMPTS)
+    repeats = torch.tensor([3, 1, 2])  # prompt-major rows, as G samples (or repeated evaluation rows) lay them out
+    settings = DecodingSettings(max_new_tokens=6)
+    with torch.inference_mode():
+        alone = decode(model, ids, mask, settings, [], tok.pad_token_id, with_logprobs=True)
+        rows = prefill_rows(model)
+        got = decode(
+            model, ids.repeat_interleave(repeats, 0), mask.repeat_interleave(repeats, 0), settings, [], 0, None, True
+        )
+    assert rows[0] == 3 and rows[1:] == [6] * 5, "the prefill runs the 3 distinct prompts, each step all 6 rows"
+    assert torch.equal(got.ids, alone.ids.repeat_interleave(repeats, 0))
+    torch.testing.assert_close(got.logprobs, alone.logprobs.repeat_interleave(repeats, 0), atol=1e-5, rtol=1e-5)
+
+
+def test_a_cache_that_cannot_be_gathered_prefills_every_row():
+    tok = char_tokenizer(MIXED)
+    torch.manual_seed(0)
+    sizes = dict(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2
+    )
+    config = MistralConfig(vocab_size=len(tok), sliding_window=4, pad_token_id=tok.pad_token_id, **sizes)
+    model = MistralForCausalLM(config).eval()
+    ids, mask = left_padded(tok, PROMPTS[1:2] * 2)  # longer than the window: the cache drops positions
+    with torch.inference_mode():
+        expected = decode(model, ids[:1], mask[:1], DecodingSettings(max_new_tokens=3), [], 0).ids
+        rows = prefill_rows(model)
+        got = decode(model, ids, mask, DecodingSettings(max_new_tokens=3), [], 0).ids
+    assert rows == [1, 2, 2, 2], "the distinct prompt ran, its cache could not be gathered: every row ran, then 2 steps"
+    assert torch.equal(got, expected.expand(2, -1))

@@ -291,7 +291,9 @@ class TrainingLoop:
         self.schedule.end_epoch(self.progress.epoch)
 
     def evaluate(self) -> None:
+        started = time.perf_counter()
         metrics = evaluate(self.run, self.objective.discount)
+        metrics["time/eval_s"] = time.perf_counter() - started
         self.logger.log(metrics, self.run.state.global_step)
         self.bar.write(format_metrics(self.run.state.global_step, metrics))
 

@@ -265,8 +265,8 @@ def _shared_prompt_outputs(
     through the gathered cache to the single prompt forward: loss and gradients are those of
     the plain path.
     """
-    unique_rows, inverse = torch.unique(torch.cat([prompt_ids, prompt_mask], dim=1), dim=0, return_inverse=True)
-    saved_tokens = (len(prompt_ids) - len(unique_rows)) * (prompt_ids.shape[1] - 1)
+    unique_ids, unique_mask, inverse = distinct_prompts(prompt_ids, prompt_mask)
+    saved_tokens = (len(prompt_ids) - len(unique_ids)) * (prompt_ids.shape[1] - 1)
     threshold = min_saved_prompt_tokens(prompt_ids.device)
     worth_it = saved_tokens > 0 and (force or saved_tokens >= threshold)
     model = forward.module
@@ -277,13 +277,11 @@ def _shared_prompt_outputs(
     if cache_name is None:
         return None
     width = prompt_ids.shape[1]
-    prefix_ids, prefix_mask = (part[:, :-1] for part in unique_rows.split(width, dim=1))
+    prefix_ids, prefix_mask = unique_ids[:, :-1], unique_mask[:, :-1]
     # The prefix's logits are not used: no gradient reaches the LM head from this forward.
     kwargs = padded_forward_kwargs(model, prefix_mask, logits_to_keep=1)
     cache = getattr(model(input_ids=prefix_ids, attention_mask=prefix_mask, use_cache=True, **kwargs), cache_name, None)
-    # Only a cache of plain growing layers is known to keep every position and pass gradients:
-    # a sliding window drops positions, linear attention keeps a state instead.
-    if not isinstance(cache, DynamicCache) or any(type(layer) is not DynamicLayer for layer in cache.layers):
+    if not gatherable(cache):
         return None
     cache.batch_select_indices(inverse)
     # The last completion token predicts nothing: it is not run.
@@ -298,6 +296,21 @@ def _shared_prompt_outputs(
         **kwargs,
     )
     return forward.values(output)
+
+
+def distinct_prompts(prompt_ids: Tensor, prompt_mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """``(R, P)`` left-padded prompts -> the ``(U, P)`` distinct ones (ids and mask, U <= R) and
+    the ``(R,)`` index of each row's among them: ``unique_ids[inverse]`` is ``prompt_ids``."""
+    unique_rows, inverse = torch.unique(torch.cat([prompt_ids, prompt_mask], dim=1), dim=0, return_inverse=True)
+    unique_ids, unique_mask = unique_rows.split(prompt_ids.shape[1], dim=1)
+    return unique_ids, unique_mask.to(prompt_mask.dtype), inverse
+
+
+def gatherable(cache: Any) -> bool:
+    """Whether ``cache`` (a forward's KV cache) may be gathered out to other rows with
+    ``batch_select_indices`` and keep every position: a cache of plain growing layers only (a
+    sliding window drops positions, linear attention keeps a state instead)."""
+    return isinstance(cache, DynamicCache) and all(type(layer) is DynamicLayer for layer in cache.layers)
 
 
 def _checkpointed(model: torch.nn.Module) -> bool:

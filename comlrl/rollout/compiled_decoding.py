@@ -19,7 +19,8 @@ Each model keeps one cache per shape bucket for its next call of that bucket (se
 at most :data:`HELD_CACHES` of them, the least recently used dropped past that: memory of up to
 that many KV caches per model between calls.
 
-The prompt's prefill stays eager (prompt lengths vary call to call; one forward). So does the
+The prompt's prefill stays eager (prompt lengths vary call to call; one forward; rows that
+share a prompt compute it once, as the eager loop's do). So does the
 sampler, which is :func:`comlrl.rollout.decoding.sampling_loop` itself: ``torch.multinomial``
 with a ``torch.Generator`` does not compile, and sharing it is what makes the two loops draw
 the same tokens. Models the compiled loop cannot serve (:func:`supports_compiled`) use the
@@ -41,8 +42,8 @@ import torch
 from torch import Tensor
 from transformers.cache_utils import StaticCache, get_layer_types_and_kwargs
 
-from comlrl.models.forward import accepts, padded_forward_kwargs
-from comlrl.rollout.decoding import Decoded, DecodingSettings, decode, sampling_loop
+from comlrl.models.forward import accepts, distinct_prompts, gatherable, padded_forward_kwargs
+from comlrl.rollout.decoding import Decoded, DecodingSettings, decode, prefill_each, sampling_loop
 
 logger = logging.getLogger(__name__)
 
@@ -249,12 +250,34 @@ def decode_compiled(
     shape = (padded_rows, length, dtype, device)
     cache = _take_cache(model, shape)
     try:
-        ids = _padded_rows(prompt_ids, padded_rows)
-        out = model(input_ids=ids, attention_mask=mask, cache=cache, use_cache=True, **kwargs)
+        logits = _shared_prefill(model, prompt_ids, prompt_mask[:rows], cache, padded_rows)
+        if logits is None:
+            ids = _padded_rows(prompt_ids, padded_rows)
+            logits = model(input_ids=ids, attention_mask=mask, cache=cache, use_cache=True, **kwargs).logits[:rows, -1]
         step = _stepper(model, mask, cache, kwargs, prompt_length, rows, bucket)
-        return sampling_loop(out.logits[:rows, -1], step, settings, eos_ids, pad_id, generator, with_logprobs)
+        return sampling_loop(logits, step, settings, eos_ids, pad_id, generator, with_logprobs)
     finally:
         _give_back(model, shape, cache)
+
+
+def _shared_prefill(
+    model: torch.nn.Module, prompt_ids: Tensor, prompt_mask: Tensor, cache: StaticCache, padded_rows: int
+) -> Tensor | None:
+    """Where rows share prompts: the distinct prompts prefilled once (eagerly, as
+    :func:`comlrl.rollout.decoding.prefill` does), their keys and values written to every row
+    of the emptied static ``cache`` (``padded_rows``: padding rows repeat the last prompt), and
+    the ``(rows, V)`` last-position logits; None (nothing written) when no two rows share a
+    prompt or the prefill's cache cannot be gathered."""
+    unique_ids, unique_mask, inverse = distinct_prompts(prompt_ids, prompt_mask)
+    if len(unique_ids) == len(prompt_ids):
+        return None
+    _, shared, last = prefill_each(model, unique_ids, unique_mask)
+    if not gatherable(shared):
+        return None
+    index = _padded_rows(inverse, padded_rows)
+    for layer, computed in zip(cache.layers, shared.layers, strict=True):
+        layer.update(computed.keys[index], computed.values[index])
+    return last[inverse]
 
 
 def _stepper(

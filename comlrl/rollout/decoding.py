@@ -21,7 +21,14 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from comlrl.models.forward import Head, chunked_head_logits, padded_forward_kwargs, split_head
+from comlrl.models.forward import (
+    Head,
+    chunked_head_logits,
+    distinct_prompts,
+    gatherable,
+    padded_forward_kwargs,
+    split_head,
+)
 
 # generation_config fields the loop implements, and fields that do not change which tokens
 # are drawn; anything else that differs from transformers' defaults (repetition_penalty,
@@ -149,13 +156,16 @@ def decode(
     pad_id: int,
     generator: torch.Generator | None = None,
     with_logprobs: bool = False,
+    share_prompts: bool = True,
 ) -> Decoded:
     """The completions of left-padded prompts, one KV-cached forward per token (and, with
     ``with_logprobs``, the log-probs the sampler gave its tokens).
 
     Laid out as ``generate``'s output after the prompt: a finished row (it drew an EOS) is
     padded with ``pad_id``, and decoding stops when every row has finished or after
-    ``max_new_tokens``. Call under ``torch.inference_mode()`` with the model in eval mode.
+    ``max_new_tokens``. Rows that share a prompt compute it once (:func:`prefill`; False: every
+    row runs its own, the baseline of ``benchmarks/bench_prefill.py``). Call under
+    ``torch.inference_mode()`` with the model in eval mode.
     """
     if settings.max_new_tokens == 0:
         empty = prompt_ids.new_zeros(prompt_ids.shape[0], 0)
@@ -163,26 +173,53 @@ def decode(
     mask = prompt_mask
     head = chunked_head(model)
     module = model if head is None else head.decoder
+    cache_name, cache, last = (prefill if share_prompts else prefill_each)(module, prompt_ids, prompt_mask)
     kwargs = padded_forward_kwargs(module, mask, logits_to_keep=1)
-    out = module(input_ids=prompt_ids, attention_mask=mask, use_cache=True, **kwargs)
-    # transformers 5 names the cache ``cache`` (argument and output), 4.x ``past_key_values``.
-    cache_name = "cache" if getattr(out, "cache", None) is not None else "past_key_values"
 
-    def last_logits() -> Tensor:
-        if head is None:
-            return out.logits[:, -1, :]
-        return chunked_head_logits(out.last_hidden_state[:, -1, :], head.weight)
+    def logits_of(last: Tensor) -> Tensor:
+        return last if head is None else chunked_head_logits(last, head.weight)
 
     def forward(tokens: Tensor) -> Tensor:
-        nonlocal mask, out
+        nonlocal mask, cache
         mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
         if "position_ids" in kwargs:
             kwargs["position_ids"] = mask.sum(dim=1, keepdim=True) - 1
-        kwargs[cache_name] = getattr(out, cache_name)
+        kwargs[cache_name] = cache
         out = module(input_ids=tokens.unsqueeze(1), attention_mask=mask, use_cache=True, **kwargs)
-        return last_logits()
+        cache = getattr(out, cache_name)
+        return logits_of((out.logits if head is None else out.last_hidden_state)[:, -1, :])
 
-    return sampling_loop(last_logits(), forward, settings, eos_ids, pad_id, generator, with_logprobs)
+    return sampling_loop(logits_of(last), forward, settings, eos_ids, pad_id, generator, with_logprobs)
+
+
+def prefill(module: torch.nn.Module, prompt_ids: Tensor, prompt_mask: Tensor) -> tuple[str, Any, Tensor]:
+    """One forward over ``(R, P)`` left-padded prompts -> the name of the cache argument, the
+    KV cache of every row, and the ``(R, V)`` last-position logits (``(R, H)`` hidden states
+    when ``module`` is a decoder without its head).
+
+    Rows that share a prompt (the G samples of a prompt, evaluation rows that repeat a
+    problem) compute it once: the distinct prompts run, and their cache and last position are
+    gathered out to the rows, which then decode as if each had run its own (the same values
+    up to float rounding). Where the cache cannot be gathered (a sliding window, linear
+    attention), the whole rows run again.
+    """
+    unique_ids, unique_mask, inverse = distinct_prompts(prompt_ids, prompt_mask)
+    if len(unique_ids) < len(prompt_ids):
+        cache_name, cache, last = prefill_each(module, unique_ids, unique_mask)
+        if gatherable(cache):
+            cache.batch_select_indices(inverse)
+            return cache_name, cache, last[inverse]
+    return prefill_each(module, prompt_ids, prompt_mask)
+
+
+def prefill_each(module: torch.nn.Module, prompt_ids: Tensor, prompt_mask: Tensor) -> tuple[str, Any, Tensor]:
+    """:func:`prefill` with every row computing its own prompt."""
+    kwargs = padded_forward_kwargs(module, prompt_mask, logits_to_keep=1)
+    out = module(input_ids=prompt_ids, attention_mask=prompt_mask, use_cache=True, **kwargs)
+    # transformers 5 names the cache ``cache`` (argument and output), 4.x ``past_key_values``.
+    cache_name = "cache" if getattr(out, "cache", None) is not None else "past_key_values"
+    last = out.logits if getattr(out, "logits", None) is not None else out.last_hidden_state
+    return cache_name, getattr(out, cache_name), last[:, -1, :]
 
 
 def chunked_head(model: torch.nn.Module) -> Head | None:
