@@ -102,8 +102,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--learning-rate",
         type=float,
-        default=2e-5,
-        help="AdamW learning rate (default: %(default)s; at 5e-5 the embedded model collapsed in some seeds)",
+        default=3e-5,
+        help="AdamW learning rate (default: %(default)s; at 5e-5 without --beta the embedded model collapsed in "
+        "some seeds)",
+    )
+    parser.add_argument(
+        "--beta",
+        type=float,
+        default=0.05,
+        help="weight of the KL penalty to a frozen copy of each agent, which holds the agents near the model "
+        "they started from (0: no reference copies) (default: %(default)s)",
     )
     parser.add_argument(
         "--timeout", type=float, default=5.0, help="sandbox wall-clock seconds per program (default: %(default)s)"
@@ -174,6 +182,7 @@ def main(argv=None) -> dict:
         num_train_epochs=args.epochs,
         per_device_train_batch_size=args.batch_size,
         agent_learning_rate=args.learning_rate,
+        beta=args.beta,
         logging_steps=1,
         num_generations=args.num_generations,
         max_new_tokens=args.max_new_tokens,
