@@ -5,6 +5,7 @@ problems x 4 samples before and after training), several seeds, each run in a fr
     .venv/bin/python benchmarks/code_collab_seeds.py                          # seeds 1, 2, 3
     .venv/bin/python benchmarks/code_collab_seeds.py --jobs 2 --threads 1 --json out.json
     .venv/bin/python benchmarks/code_collab_seeds.py --seeds 1 -- --learning-rate 5e-5   # after --: the example's flags
+    .venv/bin/python benchmarks/code_collab_seeds.py --reports RUN/code_eval.json ...     # summarise earlier runs
 
 Read from each run's code_eval.json: how far each agent's weights moved (||w - w0|| / ||w0||),
 the training reward per epoch (an epoch is the same problems, so epochs compare), the
@@ -37,6 +38,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=None, help="the example's --threads (default: torch's choice)")
     parser.add_argument("--python", default=sys.executable, help="Python that runs the example (default: this one)")
     parser.add_argument("--json", default=None, help="also write every run's figures to this JSON file")
+    parser.add_argument(
+        "--runs-dir", default=None, help="keep each run's folder here, seed-N (default: a temporary folder)"
+    )
+    parser.add_argument(
+        "--reports", nargs="+", default=None, help="summarise these code_eval.json files of earlier runs, run nothing"
+    )
     parser.add_argument("options", nargs="*", help="after --: more flags for the example")
     return parser.parse_args(argv)
 
@@ -66,6 +73,21 @@ def figures(report: dict) -> dict:
     }
 
 
+def run_seeds(args: argparse.Namespace) -> list[dict]:
+    """Every seed's run, ``--jobs`` at a time; each run's folder is in ``--runs-dir`` (kept) or
+    a temporary folder."""
+    threads = [] if args.threads is None else ["--threads", str(args.threads)]
+    seeds = list(range(args.first_seed, args.first_seed + args.seeds))
+    with tempfile.TemporaryDirectory(prefix="code-collab-") as scratch, ThreadPoolExecutor(args.jobs) as pool:
+        folder = args.runs_dir or scratch
+        return list(
+            pool.map(
+                lambda seed: run(args.python, seed, [*threads, *args.options], os.path.join(folder, f"seed-{seed}")),
+                seeds,
+            )
+        )
+
+
 def mean_std(values: list[float]) -> str:
     spread = statistics.stdev(values) if len(values) > 1 else 0.0
     return f"{statistics.mean(values):.3f} ± {spread:.3f}"
@@ -73,14 +95,10 @@ def mean_std(values: list[float]) -> str:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    threads = [] if args.threads is None else ["--threads", str(args.threads)]
-    seeds = list(range(args.first_seed, args.first_seed + args.seeds))
-    with tempfile.TemporaryDirectory(prefix="code-collab-") as scratch, ThreadPoolExecutor(args.jobs) as pool:
-        reports = pool.map(
-            lambda seed: run(args.python, seed, [*threads, *args.options], os.path.join(scratch, f"seed-{seed}")),
-            seeds,
-        )
-        runs = [figures(report) for report in reports]
+    if args.reports:
+        runs = [figures(json.loads(Path(path).read_text())) for path in args.reports]
+    else:
+        runs = [figures(report) for report in run_seeds(args)]
     for found in runs:
         epochs = " -> ".join(f"{value:.3f}" for value in found["train_reward_per_epoch"])
         steps = " ".join(f"{value:.2f}" for value in found["train_reward_per_step"])

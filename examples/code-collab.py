@@ -184,6 +184,9 @@ def main(argv=None) -> dict:
         agent_learning_rate=args.learning_rate,
         beta=args.beta,
         logging_steps=1,
+        # At the defaults a step updates each agent on 4 + 16 long sequences (two turns): 4 at a time
+        # keep the update's activations, and the run's peak memory, low; the gradients are the same.
+        micro_batch_size=4,
         num_generations=args.num_generations,
         max_new_tokens=args.max_new_tokens,
         eval_interval=total_steps,  # evaluate before the first step and after the last
