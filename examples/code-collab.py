@@ -13,7 +13,7 @@ code_eval.json in the run's folder, with how far each agent's weights moved (a n
 run, comlrl_output/magrpo-<time>, unless ``--output-dir`` names one; see examples/_common.py;
 ``--no-save`` skips the trained models, ~0.54 GB per agent). The embedded SmolLM2-135M-Instruct
 passes almost nothing: read the levels. The two evaluations take most of the run's time
-(benchmarks/README.md has the figures over 3 seeds); ``--eval-problems 8`` is a quicker look.
+(benchmarks/README.md has the figures of several seeds); ``--eval-problems 8`` is a quicker look.
 Needs the HumanEval data: ``pip install -e '.[tasks]'`` in a clone (``make setup`` has it).
 
     python examples/code-collab.py                       # W&B off
