@@ -62,7 +62,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--train-problems",
         type=int,
         default=3,
-        help="first N problems of the train split (100 problems; magrpo: 130) (default: %(default)s)",
+        help="first N problems of the train split (magrpo: 130; hashed: 100) (default: %(default)s)",
     )
     parser.add_argument(
         "--eval-problems",
