@@ -132,10 +132,11 @@ def test_after_updates_and_a_resume_the_engine_of_a_whole_model_has_the_learners
 
 def check_prompts_of_token_ids(trainer):
     """The engine continues prompts given as token ids (a conversation after a tool's result)
-    as it samples their text: the same prompt ids, the same tokens from the same seed."""
+    as it continues their text: the same prompt ids, the same greedy tokens. Greedy: two seeded
+    sampling calls of the CPU engine once drew different tokens from the third on (CI, 2026-12-06)."""
     texts = ["Write a story about a cat.", "Tell me about the sea, please."]
     ids = [text_ids_of(trainer, text) for text in texts]
-    sampling = trainer.run.sampling.generate_kwargs()
+    sampling = trainer.run.sampling.greedy().generate_kwargs()
     from_text = trainer.backend.generate(0, texts, 1, sampling, torch.Generator().manual_seed(3))
     from_ids = trainer.backend.generate(0, ids, 1, sampling, torch.Generator().manual_seed(3))
     for row, prompt in enumerate(ids):
