@@ -187,7 +187,7 @@ def decode(
         kwargs[cache_name] = cache
         out = module(input_ids=tokens.unsqueeze(1), attention_mask=mask, use_cache=True, **kwargs)
         cache = getattr(out, cache_name)
-        return logits_of((out.logits if head is None else out.last_hidden_state)[:, -1, :])
+        return logits_of(last_position(out))
 
     return sampling_loop(logits_of(last), forward, settings, eos_ids, pad_id, generator, with_logprobs)
 
@@ -218,8 +218,14 @@ def prefill_each(module: torch.nn.Module, prompt_ids: Tensor, prompt_mask: Tenso
     out = module(input_ids=prompt_ids, attention_mask=prompt_mask, use_cache=True, **kwargs)
     # transformers 5 names the cache ``cache`` (argument and output), 4.x ``past_key_values``.
     cache_name = "cache" if getattr(out, "cache", None) is not None else "past_key_values"
-    last = out.logits if getattr(out, "logits", None) is not None else out.last_hidden_state
-    return cache_name, getattr(out, cache_name), last[:, -1, :]
+    return cache_name, getattr(out, cache_name), last_position(out)
+
+
+def last_position(out: Any) -> Tensor:
+    """A forward's ``(R, V)`` last-position logits, or ``(R, H)`` hidden states from a decoder
+    without its head."""
+    values = out.logits if getattr(out, "logits", None) is not None else out.last_hidden_state
+    return values[:, -1, :]
 
 
 def chunked_head(model: torch.nn.Module) -> Head | None:
