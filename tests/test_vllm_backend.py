@@ -111,7 +111,11 @@ class FakeLLM:
         self.replies = self.scorer = None
         self.calls, self.events, self.seeds, self.removed = [], [], [], []
         self.worker = FakeWorker(self.events)
-        self.llm_engine = types.SimpleNamespace(remove_lora=lambda lora_id: self.removed.append(lora_id) or True)
+        self.shut_down = False
+        self.llm_engine = types.SimpleNamespace(
+            remove_lora=lambda lora_id: self.removed.append(lora_id) or True,
+            engine_core=types.SimpleNamespace(shutdown=lambda: setattr(self, "shut_down", True)),
+        )
 
     def generate(self, prompts, sampling_params=None, *, use_tqdm=True, lora_request=None, priority=None):
         assert isinstance(sampling_params, list) and len(sampling_params) == len(prompts)
@@ -175,6 +179,14 @@ def install_fake_vllm(monkeypatch, agents_on_gpu=True, free_gib=40.0, total_gib=
 @pytest.fixture
 def fake_vllm(monkeypatch):
     return install_fake_vllm(monkeypatch)
+
+
+@pytest.fixture(autouse=True)
+def engine_folders(tmp_path, monkeypatch):
+    """Where the backends of these tests write their engines' folders: the test's own folder,
+    not the user's cache."""
+    monkeypatch.setattr(vllm_setup, "cache_dir", lambda: tmp_path / "cache")
+    return tmp_path / "cache" / "vllm-engines"
 
 
 def nothing_to_ready(agent: int) -> None:
@@ -501,6 +513,41 @@ def test_sync_reloads_every_parameter_from_a_file_in_the_engines_dtype(fake_vllm
         assert torch.equal(tensor, expected[name].detach().to(torch.bfloat16)), name
     assert fake_vllm.engines[0].events == []
     assert not [name for name in os.listdir(backend._folder.name) if name.endswith(".safetensors")]
+
+
+def test_engines_load_from_the_same_path_in_every_run_and_two_live_backends_never_share_one(fake_vllm, engine_folders):
+    """vLLM keys its compile cache on the model's path, so an engine's folder is the same from
+    one backend to the next; a backend that is still alive keeps its slot, and closing one
+    empties its folder."""
+    first = backend_for()
+    path = fake_vllm.engines[0].kwargs["model"]
+    assert os.path.isfile(os.path.join(path, "config.json"))
+    assert os.path.dirname(path) == str(engine_folders / "slot-0")
+
+    second = backend_for()  # the first is alive: the next slot
+    assert os.path.dirname(fake_vllm.engines[1].kwargs["model"]) == str(engine_folders / "slot-1")
+    second.close()
+    assert fake_vllm.engines[1].shut_down and not os.path.exists(engine_folders / "slot-1")
+
+    first.close()
+    first.close()  # a second call does nothing
+    assert not os.path.exists(path)
+    backend_for()
+    assert fake_vllm.engines[2].kwargs["model"] == path  # the next run's engine: the first one's path
+
+
+def test_a_slot_left_by_a_killed_run_is_emptied_and_taken_and_a_collected_backend_frees_its_own(engine_folders):
+    """A run killed before it could clean up leaves its files, but not its lock (the system
+    drops a dead process's locks): the next backend deletes them. A backend that is garbage
+    collected without ``close`` frees its slot too."""
+    stale = engine_folders / "slot-0" / "engine_0"
+    stale.mkdir(parents=True)
+    (stale / "model.safetensors").write_bytes(b"old")
+    folder = vllm_setup.EngineFolder()
+    assert folder.name == str(engine_folders / "slot-0") and os.listdir(folder.name) == []
+    del folder
+    assert not os.path.exists(engine_folders / "slot-0")
+    assert vllm_setup.EngineFolder().name == str(engine_folders / "slot-0")
 
 
 def shared_lora_backend(fake_vllm, num_agents=3):

@@ -44,7 +44,6 @@ import dataclasses
 import itertools
 import os
 import shutil
-import tempfile
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -61,6 +60,7 @@ from comlrl.rollout.generation import AgentRollout, build_rollout, completion_eo
 from comlrl.rollout.sampler_logprobs import learner_support_log_mass
 from comlrl.rollout.vllm_sampling import min_tokens_banned_ids, prompt_token_ids, vllm_sampling_kwargs
 from comlrl.rollout.vllm_setup import (
+    EngineFolder,
     agent_engine_device,
     check_cpu_memory,
     check_memory_budget,
@@ -147,8 +147,9 @@ class VLLMBackend:
         ]
         self.cpu_kv_cache_gib = check_cpu_memory(cpu_weights) if cpu_weights else 0
         # vLLM loads a model (and an adapter) from a folder: they are written here, kept as
-        # long as the backend (an engine may read them again).
-        self._folder = tempfile.TemporaryDirectory(prefix="comlrl-vllm-")
+        # long as the backend (an engine may read them again), at a path that stays the same
+        # from run to run so that vLLM's compile cache finds its entry.
+        self._folder = EngineFolder()
         self._adapter_ids = itertools.count(1)
         self._locks = {device: threading.Lock() for device in engine_devices}
         self.engines = [
@@ -351,11 +352,12 @@ class VLLMBackend:
             os.remove(path)
 
     def close(self) -> None:
-        """Stop every engine's processes now (else they stop when the trainer's process ends);
-        a second call does nothing."""
+        """Stop every engine's processes now (else they stop when the trainer's process ends)
+        and empty the engines' folder; a second call does nothing."""
         for engine in self.engines:
             engine.llm.llm_engine.engine_core.shutdown()
         self.engines, self.engine_of = [], {}
+        self._folder.cleanup()
 
     def _publish_adapter(self, engine: Engine, agent: int) -> None:
         adapter_id = next(self._adapter_ids)

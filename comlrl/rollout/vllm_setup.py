@@ -4,11 +4,18 @@ what folder it loads (:mod:`comlrl.rollout.vllm_backend`)."""
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import itertools
 import json
 import os
+import shutil
+import weakref
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 import torch
+
+from comlrl.models.embedded import cache_dir
 
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 """The ``max_lora_rank`` values vLLM 0.33 accepts."""
@@ -23,6 +30,43 @@ DEFAULT_CPU_KV_CACHE_GIB = 1
 CPU_ENGINE_OVERHEAD_GIB = 1.5
 """What a CPU engine process takes beside its weights and KV cache (measured: 2.2 GiB for the
 135M embedded model in bf16 with a 1 GiB cache, the weights 0.3 GiB of it)."""
+
+
+class EngineFolder:
+    """The folder a backend writes its engines' models, weight files and adapters into:
+    ``slot-K`` under ``root`` (``$COMLRL_CACHE/vllm-engines`` or ``~/.cache/comlrl/vllm-engines``).
+
+    The same path run after run, because vLLM keys its compile cache on the model's path: a
+    fresh temporary folder made every run compile its engines again and leave one more cache
+    entry behind. Never two live backends in one slot: each holds an exclusive lock on
+    ``slot-K.lock`` (released by the system when its process dies), and a backend takes the
+    first free slot. What a slot holds is deleted when its backend takes it (a killed run's
+    files) and when it lets it go (:meth:`cleanup`, or when it is garbage-collected)."""
+
+    def __init__(self, root: Path | None = None):
+        root = Path(root) if root is not None else cache_dir() / "vllm-engines"
+        root.mkdir(parents=True, exist_ok=True)
+        for slot in itertools.count():
+            lock = open(root / f"slot-{slot}.lock", "a")  # held, and so locked, as long as the folder
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                lock.close()
+                continue
+            break
+        self.name = str(root / f"slot-{slot}")
+        shutil.rmtree(self.name, ignore_errors=True)
+        os.makedirs(self.name)
+        self._finalizer = weakref.finalize(self, _release_engine_folder, self.name, lock)
+
+    def cleanup(self) -> None:
+        """Delete the folder's files and free its slot; a second call does nothing."""
+        self._finalizer()
+
+
+def _release_engine_folder(folder: str, lock) -> None:
+    shutil.rmtree(folder, ignore_errors=True)
+    lock.close()  # the lock goes with the file
 
 
 def agent_engine_device(agent: torch.nn.Module, index: int) -> torch.device:
