@@ -550,6 +550,12 @@ def test_a_slot_left_by_a_killed_run_is_emptied_and_taken_and_a_collected_backen
     assert vllm_setup.EngineFolder().name == str(engine_folders / "slot-0")
 
 
+def test_a_cache_folder_that_cannot_be_created_is_named_with_the_variable_that_moves_it(engine_folders):
+    engine_folders.parent.write_text("a file where the cache folder should be")
+    with pytest.raises(OSError, match=r"vllm-engines, which cannot be created .*set COMLRL_CACHE"):
+        vllm_setup.EngineFolder()
+
+
 def shared_lora_backend(fake_vllm, num_agents=3):
     tok = char_tokenizer()
     model = get_peft_model(tiny_llama(tok, seed=0), lora(), adapter_name="agent_0")

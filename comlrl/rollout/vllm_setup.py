@@ -45,7 +45,13 @@ class EngineFolder:
 
     def __init__(self, root: Path | None = None):
         root = Path(root) if root is not None else cache_dir() / "vllm-engines"
-        root.mkdir(parents=True, exist_ok=True)
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise OSError(
+                f"generation_backend='vllm' writes its engines' models under {root}, which cannot be created "
+                f"({error.strerror}): set COMLRL_CACHE to a writable folder"
+            ) from error
         for slot in itertools.count():
             lock = open(root / f"slot-{slot}.lock", "a")  # held, and so locked, as long as the folder
             try:
