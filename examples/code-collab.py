@@ -97,7 +97,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--num-generations", type=int, default=4, help="completions per problem and agent (default: %(default)s)"
     )
     parser.add_argument(
-        "--max-new-tokens", type=int, default=48, help="most tokens per completion (default: %(default)s)"
+        "--max-new-tokens", type=int, default=96, help="most tokens per completion (default: %(default)s)"
     )
     parser.add_argument(
         "--learning-rate",

@@ -172,6 +172,9 @@ def score(task, completion, row=None):
         ("return 2 * x if x in (0, 1) else 0\n", 0.1 + 0.1 + 0.1 + 0.5 * 2 / 4),  # x = 0, 1
         ("return x + x\n", 1.0),  # everything
         ("return 2 * x\n```\nIt doubles x.", 1.0),  # the prose after the fence is not code
+        # Clean, but the function is left empty (a trained main agent's answer): parsing alone earns nothing.
+        ("\n# Test the function\nprint(double(10))\n```\nThis doubles.", 0.0),
+        ("```\n", 0.0),
     ],
 )
 def test_each_level_on_a_hand_built_program(hand_task, completion, expected):
@@ -183,10 +186,11 @@ def test_level_weights_sum_to_one():
     assert set(LEVEL_WEIGHTS) == {"parses", "defines", "runs", "asserts", "passes"}
 
 
-def test_a_program_without_the_entry_point_gets_only_parses(hand_task):
+def test_a_program_without_the_entry_point_gets_nothing_although_it_parses(hand_task):
     problem = hand_task.train_problems[0]
     result = hand_task.run([hand_task.job(problem, "def other(x):\n    return 2 * x\n")])[0]
-    assert levelled_reward(result, clean=True) == pytest.approx(0.1)
+    assert result.parsed and not result.defined
+    assert levelled_reward(result, clean=True) == 0.0
 
 
 def test_trimming_and_extraction():

@@ -3,7 +3,9 @@ a program's sandbox result, and pass@k.
 
 Reward (``LEVEL_WEIGHTS``, summing to 1): a small model rarely passes every test, so the
 reward climbs through levels (``levels``): ``parses`` 0.1 (every agent's answer parses as
-written, untrimmed); then, on the program, each counted only when the one before it holds:
+written, untrimmed, and the program defines the entry point: an answer that leaves the
+function empty parses but earns nothing, else closing the code block at once is a reward the
+agents learn to take); then, on the program, each counted only when the one before it holds:
 ``defines`` 0.1 (a top-level ``def`` of the entry point with a body: the prompt's docstring
 alone defines nothing), ``runs`` 0.1 (its top level runs without an exception), ``asserts``
 0.5 x the fraction of the problem's asserts that pass (``check(candidate)`` split into one
@@ -72,13 +74,13 @@ def levels(result: SandboxResult, clean: bool = True) -> dict[str, float]:
     """Each reward level (1.0 / 0.0, ``asserts`` the fraction passed) of a program's sandbox
     result. ``parses`` is ``clean``: every agent's answer parsed as written, before
     ``complete_prefix`` trimmed it (the program run is built from the trimmed answers, so it
-    parses nearly always); ``defines``, ``runs``, ``asserts`` and ``passes`` are the
-    program's, each counted only when the one before it holds."""
+    parses nearly always), and counts only with ``defines``; ``defines``, ``runs``, ``asserts``
+    and ``passes`` are the program's, each counted only when the one before it holds."""
     defines = result.parsed and result.defined
     runs = defines and result.ran
     fraction = result.tests_passed / len(result.passed) if runs and result.passed else 0.0
     return {
-        "parses": float(clean and result.parsed),
+        "parses": float(clean and defines),
         "defines": float(defines),
         "runs": float(runs),
         "asserts": fraction,
