@@ -12,6 +12,7 @@ import shutil
 import weakref
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import IO
 
 import torch
 
@@ -70,9 +71,9 @@ class EngineFolder:
         self._finalizer()
 
 
-def _release_engine_folder(folder: str, lock) -> None:
+def _release_engine_folder(folder: str, lock: IO[str]) -> None:
     shutil.rmtree(folder, ignore_errors=True)
-    lock.close()  # the lock goes with the file
+    lock.close()  # closing the file releases its lock
 
 
 def agent_engine_device(agent: torch.nn.Module, index: int) -> torch.device:
