@@ -3,7 +3,7 @@ defaults (two agents, two turns, the MAGRPO paper's split, the whole held-out sp
 problems x 4 samples before and after training), several seeds, each run in a fresh process.
 
     .venv/bin/python benchmarks/code_collab_seeds.py                          # seeds 1, 2, 3
-    .venv/bin/python benchmarks/code_collab_seeds.py --jobs 2 --threads 1 --json out.json  # ~7.3 GiB per run
+    .venv/bin/python benchmarks/code_collab_seeds.py --jobs 2 --threads 1 --json out.json  # ~7.6 GiB per run
     .venv/bin/python benchmarks/code_collab_seeds.py --seeds 1 -- --learning-rate 5e-5   # after --: the example's flags
     .venv/bin/python benchmarks/code_collab_seeds.py --reports RUN/code_eval.json ...     # summarise earlier runs
 

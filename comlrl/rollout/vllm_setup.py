@@ -11,7 +11,6 @@ import os
 import shutil
 import weakref
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 from typing import IO
 
 import torch
@@ -35,7 +34,7 @@ CPU_ENGINE_OVERHEAD_GIB = 1.5
 
 class EngineFolder:
     """The folder a backend writes its engines' models, weight files and adapters into:
-    ``slot-K`` under ``root`` (``$COMLRL_CACHE/vllm-engines`` or ``~/.cache/comlrl/vllm-engines``).
+    ``slot-K`` under ``$COMLRL_CACHE/vllm-engines`` (``~/.cache/comlrl/vllm-engines`` without it).
 
     The same path run after run, because vLLM keys its compile cache on the model's path: a
     fresh temporary folder made every run compile its engines again and leave one more cache
@@ -44,8 +43,8 @@ class EngineFolder:
     first free slot. What a slot holds is deleted when its backend takes it (a killed run's
     files) and when it lets it go (:meth:`cleanup`, or when it is garbage-collected)."""
 
-    def __init__(self, root: Path | None = None):
-        root = Path(root) if root is not None else cache_dir() / "vllm-engines"
+    def __init__(self):
+        root = cache_dir() / "vllm-engines"
         try:
             root.mkdir(parents=True, exist_ok=True)
         except OSError as error:
