@@ -100,6 +100,15 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--max-new-tokens", type=int, default=96, help="most tokens per completion (default: %(default)s)"
     )
     parser.add_argument(
+        "--temperature",
+        type=float,
+        default=0.6,
+        help="sampling temperature, in training and held out (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--top-p", type=float, default=0.6, help="nucleus sampling mass, training and held out (default: %(default)s)"
+    )
+    parser.add_argument(
         "--learning-rate",
         type=float,
         default=3e-5,
@@ -189,6 +198,8 @@ def main(argv=None) -> dict:
         micro_batch_size=4,
         num_generations=args.num_generations,
         max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
         eval_interval=total_steps,  # evaluate before the first step and after the last
         eval_num_samples=None,  # every held-out row: eval_problems x eval_samples
         eval_batch_size=args.eval_batch_size,
