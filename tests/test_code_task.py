@@ -27,6 +27,7 @@ from comlrl.tasks.code import (
     split_tests,
 )
 from comlrl.tasks.sandbox import SandboxLimits, isolation
+from comlrl.trainers.reinforce import MAGRPOConfig
 
 from .helpers import TUTORIAL_FLAGS, char_tokenizer, help_text, load_example, tiny_llama
 
@@ -329,7 +330,16 @@ def example():
 
 def test_example_flags(example, capsys):
     text = help_text(example, capsys)
-    for flag in [*TUTORIAL_FLAGS, "--mode", "--train-problems", "--eval-problems", "--eval-samples", "--threads"]:
+    for flag in [
+        *TUTORIAL_FLAGS,
+        "--mode",
+        "--train-problems",
+        "--eval-problems",
+        "--eval-samples",
+        "--threads",
+        "--temperature",
+        "--top-p",
+    ]:
         assert flag in text
 
 
@@ -345,11 +355,14 @@ def test_example_runs_on_a_tiny_model(example, tmp_path, capsys, monkeypatch, tu
     model.save_pretrained(tmp_path / "tiny")
     tok.save_pretrained(tmp_path / "tiny")
     out = tmp_path / "out"
+    configs = []
+    monkeypatch.setattr(example, "MAGRPOConfig", lambda **kw: configs.append(MAGRPOConfig(**kw)) or configs[-1])
     report = example.main(
         ["--model", str(tmp_path / "tiny"), "--output-dir", str(out), "--epochs", "1", "--train-problems", "1",
          "--eval-problems", "1", "--eval-samples", "2", "--num-generations", "2", "--max-new-tokens", "4",
-         "--timeout", "3", "--turns", str(turns)]
+         "--timeout", "3", "--turns", str(turns), "--temperature", "0.9", "--top-p", "0.8"]
     )  # fmt: skip
+    assert (configs[0].temperature, configs[0].top_p) == (0.9, 0.8)  # the sampling flags reach the trainer
     printed = capsys.readouterr().out
     assert "training reward levels" in printed and "pass@1" in printed and "pass@2" in printed
     assert "mean reward per epoch" in printed
