@@ -100,13 +100,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--max-new-tokens", type=int, default=96, help="most tokens per completion (default: %(default)s)"
     )
     parser.add_argument(
-        "--temperature",
-        type=float,
-        default=0.6,
-        help="sampling temperature, in training and held out (default: %(default)s)",
+        "--temperature", type=float, default=0.6, help="sampling temperature, train and held out (default: %(default)s)"
     )
     parser.add_argument(
-        "--top-p", type=float, default=0.6, help="nucleus sampling mass, training and held out (default: %(default)s)"
+        "--top-p", type=float, default=0.6, help="nucleus sampling mass, train and held out (default: %(default)s)"
     )
     parser.add_argument(
         "--learning-rate",
