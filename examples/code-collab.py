@@ -100,10 +100,16 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--max-new-tokens", type=int, default=96, help="most tokens per completion (default: %(default)s)"
     )
     parser.add_argument(
-        "--temperature", type=float, default=0.6, help="sampling temperature, train and held out (default: %(default)s)"
+        "--temperature",
+        type=float,
+        default=MAGRPOConfig.temperature,
+        help="sampling temperature, train and held out (default: %(default)s)",
     )
     parser.add_argument(
-        "--top-p", type=float, default=0.6, help="nucleus sampling mass, train and held out (default: %(default)s)"
+        "--top-p",
+        type=float,
+        default=MAGRPOConfig.top_p,
+        help="nucleus sampling mass, train and held out (default: %(default)s)",
     )
     parser.add_argument(
         "--learning-rate",

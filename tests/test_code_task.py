@@ -27,7 +27,7 @@ from comlrl.tasks.code import (
     split_tests,
 )
 from comlrl.tasks.sandbox import SandboxLimits, isolation
-from comlrl.trainers.reinforce import MAGRPOConfig
+from comlrl.trainers.reinforce import MAGRPOTrainer
 
 from .helpers import TUTORIAL_FLAGS, char_tokenizer, help_text, load_example, tiny_llama
 
@@ -356,7 +356,7 @@ def test_example_runs_on_a_tiny_model(example, tmp_path, capsys, monkeypatch, tu
     tok.save_pretrained(tmp_path / "tiny")
     out = tmp_path / "out"
     configs = []
-    monkeypatch.setattr(example, "MAGRPOConfig", lambda **kw: configs.append(MAGRPOConfig(**kw)) or configs[-1])
+    monkeypatch.setattr(example, "MAGRPOTrainer", lambda **kw: configs.append(kw["args"]) or MAGRPOTrainer(**kw))
     report = example.main(
         ["--model", str(tmp_path / "tiny"), "--output-dir", str(out), "--epochs", "1", "--train-problems", "1",
          "--eval-problems", "1", "--eval-samples", "2", "--num-generations", "2", "--max-new-tokens", "4",
