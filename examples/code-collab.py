@@ -126,6 +126,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         "they started from (0: no reference copies) (default: %(default)s)",
     )
     parser.add_argument(
+        "--scale-rewards",
+        choices=("group", "batch"),
+        default=MAGRPOConfig.scale_rewards,
+        help="divide the advantages by each group's reward std, or by the std of all the step's samples of "
+        "an agent and turn (default: %(default)s)",
+    )
+    parser.add_argument(
         "--timeout", type=float, default=5.0, help="sandbox wall-clock seconds per program (default: %(default)s)"
     )
     parser.add_argument(
@@ -195,6 +202,7 @@ def main(argv=None) -> dict:
         per_device_train_batch_size=args.batch_size,
         agent_learning_rate=args.learning_rate,
         beta=args.beta,
+        scale_rewards=args.scale_rewards,
         logging_steps=1,
         # At the defaults a step updates each agent on 4 + 16 long sequences (two turns): 4 at a time
         # keep the update's activations, and the run's peak memory, low; the gradients are the same.

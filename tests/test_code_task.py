@@ -339,6 +339,7 @@ def test_example_flags(example, capsys):
         "--threads",
         "--temperature",
         "--top-p",
+        "--scale-rewards",
     ]:
         assert flag in text
 
@@ -355,14 +356,17 @@ def test_example_runs_on_a_tiny_model(example, tmp_path, capsys, monkeypatch, tu
     model.save_pretrained(tmp_path / "tiny")
     tok.save_pretrained(tmp_path / "tiny")
     out = tmp_path / "out"
+    scale = ("group", "batch")[turns - 1]  # both values over the two runs: a flag left unread fails one of them
     configs = []
     monkeypatch.setattr(example, "MAGRPOTrainer", lambda **kw: configs.append(kw["args"]) or MAGRPOTrainer(**kw))
     report = example.main(
         ["--model", str(tmp_path / "tiny"), "--output-dir", str(out), "--epochs", "1", "--train-problems", "1",
          "--eval-problems", "1", "--eval-samples", "2", "--num-generations", "2", "--max-new-tokens", "4",
-         "--timeout", "3", "--turns", str(turns), "--temperature", "0.9", "--top-p", "0.8"]
+         "--timeout", "3", "--turns", str(turns), "--temperature", "0.9", "--top-p", "0.8",
+         "--scale-rewards", scale]
     )  # fmt: skip
     assert (configs[0].temperature, configs[0].top_p) == (0.9, 0.8)  # the sampling flags reach the trainer
+    assert configs[0].scale_rewards == scale
     printed = capsys.readouterr().out
     assert "training reward levels" in printed and "pass@1" in printed and "pass@2" in printed
     assert "mean reward per epoch" in printed
