@@ -38,6 +38,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from comlrl.metrics.plot import read_metrics
 from comlrl.tasks.code import LEVEL_WEIGHTS, CodeTask
 from comlrl.trainers.reinforce import MAGRPOConfig, MAGRPOTrainer
+from comlrl.trainers.reinforce.config import SCALE_REWARDS
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # also when loaded by path (tests, runpy)
 from _common import add_common_flags, model_source, parse, run_config, run_summary, save_models, wandb_config  # noqa: E402
@@ -127,7 +128,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--scale-rewards",
-        choices=("group", "batch"),
+        choices=SCALE_REWARDS,
         default=MAGRPOConfig.scale_rewards,
         help="divide the advantages by each group's reward std, or by the std of all the step's samples of "
         "an agent and turn (default: %(default)s)",
