@@ -134,6 +134,19 @@ def parse_args(argv=None) -> argparse.Namespace:
         "an agent and turn (default: %(default)s)",
     )
     parser.add_argument(
+        "--overlong-buffer",
+        type=int,
+        default=MAGRPOConfig.overlong_buffer,
+        help="DAPO's soft overlong penalty: each agent's reward loses up to --overlong-penalty-factor as its "
+        "answer grows over the last N of --max-new-tokens (default: %(default)s, off)",
+    )
+    parser.add_argument(
+        "--overlong-penalty-factor",
+        type=float,
+        default=MAGRPOConfig.overlong_penalty_factor,
+        help="the overlong penalty of an answer cut at --max-new-tokens, in reward levels (default: %(default)s)",
+    )
+    parser.add_argument(
         "--timeout", type=float, default=5.0, help="sandbox wall-clock seconds per program (default: %(default)s)"
     )
     parser.add_argument(
@@ -204,6 +217,8 @@ def main(argv=None) -> dict:
         agent_learning_rate=args.learning_rate,
         beta=args.beta,
         scale_rewards=args.scale_rewards,
+        overlong_buffer=args.overlong_buffer,
+        overlong_penalty_factor=args.overlong_penalty_factor,
         logging_steps=1,
         # At the defaults a step updates each agent on 4 + 16 long sequences (two turns): 4 at a time
         # keep the update's activations, and the run's peak memory, low; the gradients are the same.

@@ -340,6 +340,8 @@ def test_example_flags(example, capsys):
         "--temperature",
         "--top-p",
         "--scale-rewards",
+        "--overlong-buffer",
+        "--overlong-penalty-factor",
     ]:
         assert flag in text
 
@@ -363,10 +365,11 @@ def test_example_runs_on_a_tiny_model(example, tmp_path, capsys, monkeypatch, tu
         ["--model", str(tmp_path / "tiny"), "--output-dir", str(out), "--epochs", "1", "--train-problems", "1",
          "--eval-problems", "1", "--eval-samples", "2", "--num-generations", "2", "--max-new-tokens", "4",
          "--timeout", "3", "--turns", str(turns), "--temperature", "0.9", "--top-p", "0.8",
-         "--scale-rewards", scale]
+         "--scale-rewards", scale, "--overlong-buffer", "2", "--overlong-penalty-factor", "0.1"]
     )  # fmt: skip
     assert (configs[0].temperature, configs[0].top_p) == (0.9, 0.8)  # the sampling flags reach the trainer
     assert configs[0].scale_rewards == scale
+    assert (configs[0].overlong_buffer, configs[0].overlong_penalty_factor) == (2, 0.1)
     printed = capsys.readouterr().out
     assert "training reward levels" in printed and "pass@1" in printed and "pass@2" in printed
     assert "mean reward per epoch" in printed
