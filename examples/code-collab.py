@@ -144,7 +144,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--overlong-penalty-factor",
         type=float,
         default=MAGRPOConfig.overlong_penalty_factor,
-        help="the overlong penalty of an answer cut at --max-new-tokens, in reward levels (default: %(default)s)",
+        help="the overlong penalty of an answer cut at --max-new-tokens, on the reward's 0-1 scale (default: "
+        "%(default)s)",
     )
     parser.add_argument(
         "--timeout", type=float, default=5.0, help="sandbox wall-clock seconds per program (default: %(default)s)"
