@@ -231,6 +231,7 @@ def main(argv=None) -> dict:
         eval_interval=total_steps,  # evaluate before the first step and after the last
         eval_num_samples=None,  # every held-out row: eval_problems x eval_samples
         eval_batch_size=args.eval_batch_size,
+        generation_kwargs={"stop_strings": task.stop_strings},  # answers end with their code
         num_turns=args.turns,
         external_prompt_passthrough=args.turns > 1,  # the feedback prompts are whole prompts
         **run_config(args),

@@ -26,6 +26,8 @@ from comlrl.tasks.code import (
     split_problems,
     split_tests,
 )
+from comlrl.tasks.code.problems import without_docstring
+from comlrl.tasks.code.scoring import ANSWER_ENDS
 from comlrl.tasks.sandbox import SandboxLimits, isolation
 from comlrl.trainers.reinforce import MAGRPOTrainer
 
@@ -182,6 +184,25 @@ def test_each_level_on_a_hand_built_program(hand_task, completion, expected):
     assert score(hand_task, completion) == pytest.approx(expected)
 
 
+def test_without_docstring_keeps_what_the_body_holds_before_it(by_id):
+    assert without_docstring('def f(x):\n    """Doc\n    more."""\n') == "def f(x):\n"
+    assert without_docstring("@cache\ndef f(\n    x,\n):\n    'Doc.'\n") == "@cache\ndef f(\n    x,\n):\n"
+    assert without_docstring("def f(x):\n    return x\n") == "def f(x):\n    return x\n"  # no docstring: unchanged
+    assert without_docstring(by_id["HumanEval/115"].function) == "def max_fill(grid, capacity):\n    import math\n"
+
+
+def test_the_answers_stop_where_their_code_ends():
+    problems = [Problem.from_record({"task_id": f"Hand/{i}", **DOUBLE}) for i in range(2)]
+    task = CodeTask(mode="single", problems=problems, held_out=1, limits=LIMITS)
+    try:
+        assert task.stop_strings == list(ANSWER_ENDS) and "```" in task.stop_strings
+        row = task.dataset("train")[0]
+        # a body followed by a new def: the reward is the body's, as if sampling had stopped there
+        assert task.reward(["return 2 * x\n\ndef g(:"], batch_items=[row]) == [1.0]
+    finally:
+        task.close()
+
+
 def test_level_weights_sum_to_one():
     assert sum(LEVEL_WEIGHTS.values()) == pytest.approx(1.0)
     assert set(LEVEL_WEIGHTS) == {"parses", "defines", "runs", "asserts", "passes"}
@@ -197,6 +218,12 @@ def test_a_program_without_the_entry_point_gets_nothing_although_it_parses(hand_
 def test_trimming_and_extraction():
     assert extract_code("    return 1\n```\nprose ``` more") == "    return 1\n"
     assert extract_code("no fence") == "no fence"
+    # the code also ends at a new statement at the left margin (HumanEval's stop sequences) ...
+    body = "    if x:\n        print(x)\n    # done\n    return 1\n"
+    for after in ("\ndef g():", "\nclass C:", "\nif __name__:", "\nprint(f(1))", "\n# tests", "\nassert f(1)"):
+        assert extract_code(body + after + "\n```") == body, after
+    # ... at the first of them, and not inside the function (indented)
+    assert extract_code("x):\n    return x\n\nassert aux(1)\n```\ndef g():") == "x):\n    return x\n"
     assert complete_prefix("def f():\n    return 1\ndef g(:\n") == "def f():\n    return 1\n"
     assert complete_prefix("def f(:\n") == ""
 
@@ -251,7 +278,9 @@ def test_prompts_for_chat_and_base_models(collab):
     for tokenizer in (None, chat):
         helper, main = (f(row) for f in collab.formatters(tokenizer))
         assert helper.endswith("```python\ndef aux(") and "`aux`" in helper and problem.prompt.strip() in helper
-        assert main.endswith(problem.prompt.strip() + "\n    ") and "aux" in main  # the body's indentation opens it
+        # the request shows the whole problem; the answer opens at the body, after the def line without the docstring
+        assert problem.prompt.strip() in main and "aux" in main and f"body of `{problem.entry_point}`" in main
+        assert main.endswith("```python\n" + without_docstring(problem.function) + "    ")
     assert helper.startswith("<|system|>") and "<|assistant|>```python\ndef aux(" in helper
     single = CodeTask(mode="single", train_problems=1, eval_problems=1, limits=LIMITS)
     try:
@@ -305,7 +334,8 @@ def test_the_second_turn_tells_each_agent_its_teams_test_results():
     helper, main = results["half"]
     assert "3 of 4 tests passed." in helper and "3 of 4 tests passed." in main  # x = 0, 1 and -3
     assert "def aux(x):\n    return x" in helper and helper.endswith("```python\ndef aux(")
-    assert "return 2 * x if x < 2 else 0" in main and main.endswith('"""Twice x."""\n    ')
+    assert "return 2 * x if x < 2 else 0" in main and main.endswith("```python\nimport math\n\ndef double(x):\n    ")
+    assert '"""Twice x."""' in main  # the problem, in the request
     assert "does not define double with a body" in results["broken"][1]
     assert "0 of 4 tests passed." in results["crash"][1]  # the body raises in every test
     assert task.reward_log[-1]["turn"] == 1
@@ -370,6 +400,7 @@ def test_example_runs_on_a_tiny_model(example, tmp_path, capsys, monkeypatch, tu
     assert (configs[0].temperature, configs[0].top_p) == (0.9, 0.8)  # the sampling flags reach the trainer
     assert configs[0].scale_rewards == scale
     assert (configs[0].overlong_buffer, configs[0].overlong_penalty_factor) == (2, 0.1)
+    assert configs[0].generation_kwargs == {"stop_strings": list(ANSWER_ENDS)}  # sampling stops where the code ends
     printed = capsys.readouterr().out
     assert "training reward levels" in printed and "pass@1" in printed and "pass@2" in printed
     assert "mean reward per epoch" in printed

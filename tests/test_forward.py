@@ -7,8 +7,9 @@ from transformers import LlamaForCausalLM
 from comlrl.models.forward import completion_logprobs, min_saved_prompt_tokens, split_head
 from comlrl.models.modes import disable_dropout
 from comlrl.rollout import decoding, generate_group
+from comlrl.rollout.generation import rollout_from_ids
 
-from .helpers import MIXED, char_tokenizer, tiny_gpt2, tiny_llama, with_lora
+from .helpers import LOWER, MIXED, char_tokenizer, tiny_gpt2, tiny_llama, with_lora
 
 
 def reference_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask, temperature):
@@ -63,6 +64,34 @@ def test_eos_token_id_from_generation_kwargs_defines_the_stop():
         tiny_llama(tok), tok, ["ab"], 3, {"do_sample": True, "max_new_tokens": 6, "eos_token_id": list(range(len(tok)))}
     )
     assert rollout.lengths.tolist() == [1, 1, 1] and not rollout.truncated.any()
+
+
+def test_stop_strings_end_completions_at_the_token_that_completes_them():
+    # generate pads a row after the token that completes a stop string; the pad is no token the
+    # model drew, even where it is the EOS id (pad == eos, as in SmolLM2)
+    tok = char_tokenizer()
+    eos = tok.eos_token_id
+    for pad in (tok.pad_token_id, eos):
+        rows = [tok(text, add_special_tokens=False)["input_ids"] for text in ("ab. ", "abcdefg", "ab", "a. b. ", "x q")]
+        rows[2].append(eos)
+        rows = [row + [pad] * (7 - len(row)) for row in rows]
+        completion_ids = torch.tensor(rows)
+        prompt_ids = torch.full((len(rows), 2), tok.convert_tokens_to_ids("z"))
+        rollout = rollout_from_ids(tok, prompt_ids, torch.ones_like(prompt_ids), completion_ids, [eos], [". ", "q"])
+        assert rollout.lengths.tolist() == [4, 7, 3, 3, 3], pad
+        assert rollout.texts == ["ab. ", "abcdefg", "ab", "a. ", "x q"]
+        assert rollout.truncated.tolist() == [False, True, False, False, False]
+
+
+def test_stop_strings_in_generation_kwargs_stop_sampling_with_the_agents_tokenizer():
+    # every character is a stop string: each completion is one token, owned, not truncated; the
+    # caller passes no tokenizer, which generate needs for stop strings
+    tok = char_tokenizer()
+    rollout = generate_group(
+        tiny_llama(tok), tok, ["ab"], 3, {"do_sample": True, "max_new_tokens": 6, "stop_strings": list(LOWER)}
+    )
+    assert rollout.lengths.tolist() == [1, 1, 1] and not rollout.truncated.any()
+    assert all(len(text) == 1 for text in rollout.texts)
 
 
 def test_columns_of_padding_are_dropped_without_changing_the_logprobs():

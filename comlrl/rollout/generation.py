@@ -134,17 +134,49 @@ def encode_prompts(tokenizer: Any, prompts: Sequence[str | Sequence[int]]) -> An
     return {"input_ids": input_ids, "attention_mask": attention_mask}
 
 
+def stop_length(tokenizer: Any, ids: Sequence[int], stop_strings: Sequence[str]) -> int | None:
+    """How many of ``ids`` a completion keeps when ``stop_strings`` end it: up to and including
+    the first token whose text completes a stop string (None when none does). ``generate``
+    stops there and pads the rest, so the pad after it, which may be the EOS id, is not a token
+    the model drew."""
+
+    def stops(n: int) -> bool:
+        text = tokenizer.decode(ids[:n], skip_special_tokens=True)
+        return any(stop in text for stop in stop_strings)
+
+    if not ids or not stops(len(ids)):
+        return None
+    low, high = 1, len(ids)  # the shortest prefix that holds a stop string is in [low, high]
+    while low < high:
+        middle = (low + high) // 2
+        low, high = (low, middle) if stops(middle) else (middle + 1, high)
+    return low
+
+
 def rollout_from_ids(
-    tokenizer: Any, prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor, eos_ids: Sequence[int]
+    tokenizer: Any,
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    completion_ids: Tensor,
+    eos_ids: Sequence[int],
+    stop_strings: Sequence[str] = (),
 ) -> AgentRollout:
-    """An :class:`AgentRollout` from the prompts and the generated ids (padded after EOS)."""
+    """An :class:`AgentRollout` from the prompts and the generated ids (padded after EOS, or
+    after the token that completed one of ``stop_strings``)."""
     mask = completion_mask(completion_ids, list(eos_ids))
+    truncated = ~torch.isin(completion_ids, torch.tensor(list(eos_ids), device=completion_ids.device)).any(dim=1)
+    if stop_strings:
+        with TOKENIZER_LOCK:
+            for row, (ids, n) in enumerate(zip(completion_ids.tolist(), mask.sum(dim=1).tolist())):
+                kept = stop_length(tokenizer, ids[:n], stop_strings)
+                if kept is not None:
+                    mask[row, kept:] = False
+                    truncated[row] = False
     # Decode only the owned tokens: generation pads after EOS with pad_token_id, which need
     # not be a special token that skip_special_tokens would drop.
     owned = [ids[:n] for ids, n in zip(completion_ids.tolist(), mask.sum(dim=1).tolist())]
     with TOKENIZER_LOCK:
         texts = tokenizer.batch_decode(owned, skip_special_tokens=True)
-    truncated = ~torch.isin(completion_ids, torch.tensor(list(eos_ids), device=completion_ids.device)).any(dim=1)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     return AgentRollout(prompt_ids, prompt_mask, completion_ids, mask, texts, truncated, pad_id=pad_id)
 
@@ -182,6 +214,10 @@ def generate_group(
     eos = kwargs.pop("eos_token_id", None)
     eos_ids = eos_token_ids(model, tokenizer) if eos is None else [eos] if isinstance(eos, int) else list(eos)
     kwargs.setdefault("pad_token_id", tokenizer.pad_token_id)
+    stop_strings = kwargs.get("stop_strings") or ()
+    stop_strings = [stop_strings] if isinstance(stop_strings, str) else list(stop_strings)
+    if stop_strings:
+        kwargs.setdefault("tokenizer", tokenizer)  # generate reads stop strings with the agent's own tokenizer
     settings = decoding_settings(model, kwargs)
     sampler_logprobs = None
     with frozen(model, inference=True):
@@ -199,7 +235,7 @@ def generate_group(
             decoded = loop(model, prompt_ids, prompt_mask, settings, eos_ids, pad_id, generator, with_logprobs)
             completion_ids, sampler_logprobs = decoded
     # Inference tensors cannot enter autograd; the ids are small, a copy is cheap.
-    rollout = rollout_from_ids(tokenizer, prompt_ids, prompt_mask, completion_ids.clone(), eos_ids)
+    rollout = rollout_from_ids(tokenizer, prompt_ids, prompt_mask, completion_ids.clone(), eos_ids, stop_strings)
     if sampler_logprobs is not None:
         rollout = dataclasses.replace(rollout, sampler_logprobs=sampler_logprobs.clone())
     return rollout

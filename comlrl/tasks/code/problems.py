@@ -86,6 +86,17 @@ def split_prompt(prompt: str, entry_point: str, name: str = "prompt") -> tuple[s
     return (preamble + "\n" if preamble else ""), source.rstrip() + "\n"
 
 
+def without_docstring(function: str) -> str:
+    """``function`` (a prompt's entry point) without the docstring it ends with: its decorators,
+    ``def`` line(s) and any statement before the docstring (HumanEval/115 imports ``math``
+    there). Unchanged when its last statement is not a string."""
+    last = ast.parse(function).body[0].body[-1]
+    if not (isinstance(last, ast.Expr) and isinstance(last.value, ast.Constant) and isinstance(last.value.value, str)):
+        return function
+    lines = function.splitlines(keepends=True)
+    return "".join(lines[: last.lineno - 1] + lines[last.end_lineno :])
+
+
 def body_indent(function: str) -> str:
     """The indentation of the first statement of ``function``'s body (its docstring)."""
     node = ast.parse(function).body[0]

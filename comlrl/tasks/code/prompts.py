@@ -31,7 +31,7 @@ MAIN_ROLE = (
     f"helper function `{HELPER_NAME}` that you may call. Write only the function's body, short: no docstring, "
     "no tests, no explanation."
 )
-MAIN_REQUEST = "Complete the function: write its body."
+MAIN_REQUEST = "Write the body of `{entry_point}`."
 SINGLE_ROLE = (
     "Complete the Python function below. Write only the function's body, short: no docstring, no tests, no explanation."
 )

@@ -26,11 +26,17 @@ LEVEL_WEIGHTS = {"parses": 0.1, "defines": 0.1, "runs": 0.1, "asserts": 0.5, "pa
 """Weight of each reward level; ``asserts`` is multiplied by the fraction of asserts passed."""
 
 
+ANSWER_ENDS = (FENCE, "\ndef ", "\nclass ", "\nif ", "\nprint(", "\n#", "\nassert ")
+"""Where an answer's code ends: the closing fence, or a new statement at the left margin after
+the agent's one function (HumanEval's usual stop sequences, from the Codex paper, with
+``assert``). Sampling stops at them (``CodeTask.stop_strings``)."""
+
+
 def extract_code(completion: str) -> str:
     """The code of a completion that continues an opened code block: the text up to the
-    first closing fence (all of it when there is none)."""
-    end = completion.find(FENCE)
-    return completion if end < 0 else completion[:end]
+    first of ``ANSWER_ENDS`` (all of it when there is none)."""
+    ends = [index for index in (completion.find(end) for end in ANSWER_ENDS) if index >= 0]
+    return completion[: min(ends)] if ends else completion
 
 
 def parses(code: str) -> bool:

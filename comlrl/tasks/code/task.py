@@ -27,6 +27,7 @@ from comlrl.tasks.code.problems import (
     load_humaneval,
     magrpo_split,
     split_problems,
+    without_docstring,
 )
 from comlrl.tasks.code.prompts import (
     FEEDBACK,
@@ -39,6 +40,7 @@ from comlrl.tasks.code.prompts import (
     _chat_or_plain,
 )
 from comlrl.tasks.code.scoring import (
+    ANSWER_ENDS,
     LEVEL_WEIGHTS,
     _calls_name,
     complete_prefix,
@@ -141,11 +143,32 @@ class CodeTask(Task):
             "sample": sample,
         }
 
+    @property
+    def stop_strings(self) -> list[str]:
+        """Where sampling stops an answer (``generation_kwargs={"stop_strings": ...}``): the
+        ends of its code (``ANSWER_ENDS``). The reward cuts every answer there anyway; stopping
+        saves the tokens after, and keeps them out of the loss."""
+        return list(ANSWER_ENDS)
+
     def main_start(self, problem: Problem) -> str:
-        """What the main (or single) agent's answer starts with: the problem's code (preamble
-        and the entry point's ``def`` and docstring) and the indentation of the body's first
-        line (after a complete docstring, a chat model otherwise tends to close the block)."""
-        return problem.prompt.lstrip("\n").rstrip() + "\n" + body_indent(problem.function)
+        """What the main (or single) agent's answer starts with: the problem's preamble, the
+        entry point's ``def`` line(s) and the indentation of its body. The docstring is in the
+        request (:meth:`main_request`): after it, the embedded chat model nearly always left the
+        body empty and began a new ``def``."""
+        preamble = problem.preamble.strip("\n")
+        return (preamble + "\n\n" if preamble else "") + self.main_head(problem)
+
+    @staticmethod
+    def main_head(problem: Problem) -> str:
+        """The code the main agent's body follows: the entry point without its docstring
+        (``without_docstring``) and the indentation of its body."""
+        return without_docstring(problem.function) + body_indent(problem.function)
+
+    @staticmethod
+    def main_request(problem: Problem) -> str:
+        """The main (or single) agent's request: the problem's code, and what to write."""
+        code = f"{FENCE}python\n{problem.prompt.strip()}\n{FENCE}"
+        return f"Problem:\n{code}\n\n{MAIN_REQUEST.format(entry_point=problem.entry_point)}"
 
     def formatters(self, tokenizer: Any = None) -> list[Callable[[dict[str, Any]], str]]:
         def helper(row: dict[str, Any]) -> str:
@@ -156,7 +179,9 @@ class CodeTask(Task):
         def main(row: dict[str, Any]) -> str:
             problem = self._problem(row)
             role = MAIN_ROLE if self.mode == "collab" else SINGLE_ROLE
-            return _chat_or_plain(role, MAIN_REQUEST, f"{FENCE}python\n{self.main_start(problem)}", tokenizer)
+            return _chat_or_plain(
+                role, self.main_request(problem), f"{FENCE}python\n{self.main_start(problem)}", tokenizer
+            )
 
         return [helper, main] if self.mode == "collab" else [main]
 
@@ -173,7 +198,10 @@ class CodeTask(Task):
             role = MAIN_ROLE if self.mode == "collab" else SINGLE_ROLE
             prompts = [
                 _chat_or_plain(
-                    role, f"{MAIN_REQUEST}\n\n{main}", f"{FENCE}python\n{self.main_start(problem)}", tokenizer
+                    role,
+                    f"{self.main_request(problem)}\n\n{main}",
+                    f"{FENCE}python\n{self.main_start(problem)}",
+                    tokenizer,
                 )
             ]
             if self.mode == "collab":
@@ -209,15 +237,15 @@ class CodeTask(Task):
         return complete_prefix(f"def {HELPER_NAME}(" + extract_code(completion))
 
     def main_code(self, problem: Problem, completion: str) -> str:
-        """The main agent's code: the entry point's ``def`` and docstring (the preamble goes
-        into the program once, separately) and its completion, up to the fence, trimmed
-        like the helper's. A completion without a statement leaves a function with only
-        its docstring, which does not count as defining the entry point."""
-        return complete_prefix(problem.function + body_indent(problem.function) + extract_code(completion))
+        """The main agent's code: the entry point's ``def`` line(s) (the preamble goes into
+        the program once, separately) and its completion, up to its end (``extract_code``),
+        trimmed like the helper's. A completion without a statement leaves no function, or one
+        with only a docstring, which does not count as defining the entry point."""
+        return complete_prefix(self.main_head(problem) + extract_code(completion))
 
     def clean(self, problem: Problem, completions: Sequence[str]) -> bool:
         """Every agent's answer (up to the fence) parses as it is, untrimmed."""
-        raw = [problem.function + body_indent(problem.function) + extract_code(completions[-1])]
+        raw = [self.main_head(problem) + extract_code(completions[-1])]
         if self.mode == "collab":
             raw.append(f"def {HELPER_NAME}(" + extract_code(completions[0]))
         return all(parses(code) for code in raw)
