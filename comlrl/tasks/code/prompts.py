@@ -1,10 +1,12 @@
 """What each agent of the code task is told: its role, the request, and the code its answer starts with.
 
 Prompts end by opening a Python code block that starts the agent's code: ``def aux(`` for
-the helper, the problem's code (preamble, the entry point's ``def`` and docstring) for the
-main agent, which writes the body. An agent's code ends at the first closing fence and is
-trimmed to its longest prefix of whole lines that parses (``complete_prefix``: answers cut
-by ``max_new_tokens`` lose their unfinished end, not everything). With a tokenizer that has
+the helper; for the main agent, the problem's preamble and the entry point's ``def`` without
+its docstring (the request shows the whole problem), after which it writes the body. An
+agent's code ends at the first closing fence or new statement at the left margin
+(``scoring.ANSWER_ENDS``) and is trimmed to its longest prefix of whole lines that parses
+(``complete_prefix``: answers cut by ``max_new_tokens`` lose their unfinished end, not
+everything). With a tokenizer that has
 a chat template the role is the system message, the request the user's, and the opening
 starts the assistant's answer; without one (base models) they are plain text in that order.
 
@@ -32,6 +34,7 @@ MAIN_ROLE = (
     "no tests, no explanation."
 )
 MAIN_REQUEST = "Write the body of `{entry_point}`."
+"""What the main (or single) agent is asked after the problem's code; ``{entry_point}`` is its function."""
 SINGLE_ROLE = (
     "Complete the Python function below. Write only the function's body, short: no docstring, no tests, no explanation."
 )
