@@ -83,15 +83,43 @@ def test_stop_strings_end_completions_at_the_token_that_completes_them():
         assert rollout.truncated.tolist() == [False, True, False, False, False]
 
 
-def test_stop_strings_in_generation_kwargs_stop_sampling_with_the_agents_tokenizer():
-    # every character is a stop string: each completion is one token, owned, not truncated; the
-    # caller passes no tokenizer, which generate needs for stop strings
+@pytest.mark.parametrize("extra", [{}, {"repetition_penalty": 1.1}], ids=["lean loop", "generate"])
+def test_stop_strings_in_generation_kwargs_stop_sampling_with_the_agents_tokenizer(extra):
+    # every character is a stop string: each completion is one token (a character, or an EOS),
+    # owned, not truncated; the caller passes no tokenizer, which generate needs for stop strings
     tok = char_tokenizer()
-    rollout = generate_group(
-        tiny_llama(tok), tok, ["ab"], 3, {"do_sample": True, "max_new_tokens": 6, "stop_strings": list(LOWER)}
-    )
-    assert rollout.lengths.tolist() == [1, 1, 1] and not rollout.truncated.any()
-    assert all(len(text) == 1 for text in rollout.texts)
+    sampling = {"do_sample": True, "max_new_tokens": 6, "stop_strings": list(LOWER), **extra}
+    rollout = generate_group(tiny_llama(tok), tok, ["ab"] * 4, 3, sampling, with_logprobs=True)
+    assert (rollout.sampler_logprobs is None) == bool(extra)  # generate keeps no log-probs
+    assert rollout.lengths.tolist() == [1] * 12 and not rollout.truncated.any()
+    assert all(text in LOWER for text in rollout.texts) and any(rollout.texts)
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_the_lean_loop_stops_each_row_where_its_text_first_holds_a_stop_string(compiled):
+    # the same draws with and without stop strings (finished rows draw too, then pad): each
+    # stopped row is the free row cut after the token that completes its first stop string
+    tok = char_tokenizer()
+    model = tiny_llama(tok).eval()
+    sampling = {"do_sample": True, "max_new_tokens": 12, "top_k": 0}
+    free, stopped = (
+        generate_group(model, tok, ["ab", "cde"], 4, {**sampling, **extra}, torch.Generator().manual_seed(3),
+                       with_logprobs=True, compiled=compiled)
+        for extra in ({}, {"stop_strings": ["e", "ab"]})
+    )  # fmt: skip
+    assert stopped.sampler_logprobs is not None  # the lean loop, not generate
+    cuts = 0
+    for text, ids, n, cut, cut_n, truncated in zip(
+        free.texts, free.completion_ids, free.lengths, stopped.texts, stopped.lengths, stopped.truncated
+    ):
+        ends = [i + len(stop) for stop in ("e", "ab") if (i := text.find(stop)) >= 0]
+        if ends:
+            cuts += 1
+            assert cut == text[: min(ends)] and not truncated
+            assert tok.decode(ids[:cut_n]) == cut
+        else:
+            assert (cut, cut_n) == (text, n)
+    assert 0 < cuts  # the seed gives rows that stop
 
 
 def test_columns_of_padding_are_dropped_without_changing_the_logprobs():

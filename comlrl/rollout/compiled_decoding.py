@@ -231,13 +231,14 @@ def decode_compiled(
     pad_id: int,
     generator: torch.Generator | None = None,
     with_logprobs: bool = False,
+    stop: Callable[[Tensor], Tensor] | None = None,
 ) -> Decoded:
     """:func:`comlrl.rollout.decoding.decode` (same arguments, same tokens for the same
     generator, log-probs equal up to float rounding) with a static cache and a compiled step,
     for a model :func:`supports_compiled` accepts. Call under ``torch.inference_mode()`` with
     the model in eval mode."""
     if settings.max_new_tokens == 0:
-        return decode(model, prompt_ids, prompt_mask, settings, eos_ids, pad_id, generator, with_logprobs)
+        return decode(model, prompt_ids, prompt_mask, settings, eos_ids, pad_id, generator, with_logprobs, stop=stop)
     rows, prompt_length = prompt_ids.shape
     device, dtype = prompt_ids.device, next(model.parameters()).dtype
     padded_rows = bucket_size(rows, 1)
@@ -255,7 +256,7 @@ def decode_compiled(
             ids = _padded_rows(prompt_ids, padded_rows)
             logits = model(input_ids=ids, attention_mask=mask, cache=cache, use_cache=True, **kwargs).logits[:rows, -1]
         step = _stepper(model, mask, cache, kwargs, prompt_length, rows, bucket)
-        return sampling_loop(logits, step, settings, eos_ids, pad_id, generator, with_logprobs)
+        return sampling_loop(logits, step, settings, eos_ids, pad_id, generator, with_logprobs, stop)
     finally:
         _give_back(model, shape, cache)
 

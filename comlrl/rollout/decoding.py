@@ -14,7 +14,8 @@ to stay reproducible.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -30,6 +31,10 @@ from comlrl.models.forward import (
     split_head,
 )
 
+# Agents may share one tokenizer and generate in parallel threads; a fast tokenizer sets its
+# padding state on every call and is not safe to call from two threads at once.
+TOKENIZER_LOCK = threading.Lock()
+
 # generation_config fields the loop implements, and fields that do not change which tokens
 # are drawn; anything else that differs from transformers' defaults (repetition_penalty,
 # num_beams, min_p, stop_strings, ...) is left to ``generate``.
@@ -44,6 +49,7 @@ _IMPLEMENTED = {
     "eos_token_id",
     "pad_token_id",
     "bos_token_id",
+    "stop_strings",  # the caller gives the loop a ``stop`` check (see ``sampling_loop``)
 }
 _NO_EFFECT = {
     "use_cache",
@@ -157,15 +163,17 @@ def decode(
     generator: torch.Generator | None = None,
     with_logprobs: bool = False,
     share_prompts: bool = True,
+    stop: Callable[[Tensor], Tensor] | None = None,
 ) -> Decoded:
     """The completions of left-padded prompts, one KV-cached forward per token (and, with
     ``with_logprobs``, the log-probs the sampler gave its tokens).
 
     Laid out as ``generate``'s output after the prompt: a finished row (it drew an EOS) is
     padded with ``pad_id``, and decoding stops when every row has finished or after
-    ``max_new_tokens``. Rows that share a prompt compute it once (:func:`prefill`; False: every
-    row runs its own, the baseline of ``benchmarks/bench_prefill.py``). Call under
-    ``torch.inference_mode()`` with the model in eval mode.
+    ``max_new_tokens``; ``stop`` finishes rows too (see :func:`sampling_loop`). Rows that
+    share a prompt compute it once (:func:`prefill`; False: every row runs its own, the
+    baseline of ``benchmarks/bench_prefill.py``). Call under ``torch.inference_mode()`` with
+    the model in eval mode.
     """
     if settings.max_new_tokens == 0:
         empty = prompt_ids.new_zeros(prompt_ids.shape[0], 0)
@@ -189,7 +197,7 @@ def decode(
         cache = getattr(out, cache_name)
         return logits_of(last_position(out))
 
-    return sampling_loop(logits_of(last), forward, settings, eos_ids, pad_id, generator, with_logprobs)
+    return sampling_loop(logits_of(last), forward, settings, eos_ids, pad_id, generator, with_logprobs, stop)
 
 
 def prefill(module: torch.nn.Module, prompt_ids: Tensor, prompt_mask: Tensor) -> tuple[str, Any, Tensor]:
@@ -245,10 +253,13 @@ def sampling_loop(
     pad_id: int,
     generator: torch.Generator | None,
     with_logprobs: bool,
+    stop: Callable[[Tensor], Tensor] | None = None,
 ) -> Decoded:
     """Draw tokens one step at a time: ``logits`` are the ``(R, V)`` last-position logits of
     the prompts, ``forward(tokens)`` feeds the ``(R,)`` drawn tokens to the model and returns
-    the next ``(R, V)`` logits. Every decoding loop (:func:`decode`, the compiled one of
+    the next ``(R, V)`` logits. A row finishes when it draws an EOS id or when ``stop``, given
+    the ``(r, t)`` ids the unfinished rows drew so far, marks it (``(r,)`` bool; see
+    :func:`holds_stop_string`). Every decoding loop (:func:`decode`, the compiled one of
     :mod:`comlrl.rollout.compiled_decoding`) runs this one, so that for the same logits and
     generator they draw the same tokens, stop at the same step and pad alike."""
     eos = torch.tensor(eos_ids, dtype=torch.long, device=logits.device)
@@ -264,8 +275,21 @@ def sampling_loop(
         columns.append(tokens)
         if with_logprobs:
             logprob_columns.append(token_logprobs(policy_logits, tokens, temperature).masked_fill(finished, 0.0))
+        running = ~finished
         finished |= torch.isin(tokens, eos)
+        if stop is not None and running.any():
+            finished[running] |= stop(torch.stack(columns, dim=1)[running])
         if finished.all() or step + 1 == settings.max_new_tokens:
             break
         logits = forward(tokens)
     return Decoded(torch.stack(columns, dim=1), torch.stack(logprob_columns, dim=1) if with_logprobs else None)
+
+
+def holds_stop_string(tokenizer: Any, stop_strings: Sequence[str], ids: Tensor) -> Tensor:
+    """``(r, t)`` ids -> ``(r,)`` bool: the text of each row (special tokens skipped) holds one
+    of ``stop_strings``. Checked after every token, it finishes a row at the first token whose
+    text completes a stop string, as ``generate``'s ``stop_strings`` do and as
+    :func:`comlrl.rollout.generation.stop_length` counts the tokens a completion keeps."""
+    with TOKENIZER_LOCK:
+        texts = tokenizer.batch_decode(ids.tolist(), skip_special_tokens=True)
+    return torch.tensor([any(stop in text for stop in stop_strings) for text in texts], dtype=torch.bool)

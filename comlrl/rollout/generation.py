@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
-import threading
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -15,12 +15,8 @@ from torch import Tensor
 from comlrl.algorithms import completion_mask
 from comlrl.models.modes import frozen
 from comlrl.rollout.compiled_decoding import decode_compiled, warn_eager_fallback, why_not_compiled
-from comlrl.rollout.decoding import decode, decoding_settings
+from comlrl.rollout.decoding import TOKENIZER_LOCK, decode, decoding_settings, generation_default, holds_stop_string
 from comlrl.rollout.prompt_fit import check_length
-
-# Agents may share one tokenizer and generate in parallel threads; a fast tokenizer sets its
-# padding state on every call and is not safe to call from two threads at once.
-TOKENIZER_LOCK = threading.Lock()
 
 
 @dataclass
@@ -214,14 +210,14 @@ def generate_group(
     eos = kwargs.pop("eos_token_id", None)
     eos_ids = eos_token_ids(model, tokenizer) if eos is None else [eos] if isinstance(eos, int) else list(eos)
     kwargs.setdefault("pad_token_id", tokenizer.pad_token_id)
-    stop_strings = kwargs.get("stop_strings") or ()
+    stop_strings = kwargs.get("stop_strings") or generation_default(model, "stop_strings") or ()
     stop_strings = [stop_strings] if isinstance(stop_strings, str) else list(stop_strings)
-    if stop_strings:
-        kwargs.setdefault("tokenizer", tokenizer)  # generate reads stop strings with the agent's own tokenizer
     settings = decoding_settings(model, kwargs)
     sampler_logprobs = None
     with frozen(model, inference=True):
         if settings is None:
+            if stop_strings:
+                kwargs.setdefault("tokenizer", tokenizer)  # generate reads stop strings with the agent's own tokenizer
             sequences = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, eos_token_id=eos_ids, **kwargs)
             completion_ids = sequences[:, prompt_ids.shape[1] :]
         else:
@@ -232,7 +228,10 @@ def generate_group(
             if reason is not None:
                 warn_eager_fallback(model, reason)
             loop = decode_compiled if compiled and reason is None else decode
-            decoded = loop(model, prompt_ids, prompt_mask, settings, eos_ids, pad_id, generator, with_logprobs)
+            stop = functools.partial(holds_stop_string, tokenizer, stop_strings) if stop_strings else None
+            decoded = loop(
+                model, prompt_ids, prompt_mask, settings, eos_ids, pad_id, generator, with_logprobs, stop=stop
+            )
             completion_ids, sampler_logprobs = decoded
     # Inference tensors cannot enter autograd; the ids are small, a copy is cheap.
     rollout = rollout_from_ids(tokenizer, prompt_ids, prompt_mask, completion_ids.clone(), eos_ids, stop_strings)
