@@ -17,8 +17,8 @@ import argparse
 import statistics
 import time
 
+import measure
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from comlrl.models import default_model_path
 from comlrl.rollout.decoding import DecodingSettings, decode
@@ -35,18 +35,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--samples", type=int, default=4, help="rows per prompt, G (default: %(default)s)")
     parser.add_argument("--prompt-tokens", type=int, default=400, help="tokens per prompt (default: %(default)s)")
     parser.add_argument("--tokens", type=int, default=48, help="new tokens per row (default: %(default)s)")
-    parser.add_argument("--pairs", type=int, default=3, help="timed pairs (default: %(default)s)")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    measure.add_timing_args(parser, pairs=3)
     return parser.parse_args(argv)
 
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    path = default_model_path()
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path).eval()
+    tokenizer, model = measure.model_for_sampling(default_model_path(), args.threads)
     words = tokenizer(TEXT * (args.prompt_tokens // 20 + 2))["input_ids"]
     # Distinct prompts of slightly different lengths (left padding, as sampling pads them).
     prompts = [[i + 1, *words[: args.prompt_tokens - 4 * i]] for i in range(args.prompts)]

@@ -21,8 +21,8 @@ import statistics
 import time
 from unittest import mock
 
+import measure
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from comlrl.models import default_model_path
 from comlrl.rollout import generation
@@ -34,18 +34,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--problems", type=int, default=8, help="held-out problems (default: %(default)s)")
     parser.add_argument("--samples", type=int, default=4, help="samples per problem, G (default: %(default)s)")
     parser.add_argument("--tokens", type=int, default=96, help="max new tokens (default: %(default)s)")
-    parser.add_argument("--pairs", type=int, default=3, help="timed rounds (default: %(default)s)")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    measure.add_timing_args(parser, pairs=3)
     return parser.parse_args(argv)
 
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    path = default_model_path()
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path).eval()
+    tokenizer, model = measure.model_for_sampling(default_model_path(), args.threads)
     task = CodeTask(
         mode="collab", train_problems=1, eval_problems=args.problems, eval_samples=1, order="shortest", split="magrpo"
     )

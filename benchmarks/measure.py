@@ -118,6 +118,18 @@ def set_threads(threads: int | None) -> None:
         torch.set_num_threads(threads)
 
 
+def add_timing_args(parser: argparse.ArgumentParser, pairs: int) -> None:
+    """``--pairs`` (timed rounds of every side) and ``--threads``."""
+    parser.add_argument("--pairs", type=int, default=pairs, help="timed rounds (default: %(default)s)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+
+
+def model_for_sampling(path: Any, threads: int | None) -> tuple[Any, torch.nn.Module]:
+    """The tokenizer and the model (eval mode, its own dtype) at ``path``, torch set to ``threads``."""
+    set_threads(threads)
+    return AutoTokenizer.from_pretrained(path), AutoModelForCausalLM.from_pretrained(path).eval()
+
+
 def peak_rss_mib() -> float:
     """Peak resident memory of this process so far (Linux reports KiB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
