@@ -6,9 +6,9 @@ its docstring (the request shows the whole problem), after which it writes the b
 agent's code ends at the first closing fence or new statement at the left margin
 (``scoring.ANSWER_ENDS``) and is trimmed to its longest prefix of whole lines that parses
 (``complete_prefix``: answers cut by ``max_new_tokens`` lose their unfinished end, not
-everything). With a tokenizer that has
-a chat template the role is the system message, the request the user's, and the opening
-starts the assistant's answer; without one (base models) they are plain text in that order.
+everything). With a tokenizer that has a chat template the role is the system message, the
+request the user's, and the opening starts the assistant's answer; without one (base models)
+they are plain text in that order.
 
 Apart from the task because this is the wording alone: tuning what a model is told changes
 this file and no rule of the reward or the evaluation.
